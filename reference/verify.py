@@ -1,0 +1,439 @@
+"""Pure-PyTorch reference of EAGLE's tree verification (greedy and lossless tree sampling).
+
+Mirrors SGLang's sgl-kernel ops ``verify_tree_greedy`` and
+``tree_speculative_sampling_target_only`` (names, argument names and tensor contracts), except that
+they return their outputs instead of filling preallocated buffers.
+
+Notation: B batch, W tree size (root included), S ``num_steps`` (draft depth), V vocab.
+The tree comes from ``build_tree_kernel_efficient``: node 0 is the root, ``retrieve_next_token``
+(first child or -1) and ``retrieve_next_sibling`` (next sibling or -1) link the children, and
+``retrieve_index[b, i]`` is node i's flat index (``b*W + i``), used, as in SGLang, for the values
+of ``accept_index``, the slots of ``predict`` and the reads of the flattened ``target_predict``.
+
+Outputs (both verifies):
+
+* ``predict (B*W,) int32``: at the flat index of every accepted node (root included) the token
+  that follows it (the next accepted node's token, or the bonus token at the last accepted node);
+  0 at every other slot (SGLang leaves those slots unspecified).
+* ``accept_index (B, S+1) int32``: flat indices of the accepted path, root first, padded with -1.
+* ``accept_length (B,) int32``: accepted draft tokens, the bonus token excluded.
+
+The walk examines each non-root node at most once, so the vectorised versions run a static loop of
+W-1 iterations over the whole batch with no host synchronisation. The ``*_naive`` versions are
+independent per-request, per-node loops that read like SGLang's CUDA kernels, for tests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "verify_tree_greedy",
+    "verify_tree_greedy_naive",
+    "tree_speculative_sampling_target_only",
+    "tree_speculative_sampling_target_only_naive",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# validation (shapes, dtypes and python numbers only: nothing here reads tensor values)
+# --------------------------------------------------------------------------------------------
+
+
+def _check_tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def _check_integer_dtype(name: str, t: torch.Tensor) -> None:
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
+
+
+def _check_float_dtype(name: str, t: torch.Tensor) -> None:
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
+
+
+def _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps):
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int):
+        raise TypeError(f"num_steps must be an int, got {type(num_steps).__name__} ({num_steps!r})")
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got num_steps={num_steps}")
+    _check_tensor("candidates", candidates)
+    if candidates.dim() != 2:
+        raise ValueError(f"candidates must have shape (B, W), got {tuple(candidates.shape)}")
+    B, W = candidates.shape
+    if W < 1:
+        raise ValueError(f"candidates must hold at least the root (W >= 1), got shape {tuple(candidates.shape)}")
+    _check_integer_dtype("candidates", candidates)
+    for name, t in (
+        ("retrieve_index", retrieve_index),
+        ("retrieve_next_token", retrieve_next_token),
+        ("retrieve_next_sibling", retrieve_next_sibling),
+    ):
+        _check_tensor(name, t)
+        _check_shape(name, t, (B, W))
+        _check_integer_dtype(name, t)
+    return B, W
+
+
+def _check_sampling_args(
+    B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc
+):
+    _check_tensor("uniform_samples", uniform_samples)
+    _check_shape("uniform_samples", uniform_samples, (B, W))
+    _check_float_dtype("uniform_samples", uniform_samples)
+    _check_tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)
+    _check_shape("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (B,))
+    _check_float_dtype("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)
+    _check_tensor("target_probs", target_probs)
+    if target_probs.dim() != 3 or tuple(target_probs.shape[:2]) != (B, W) or target_probs.shape[2] < 1:
+        raise ValueError(f"target_probs must have shape ({B}, {W}, V) with V >= 1, got {tuple(target_probs.shape)}")
+    _check_float_dtype("target_probs", target_probs)
+    for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
+    if not 0.0 <= threshold_single <= 1.0:
+        raise ValueError(f"threshold_single must lie in [0, 1], got threshold_single={threshold_single}")
+    if not 0.0 < threshold_acc <= 1.0:
+        raise ValueError(f"threshold_acc must lie in (0, 1], got threshold_acc={threshold_acc}")
+    return target_probs.shape[2]
+
+
+# --------------------------------------------------------------------------------------------
+# the final (bonus) sample, shared definition
+# --------------------------------------------------------------------------------------------
+
+
+def _sample_residual(resid: torch.Tensor, row: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """resid, row (B, V) float32 >= 0, u (B,) float32 -> (B,) int64.
+
+    Inverse-CDF sample of the residual: the first index v with ``cumsum(resid)[v] > u * sum``
+    (strict, so a zero-probability token is never chosen). If every token of the residual is zero
+    (possible only through rounding, when the rejected children held all the mass), the full target
+    row is sampled instead. If ``u * sum`` rounds up to the sum, the last positive token is taken;
+    an all-zero row (invalid input) yields V-1, SGLang's default.
+    """
+    V = resid.shape[-1]
+    empty = resid.sum(dim=-1, keepdim=True) <= 0
+    resid = torch.where(empty, row, resid)
+    cdf = torch.cumsum(resid, dim=-1)
+    thr = u * cdf[:, -1]
+    first = (cdf <= thr.unsqueeze(1)).sum(dim=-1)
+    last_pos = (V - 1) - (resid > 0).flip(-1).to(torch.int8).argmax(dim=-1)
+    return torch.minimum(first, last_pos).to(torch.int64)
+
+
+def _sample_residual_naive(resid: torch.Tensor, row: torch.Tensor, u: torch.Tensor) -> int:
+    """resid, row (V,) float32 >= 0, u () float32 -> int. One row of ``_sample_residual``, by a loop."""
+    V = resid.shape[0]
+    if not bool(resid.sum() > 0):
+        resid = row
+    cdf = torch.cumsum(resid, dim=0)
+    thr = u * cdf[-1]
+    for v in range(V):
+        if bool(cdf[v] > thr):
+            return v
+    for v in range(V - 1, -1, -1):
+        if bool(resid[v] > 0):
+            return v
+    return V - 1
+
+
+# --------------------------------------------------------------------------------------------
+# greedy
+# --------------------------------------------------------------------------------------------
+
+
+def verify_tree_greedy(
+    candidates: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+    num_steps: int,
+):
+    """candidates (B, W), retrieve_index (B, W), retrieve_next_token (B, W), retrieve_next_sibling
+    (B, W), target_predict (B, W). Returns ``(predict (B*W,) int32, accept_index (B, S+1) int32,
+    accept_length (B,) int32)`` with S = ``num_steps``.
+
+    Greedy tree verification, as SGLang's ``verify_tree_greedy``: start at the root; at each depth
+    accept the first child (in sibling order) whose token equals ``target_predict`` at the current
+    node (read at its flat index ``retrieve_index``); stop at the first depth with no match, at a
+    node without children, or after S accepted tokens. ``predict`` holds ``target_predict`` at every
+    accepted node (so the last accepted node holds the bonus token) and 0 elsewhere.
+
+    Vectorised over the batch, no host synchronisation.
+    """
+    B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    _check_tensor("target_predict", target_predict)
+    _check_shape("target_predict", target_predict, (B, W))
+    _check_integer_dtype("target_predict", target_predict)
+    S = num_steps
+    device = candidates.device
+    ri = retrieve_index.to(torch.int64)
+    nxt = retrieve_next_token.to(torch.int64)
+    sib = retrieve_next_sibling.to(torch.int64)
+    cand_tok = candidates.to(torch.int64)
+    tp_flat = target_predict.reshape(-1).to(torch.int64)
+
+    predict = torch.zeros(B * W + 1, dtype=torch.int32, device=device)  # last slot: write sink
+    accept_index = torch.full((B, S + 2), -1, dtype=torch.int32, device=device)  # last column: sink
+    accept_index[:, 0] = ri[:, 0].to(torch.int32)
+    cur = torch.zeros(B, 1, dtype=torch.int64, device=device)  # current node (node index)
+    child = nxt[:, :1]  # child under examination, -1 when done
+    depth = torch.zeros(B, 1, dtype=torch.int64, device=device)
+    for _ in range(W - 1):
+        active = (child >= 0) & (depth < S)
+        c = child.clamp(min=0)
+        cur_flat = torch.gather(ri, 1, cur)
+        match = active & (torch.gather(cand_tok, 1, c) == tp_flat[cur_flat])
+        reject = active & ~match
+        predict.scatter_(0, torch.where(match, cur_flat, B * W).flatten(), tp_flat[cur_flat].flatten().to(torch.int32))
+        accept_index.scatter_(1, torch.where(match, depth + 1, S + 1), torch.gather(ri, 1, c).to(torch.int32))
+        depth = depth + match.to(torch.int64)
+        cur = torch.where(match, c, cur)
+        child = torch.where(match, torch.gather(nxt, 1, c), torch.where(reject, torch.gather(sib, 1, c), child))
+    last_flat = torch.gather(ri, 1, cur).flatten()
+    predict.scatter_(0, last_flat, tp_flat[last_flat].to(torch.int32))
+    return predict[: B * W], accept_index[:, : S + 1].contiguous(), depth.flatten().to(torch.int32)
+
+
+def verify_tree_greedy_naive(
+    candidates: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+    num_steps: int,
+):
+    """Same shapes and semantics as ``verify_tree_greedy``.
+
+    A plain per-request loop that reads like SGLang's CUDA kernel (``VerifyTreeGreedy``).
+    Slow (host syncs everywhere): for tests.
+    """
+    B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    _check_tensor("target_predict", target_predict)
+    _check_shape("target_predict", target_predict, (B, W))
+    _check_integer_dtype("target_predict", target_predict)
+    S = num_steps
+    device = candidates.device
+    cand = candidates.tolist()
+    ri = retrieve_index.tolist()
+    nxt = retrieve_next_token.tolist()
+    sib = retrieve_next_sibling.tolist()
+    tp = target_predict.reshape(-1).tolist()
+
+    predict = [0] * (B * W)
+    accept_index = [[-1] * (S + 1) for _ in range(B)]
+    accept_length = [0] * B
+    for b in range(B):
+        last = ri[b][0]
+        accept_index[b][0] = last
+        num_accepted = 0
+        cur = 0
+        for _ in range(S):
+            child = nxt[b][cur]
+            hops = 0
+            while child != -1 and hops < W:
+                if cand[b][child] == tp[last]:
+                    predict[last] = tp[last]
+                    num_accepted += 1
+                    accept_index[b][num_accepted] = ri[b][child]
+                    last = ri[b][child]
+                    cur = child
+                    break
+                child = sib[b][child]
+                hops += 1
+            if child == -1 or hops == W:
+                break
+        accept_length[b] = num_accepted
+        predict[last] = tp[last]
+    return (
+        torch.tensor(predict, dtype=torch.int32, device=device),
+        torch.tensor(accept_index, dtype=torch.int32, device=device).view(B, S + 1),
+        torch.tensor(accept_length, dtype=torch.int32, device=device),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# tree speculative sampling (target only: deterministic draft)
+# --------------------------------------------------------------------------------------------
+
+
+def tree_speculative_sampling_target_only(
+    candidates: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    num_steps: int,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+):
+    """candidates (B, W), retrieve_index (B, W), retrieve_next_token (B, W), retrieve_next_sibling
+    (B, W), uniform_samples (B, W), uniform_samples_for_final_sampling (B,), target_probs (B, W, V).
+    Returns ``(predict (B*W,) int32, accept_index (B, S+1) int32, accept_length (B,) int32)`` with
+    S = ``num_steps``.
+
+    Lossless tree sampling for a deterministic draft, as sgl-kernel's
+    ``tree_speculative_sampling_target_only``. At the current node n (the root first) with coin
+    ``u = uniform_samples[b, n]``, the children of n are tried in sibling order, accumulating
+    ``prob_acc += p(child token)`` under ``target_probs[b, n]``. A child is accepted when
+    ``u < prob_acc / threshold_acc`` or ``p(child) >= threshold_single``; the walk then moves to it
+    with ``prob_acc = 0`` and a new coin ``uniform_samples[b, child]``. A rejected child's mass is
+    removed from n's residual. When no child is accepted, when the accepted node has no children,
+    or after S accepted tokens, the bonus token is drawn from the residual of the current node
+    (its target row with every rejected child's mass zeroed; unnormalised) by inverse CDF with
+    ``uniform_samples_for_final_sampling[b]``: the first token whose cumulative mass exceeds
+    ``u * total`` (strict). Arithmetic in float32, whatever the input dtypes.
+
+    With thresholds 1.0 this is exactly sequential sampling from the target (one coin per node picks
+    a child with probability p(child), the residual is the target restricted to the other tokens),
+    so the emitted tokens are distributed as the target's. Thresholds below 1.0 accept more, lossily.
+
+    Difference from SGLang: acceptance uses a STRICT ``u < prob_acc`` (SGLang: ``<=``), so a child of
+    probability 0 is never accepted, even with a coin of exactly 0; consequently a one-hot target
+    reproduces greedy verification exactly. Randomness comes only from the uniform tensors:
+    identical uniforms give identical decisions.
+
+    Vectorised over the batch, no host synchronisation.
+    """
+    B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    V = _check_sampling_args(
+        B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc
+    )
+    S = num_steps
+    device = candidates.device
+    ri = retrieve_index.to(torch.int64)
+    nxt = retrieve_next_token.to(torch.int64)
+    sib = retrieve_next_sibling.to(torch.int64)
+    cand_tok = candidates.to(torch.int64)
+    probs = target_probs.reshape(B * W, V)
+    unif = uniform_samples.to(torch.float32)
+    b_off = torch.arange(B, device=device).unsqueeze(1) * W  # (B, 1)
+
+    predict = torch.zeros(B * W + 1, dtype=torch.int32, device=device)
+    accept_index = torch.full((B, S + 2), -1, dtype=torch.int32, device=device)
+    accept_index[:, 0] = ri[:, 0].to(torch.int32)
+    cur = torch.zeros(B, 1, dtype=torch.int64, device=device)
+    child = nxt[:, :1]
+    depth = torch.zeros(B, 1, dtype=torch.int64, device=device)
+    prob_acc = torch.zeros(B, 1, dtype=torch.float32, device=device)
+    coin = unif[:, :1]
+    # rejected children: (token, node they were rejected at); token V is a sink
+    rej_tok = torch.full((B, max(W - 1, 1)), V, dtype=torch.int64, device=device)
+    rej_at = torch.full((B, max(W - 1, 1)), -1, dtype=torch.int64, device=device)
+    for t in range(W - 1):
+        active = (child >= 0) & (depth < S)
+        c = child.clamp(min=0)
+        tok = torch.gather(cand_tok, 1, c)
+        p = probs[(b_off + cur).flatten(), tok.flatten()].to(torch.float32).unsqueeze(1)
+        prob_acc = torch.where(active, prob_acc + p, prob_acc)
+        accept = active & ((coin < prob_acc / threshold_acc) | (p >= threshold_single))
+        reject = active & ~accept
+        rej_tok[:, t : t + 1] = torch.where(reject, tok, V)
+        rej_at[:, t : t + 1] = torch.where(reject, cur, -1)
+        cur_flat = torch.gather(ri, 1, cur)
+        predict.scatter_(0, torch.where(accept, cur_flat, B * W).flatten(), tok.flatten().to(torch.int32))
+        accept_index.scatter_(1, torch.where(accept, depth + 1, S + 1), torch.gather(ri, 1, c).to(torch.int32))
+        depth = depth + accept.to(torch.int64)
+        cur = torch.where(accept, c, cur)
+        prob_acc = torch.where(accept, 0.0, prob_acc)
+        coin = torch.where(accept, torch.gather(unif, 1, c), coin)
+        child = torch.where(accept, torch.gather(nxt, 1, c), torch.where(reject, torch.gather(sib, 1, c), child))
+
+    row = probs[(b_off + cur).flatten()].to(torch.float32).clamp(min=0)  # (B, V)
+    zero_at = torch.where(rej_at == cur, rej_tok, V)
+    resid = torch.cat([row, row.new_zeros(B, 1)], dim=1).scatter(1, zero_at, 0.0)[:, :V]
+    bonus = _sample_residual(resid, row, uniform_samples_for_final_sampling.to(torch.float32))
+    last_flat = torch.gather(ri, 1, cur).flatten()
+    predict.scatter_(0, last_flat, bonus.to(torch.int32))
+    return predict[: B * W], accept_index[:, : S + 1].contiguous(), depth.flatten().to(torch.int32)
+
+
+def tree_speculative_sampling_target_only_naive(
+    candidates: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    num_steps: int,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+):
+    """Same shapes and semantics as ``tree_speculative_sampling_target_only``.
+
+    A plain per-request loop that reads like sgl-kernel's ``TreeSpeculativeSamplingTargetOnly``
+    (float32 scalar arithmetic, so its decisions match the vectorised version bit for bit).
+    Slow (host syncs everywhere): for tests.
+    """
+    B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    V = _check_sampling_args(
+        B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc
+    )
+    S = num_steps
+    device = candidates.device
+    cand = candidates.tolist()
+    ri = retrieve_index.tolist()
+    nxt = retrieve_next_token.tolist()
+    sib = retrieve_next_sibling.tolist()
+    probs = target_probs.detach().to("cpu", torch.float32)
+    unif = uniform_samples.detach().to("cpu", torch.float32)
+    unif_final = uniform_samples_for_final_sampling.detach().to("cpu", torch.float32)
+
+    predict = [0] * (B * W)
+    accept_index = [[-1] * (S + 1) for _ in range(B)]
+    accept_length = [0] * B
+    for b in range(B):
+        last = ri[b][0]
+        accept_index[b][0] = last
+        num_accepted = 0
+        cur = 0
+        prob_acc = torch.zeros((), dtype=torch.float32)
+        coin = unif[b, 0]
+        rejected_here: list[int] = []  # tokens rejected at the current node
+        for _ in range(S):
+            child = nxt[b][cur]
+            hops = 0
+            while child != -1 and hops < W:
+                tok = cand[b][child]
+                p = probs[b, cur, tok]
+                prob_acc = prob_acc + p
+                if bool(coin < prob_acc / threshold_acc) or bool(p >= threshold_single):
+                    predict[last] = tok
+                    num_accepted += 1
+                    accept_index[b][num_accepted] = ri[b][child]
+                    last = ri[b][child]
+                    cur = child
+                    prob_acc = torch.zeros((), dtype=torch.float32)
+                    coin = unif[b, child]
+                    rejected_here = []
+                    break
+                rejected_here.append(tok)
+                child = sib[b][child]
+                hops += 1
+            if child == -1 or hops == W:
+                break
+        accept_length[b] = num_accepted
+        row = probs[b, cur].clamp(min=0)
+        resid = row.clone()
+        for tok in rejected_here:
+            resid[tok] = 0.0
+        predict[last] = _sample_residual_naive(resid, row, unif_final[b])
+    return (
+        torch.tensor(predict, dtype=torch.int32, device=device),
+        torch.tensor(accept_index, dtype=torch.int32, device=device).view(B, S + 1),
+        torch.tensor(accept_length, dtype=torch.int32, device=device),
+    )

@@ -1,0 +1,224 @@
+"""The engine: runs a batch of requests through a worker and turns step outputs into per-request results."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import SamplingParams, SpecConfig
+
+
+@dataclass
+class GenerateOutput:
+    """One request's result. `logprobs[i]`, `top_logprobs[i]` (list of (logprob, token_id), descending) and
+    `token_ids_logprobs[i]` (list of (logprob, token_id) in the order asked) belong to `token_ids[i]`;
+    they are None when the request did not set return_logprob. `accept_lens` holds, per decode step,
+    the tokens that step produced for this request (accepted drafts + the bonus), before any cut at a
+    stop token or max_new_tokens. A matched stop token is kept as the last token."""
+
+    token_ids: list[int]
+    finish_reason: str  # "stop" (a stop token was emitted) or "length" (max_new_tokens reached)
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[float, int]]] | None = None
+    token_ids_logprobs: list[list[tuple[float, int]]] | None = None
+    accept_lens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GenerateStats:
+    """What the last `generate` call measured."""
+
+    num_requests: int
+    num_decode_steps: int
+    num_tokens: int
+    wall_s: float
+    mean_accept_len: float  # tokens per request per decode step, bonus included (1.0 without a draft)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+class Engine:
+    """Engine(target, draft=None, spec=None, impl="auto"|"reference"|"fast").
+
+    draft=None is plain target-only decoding. An `EagleDraftHead` draft runs EagleWorkerV2; an
+    `MTPDraftModel` runs MultiLayerEagleWorkerV2. impl="auto" is fast on CUDA, reference elsewhere.
+    """
+
+    def __init__(self, target, draft=None, spec: SpecConfig | None = None, impl: str = "auto",
+                 max_batch: int = 16, max_seq_len: int | None = None, return_original_logprob: bool = False):
+        if impl not in ("auto", "reference", "fast"):
+            raise ValueError(f"impl must be 'auto', 'reference' or 'fast', got {impl!r}")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        if max_seq_len is None:
+            max_seq_len = min(target.config.max_position_embeddings, 4096)
+        if not isinstance(max_seq_len, int) or max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
+        self.target = target
+        self.draft = draft
+        self.spec = spec
+        self.impl = self._resolve_impl(impl, target.device)
+        ops = self._ops_module(self.impl)
+        self.worker = self._make_worker(ops, max_batch, max_seq_len, return_original_logprob)
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len
+        self.last_stats: GenerateStats | None = None
+
+    @staticmethod
+    def _resolve_impl(impl, device):
+        if impl == "auto":
+            return "fast" if torch.device(device).type == "cuda" and _fast_available() else "reference"
+        if impl == "fast" and not _fast_available():
+            raise ValueError("impl='fast' needs the Triton ops of the `fast` package, which are not built yet; "
+                             "use impl='reference'")
+        return impl
+
+    @staticmethod
+    def _ops_module(impl):
+        if impl == "fast":
+            import fast
+            return fast
+        import reference
+        return reference
+
+    def _make_worker(self, ops, max_batch, max_seq_len, return_original_logprob):
+        from .workers.base import TargetOnlyWorker
+        if self.draft is None:
+            if self.spec is not None:
+                raise ValueError("a SpecConfig was given without a draft model")
+            return TargetOnlyWorker(self.target, ops, max_batch, max_seq_len, return_original_logprob)
+        if self.spec is None:
+            raise ValueError("a draft model needs a SpecConfig(num_steps, topk, num_draft_tokens)")
+        from .models.eagle import EagleDraftHead
+        from .models.mtp import MTPDraftModel
+        if isinstance(self.draft, EagleDraftHead):
+            from .workers.eagle import EagleWorkerV2
+            return EagleWorkerV2(self.target, self.draft, self.spec, ops, max_batch, max_seq_len,
+                                 return_original_logprob)
+        if isinstance(self.draft, MTPDraftModel):
+            from .workers.multi_layer_eagle import MultiLayerEagleWorkerV2
+            return MultiLayerEagleWorkerV2(self.target, self.draft, self.spec, ops, max_batch, max_seq_len,
+                                           return_original_logprob)
+        raise ValueError(f"draft must be an EagleDraftHead or an MTPDraftModel, got {type(self.draft).__name__}")
+
+    # ---- validation --------------------------------------------------------------------------
+    def _validate(self, prompts, params) -> list[SamplingParams]:
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a non-empty list of token-id lists")
+        B = len(prompts)
+        if isinstance(params, SamplingParams) or params is None:
+            params = [params or SamplingParams()] * B
+        params = list(params)
+        if len(params) != B:
+            raise ValueError(f"got {len(params)} SamplingParams for {B} prompts")
+        V = self.target.config.vocab_size
+        margin = self.worker.kv_margin
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            if not isinstance(sp, SamplingParams):
+                raise ValueError(f"request {i}: params must be a SamplingParams, got {type(sp).__name__}")
+            if not isinstance(p, (list, tuple)) or len(p) == 0:
+                raise ValueError(f"request {i}: the prompt must be a non-empty list of token ids, got {p!r}")
+            for t in p:
+                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
+                    raise ValueError(f"request {i}: token id {t!r} outside the vocabulary [0, {V})")
+            sp.validate(i, V)
+            need = len(p) + sp.max_new_tokens + margin
+            if need > self.max_seq_len:
+                raise ValueError(
+                    f"request {i}: prompt length {len(p)} + max_new_tokens {sp.max_new_tokens}"
+                    + (f" + {margin} in-flight draft slots" if margin else "")
+                    + f" = {need} exceeds max_seq_len={self.max_seq_len}")
+        free = self.worker.cache.num_free
+        if B > free:
+            raise ValueError(f"a batch of {B} requests exceeds the cache: {free} of {self.max_batch} slots free")
+        return params
+
+    # ---- generation --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
+                 seed: int = 0) -> list[GenerateOutput]:
+        """prompts: list of B token-id lists (ragged); params: one SamplingParams or B of them.
+        Returns B GenerateOutput, in order. Invalid input raises ValueError before any state changes."""
+        params = self._validate(prompts, params)
+        prompts = [list(p) for p in prompts]
+        B = len(prompts)
+        outs = [GenerateOutput([], "length", *( ([], [], []) if sp.return_logprob else (None, None, None)))
+                for sp in params]
+        active = list(range(B))  # request index of each batch position
+        worker = self.worker
+        t0 = time.perf_counter()
+        steps = 0
+        step = worker.prefill(prompts, params, seed)
+        try:
+            while True:
+                done = self._emit(step, active, params, outs, is_decode=steps > 0)
+                if steps > 0:
+                    worker.advance_host_lengths(self._accept_lens_host)
+                keep = [i for i, r in enumerate(active) if r not in done]
+                if not keep:
+                    break
+                if len(keep) < len(active):
+                    worker.filter(keep)
+                    active = [active[i] for i in keep]
+                step = worker.decode_step()
+                steps += 1
+        finally:
+            worker.finish()
+        if torch.device(self.target.device).type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        n_acc = [a for o in outs for a in o.accept_lens]
+        self.last_stats = GenerateStats(B, steps, sum(len(o.token_ids) for o in outs), wall,
+                                        sum(n_acc) / len(n_acc) if n_acc else float("nan"))
+        return outs
+
+    def _emit(self, step, active, params, outs, is_decode: bool) -> set[int]:
+        """Append each active request's accepted tokens (cut at a stop token / max_new_tokens) and its
+        logprobs; return the request indices that finished."""
+        tokens = step.emitted_tokens().tolist()
+        accept_lens = step.accept_lens.tolist()
+        self._accept_lens_host = accept_lens
+        lo = step.logits_output
+        width = step.accept_index.shape[1]
+        lp = lo.next_token_logprobs.tolist() if lo.next_token_logprobs is not None else None
+        done = set()
+        for b, r in enumerate(active):
+            o, sp = outs[r], params[r]
+            if is_decode:
+                o.accept_lens.append(accept_lens[b])
+            for j in range(accept_lens[b]):
+                tok = tokens[b][j]
+                o.token_ids.append(tok)
+                if sp.return_logprob:
+                    row = b * width + j
+                    o.logprobs.append(lp[b][j])
+                    if lo.next_token_top_logprobs_val is not None:
+                        o.top_logprobs.append(list(zip(lo.next_token_top_logprobs_val[row].tolist(),
+                                                       lo.next_token_top_logprobs_idx[row].tolist())))
+                    else:
+                        o.top_logprobs.append([])
+                    if lo.next_token_token_ids_logprobs_val is not None:
+                        o.token_ids_logprobs.append(list(zip(lo.next_token_token_ids_logprobs_val[row].tolist(),
+                                                             list(lo.next_token_token_ids_logprobs_idx[row]))))
+                    else:
+                        o.token_ids_logprobs.append([])
+                if tok in sp.stop_token_ids:
+                    o.finish_reason = "stop"
+                    done.add(r)
+                    break
+                if len(o.token_ids) >= sp.max_new_tokens:
+                    o.finish_reason = "length"
+                    done.add(r)
+                    break
+        return done
+
+
+def _fast_available() -> bool:
+    try:
+        import fast
+    except ImportError:
+        return False
+    return hasattr(fast, "tree_attention")

@@ -1,0 +1,84 @@
+"""What the EAGLE head and the MTP layers share: their config, the link to the target, checkpoints."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .io import load_strict, read_config, read_state_dict, save_dir
+from .llama import LlamaConfig
+
+
+@dataclass
+class DraftConfig(LlamaConfig):
+    """A draft's decoder config (Llama fields; num_hidden_layers = its number of draft layers).
+
+    chain_hidden_states is used by MTP drafts only: False = MiMo style (every layer reads the
+    target's hidden states), True = Step-3.5 style (layer k reads layer k-1's output)."""
+
+    chain_hidden_states: bool = False
+
+
+class DraftModelBase(nn.Module):
+    """A draft that shares the target's token embedding and LM head without owning (or saving) them."""
+
+    architecture = ""
+
+    def __init__(self, config: DraftConfig, target):
+        super().__init__()
+        for name in ("vocab_size", "hidden_size"):
+            t, d = getattr(target.config, name), getattr(config, name)
+            if t != d:
+                raise ValueError(f"draft {name}={d} does not match the target's {name}={t}")
+        self.config = config
+        self._target = (target,)  # a tuple, so the target's weights are not registered as ours
+
+    @property
+    def target(self):
+        return self._target[0]
+
+    @property
+    def device(self):
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self):
+        return next(self.parameters()).dtype
+
+    def save_pretrained(self, path) -> None:
+        d = self.config.to_dict()
+        d["architectures"] = [self.architecture]
+        save_dir(path, d, self.state_dict())
+
+    @classmethod
+    def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None):
+        raw = read_config(path)
+        arch = raw.get("architectures", [None])[0]
+        if arch != cls.architecture:
+            raise ValueError(f"{path}: architectures={raw.get('architectures')!r}, expected [{cls.architecture!r}]")
+        config = DraftConfig.from_dict(raw, where=f"{path}/config.json")
+        model = cls(config, target)
+        load_strict(model, read_state_dict(path), path)
+        return model.to(device=device or target.device, dtype=dtype or target.dtype).eval()
+
+
+def randomize_(module: nn.Module, seed: int, std: float) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=g))
+
+
+def draft_config_like(target, num_layers: int, chain_hidden_states: bool = False, **overrides) -> DraftConfig:
+    c = target.config
+    kw = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+              num_hidden_layers=num_layers, num_attention_heads=c.num_attention_heads,
+              num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+              rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings,
+              torch_dtype=c.torch_dtype, chain_hidden_states=chain_hidden_states)
+    kw.update(overrides)
+    return DraftConfig(**kw)

@@ -1,0 +1,40 @@
+"""EAGLE draft head: fc over [token embedding; target hidden state], one Llama decoder layer."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .draft_common import DraftConfig, DraftModelBase, draft_config_like, randomize_
+from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
+
+
+class EagleDraftHead(DraftModelBase):
+    """At position t it reads (h_t, x_{t+1}) and predicts x_{t+2}; its output hidden state (what its
+    LM head reads) stands in for the target's h_{t+1} at the next draft step. Embedding and LM head
+    are the target's."""
+
+    architecture = "EagleDraftHead"
+
+    def __init__(self, config: DraftConfig, target):
+        super().__init__(config, target)
+        if config.num_hidden_layers != 1:
+            raise ValueError(f"an EAGLE head has one decoder layer, got num_hidden_layers={config.num_hidden_layers}")
+        H = config.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(config)])
+        self.norm = RMSNorm(H, config.rms_norm_eps)
+
+    def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None):
+        """input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> logits (B, T, V) fp32,
+        hidden (B, T, H)."""
+        x = self.fc(torch.cat([self.target.embed(input_ids), hidden_states.to(self.dtype)], dim=-1))
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        x = self.layers[0](x, cos, sin, None if cache is None else cache.layer(0), meta)
+        hidden = self.norm(x)
+        return self.target.compute_logits(hidden), hidden
+
+
+def random_eagle_head(target, seed=0, std=None, **overrides) -> EagleDraftHead:
+    head = EagleDraftHead(draft_config_like(target, 1, **overrides), target)
+    randomize_(head, seed, std if std is not None else target.config.hidden_size ** -0.5)
+    return head.to(device=target.device, dtype=target.dtype).eval()

@@ -1,0 +1,53 @@
+"""Directory format shared by every model: config.json + model.safetensors (Hugging Face layout)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def save_dir(path, config_dict: dict, state_dict: dict) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+    save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, str(path / "model.safetensors"))
+
+
+def read_config(path) -> dict:
+    path = Path(path)
+    f = path / "config.json"
+    if not f.is_file():
+        raise ValueError(f"{path}: no config.json")
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{f}: not valid JSON ({e})") from None
+
+
+def read_state_dict(path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    f = path / "model.safetensors"
+    if f.is_file():
+        return load_file(str(f))
+    shards = sorted(path.glob("model-*.safetensors"))
+    if not shards:
+        raise ValueError(f"{path}: no model.safetensors")
+    sd = {}
+    for s in shards:
+        sd.update(load_file(str(s)))
+    return sd
+
+
+def load_strict(module: torch.nn.Module, state_dict: dict, where) -> None:
+    """load_state_dict that reports missing/unexpected/mis-shaped keys as one ValueError."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    shapes = [f"{k}: {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}"
+              for k in own if k in state_dict and state_dict[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        raise ValueError(f"{where}: state dict does not match the config: missing={missing[:5]} "
+                         f"unexpected={unexpected[:5]} shape mismatches={shapes[:5]}")
+    module.load_state_dict(state_dict)

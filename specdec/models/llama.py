@@ -1,0 +1,172 @@
+"""Llama-architecture target model with Hugging Face config and state-dict names."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import nn
+
+from .io import load_strict, read_config, read_state_dict, save_dir
+from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LlamaConfig:
+    """Hugging Face `LlamaConfig` fields (the subset this architecture uses)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    torch_dtype: str = "float32"
+
+    REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
+                                 f"num_attention_heads={self.num_attention_heads}")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        for name in self.REQUIRED + ("num_key_value_heads", "head_dim", "max_position_embeddings"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"config field {name} must be a positive int, got {v!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
+            raise ValueError(f"config field rope_theta must be > 0, got {self.rope_theta!r}")
+        if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0):
+            raise ValueError(f"config field rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        if self.torch_dtype not in _DTYPES:
+            raise ValueError(f"config field torch_dtype must be one of {sorted(_DTYPES)}, got {self.torch_dtype!r}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _DTYPES[self.torch_dtype]
+
+    @classmethod
+    def from_dict(cls, d: dict, where="config") -> "LlamaConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        missing = [k for k in cls.REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"{where}: missing required field(s) {missing}")
+        if d.get("rope_scaling") not in (None, {}):
+            raise ValueError(f"{where}: rope_scaling={d['rope_scaling']!r} is not supported")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{where}: hidden_act={d['hidden_act']!r} is not supported (Llama uses 'silu')")
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        try:
+            return cls(**kw)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu")
+        return d
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama decoder; `forward` returns fp32 logits and the hidden states the LM head reads.
+
+    State-dict keys are Hugging Face's (`model.embed_tokens.weight`, `model.layers.0.self_attn.q_proj.weight`,
+    `model.norm.weight`, `lm_head.weight`), so a transformers-written Llama directory loads as it is.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.model.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def device(self):
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self):
+        return self.lm_head.weight.dtype
+
+    def embed(self, input_ids):
+        return self.model.embed_tokens(input_ids)
+
+    def compute_logits(self, hidden):
+        return self.lm_head(hidden).float()
+
+    def forward(self, input_ids, positions, cache=None, meta: AttentionMetadata | None = None):
+        """input_ids, positions: (B, T) int64; cache: KVCache or None (then causal over the T tokens,
+        no cache) -> logits (B, T, V) fp32, hidden (B, T, H) (final-normed: what the LM head reads)."""
+        x = self.embed(input_ids)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, None if cache is None else cache.layer(i), meta)
+        hidden = self.model.norm(x)
+        return self.compute_logits(hidden), hidden
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def state_dict_for_save(self) -> dict:
+        sd = self.state_dict()
+        if self.config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+        return sd
+
+    def save_pretrained(self, path) -> None:
+        save_dir(path, self.config.to_dict(), self.state_dict_for_save())
+
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", dtype: torch.dtype | None = None) -> "LlamaForCausalLM":
+        config = LlamaConfig.from_dict(read_config(path), where=f"{path}/config.json")
+        model = cls(config)
+        sd = read_state_dict(path)
+        if config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+            sd["lm_head.weight"] = sd.get("model.embed_tokens.weight")
+            if sd["lm_head.weight"] is None:
+                sd.pop("lm_head.weight")
+        sd = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}
+        load_strict(model, sd, path)
+        return model.to(device=device, dtype=dtype or config.dtype).eval()
+
+
+def random_llama(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=None, tie_word_embeddings=False, seed=0, dtype=torch.float32, device="cpu",
+                 init_std=None, **kw) -> LlamaForCausalLM:
+    """Random-weight Llama of any size, seeded (tests and benchmarks)."""
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                      num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                      num_key_value_heads=num_key_value_heads, tie_word_embeddings=tie_word_embeddings, **kw)
+    g = torch.Generator().manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    std = init_std if init_std is not None else 1.0 / hidden_size ** 0.5
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("embed_tokens.weight"):
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=g))
+    return model.to(device=device, dtype=dtype).eval()

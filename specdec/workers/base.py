@@ -1,0 +1,240 @@
+"""What every worker shares: request state, target forward, sampling, verify, commit and logprobs.
+
+A worker binds an ops module (`reference` or `fast`); the algorithms are written once here and in
+the two speculative workers. One decode step has fixed shapes and makes no host sync; the engine
+reads `accept_lens` after the step and tells the worker (`advance_host_lengths`) so the next step's
+attention span is a host-side bound.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SamplingParams
+from ..kv_cache import KVCache
+from ..logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from ..models.layers import AttentionMetadata
+from ..sampling import RequestRNG, SamplingTensors, sample_from_probs, target_probs
+
+
+@dataclass
+class StepOutput:
+    """One step's result for B requests.
+
+    predict: (B*W,) tokens chosen at each node; accept_index: (B, S+1) flat node indices of the
+    accepted path, -1 padded; accept_lens: (B,) tokens emitted (accepted drafts + the bonus);
+    logits_output: with logprobs filled when any request asked (else their fields are None).
+    """
+
+    predict: torch.Tensor
+    accept_index: torch.Tensor
+    accept_lens: torch.Tensor
+    logits_output: LogitsOutput
+
+    def emitted_tokens(self) -> torch.Tensor:
+        """(B, S+1) tokens of the accepted path, slot j valid for j < accept_lens[b]."""
+        return self.predict[self.accept_index.clamp_min(0).long()]
+
+
+class WorkerBase:
+    """Target-side machinery; subclasses add drafting. `ops` is the `reference` or `fast` module."""
+
+    num_steps = 0  # S: a step emits up to S + 1 tokens
+    num_draft_tokens = 1  # W: nodes verified per request per step
+
+    def __init__(self, target, ops, max_batch: int, max_seq_len: int, return_original_logprob: bool = False):
+        self.target = target
+        self.ops = ops
+        self.vocab_size = target.config.vocab_size
+        self.device = target.device
+        self.max_seq_len = max_seq_len
+        self.return_original_logprob = return_original_logprob
+        self.cache = KVCache.for_model(target.config, target.config.num_hidden_layers, max_batch, max_seq_len,
+                                       target.dtype, self.device)
+
+    # ---- request lifecycle -------------------------------------------------------------------
+    @property
+    def kv_margin(self) -> int:
+        """Slots past the committed length that a step (or a finished-but-not-yet-seen step) may write."""
+        return 0
+
+    def caches(self) -> list[KVCache]:
+        return [self.cache]
+
+    def start(self, prompts: list[list[int]], params: list[SamplingParams], seed: int) -> None:
+        B = len(prompts)
+        self.params = list(params)
+        self.slot_list = self.cache.alloc(B)
+        for c in self.caches()[1:]:
+            c.alloc(B)  # every cache hands out the same rows: one slot id per request
+        self.slots = torch.tensor(self.slot_list, dtype=torch.int64, device=self.device)
+        self.sampling = SamplingTensors(self.params, self.vocab_size, self.device)
+        self.rng = RequestRNG(seed, B)
+        self.prompt_lens_host = [len(p) for p in prompts]
+        self.seq_lens_host = list(self.prompt_lens_host)  # committed target length, exact after each sync
+        self.seq_lens = torch.tensor(self.seq_lens_host, dtype=torch.int64, device=self.device)
+
+    def finish(self) -> None:
+        for c in self.caches():
+            c.free(self.slot_list)
+        self.slot_list = []
+
+    def filter(self, keep: list[int]) -> None:
+        """Keep only the requests at batch positions `keep` (drop finished ones; free their slots)."""
+        gone = [s for i, s in enumerate(self.slot_list) if i not in set(keep)]
+        for c in self.caches():
+            c.free(gone)
+        self.slot_list = [self.slot_list[i] for i in keep]
+        self.params = [self.params[i] for i in keep]
+        self.seq_lens_host = [self.seq_lens_host[i] for i in keep]
+        self.prompt_lens_host = [self.prompt_lens_host[i] for i in keep]
+        idx = torch.tensor(keep, dtype=torch.int64, device=self.device)
+        self.sampling.filter(idx, self.params)
+        self.rng.filter(keep)
+        self.slots = self.slots[idx]
+        for name in self.state_tensors():
+            setattr(self, name, getattr(self, name)[idx])
+
+    def state_tensors(self) -> list[str]:
+        """Names of per-request tensors (leading dim B) that `filter` must index."""
+        return ["seq_lens"]
+
+    def advance_host_lengths(self, accept_lens: list[int]) -> None:
+        self.seq_lens_host = [n + a for n, a in zip(self.seq_lens_host, accept_lens)]
+
+    # ---- shared stages -----------------------------------------------------------------------
+    def prefill_target(self, prompts: list[list[int]]):
+        """Target forward over the ragged prompts (right-padded) -> logits (B, T, V), hidden (B, T, H),
+        and the (B, T) token/position tensors used."""
+        T = max(self.prompt_lens_host)
+        ids = torch.zeros(len(prompts), T, dtype=torch.int64)
+        for b, p in enumerate(prompts):
+            ids[b, :len(p)] = torch.tensor(p)
+        ids = ids.to(self.device)
+        positions = torch.arange(T, device=self.device).expand(len(prompts), T)
+        meta = AttentionMetadata(self.slots, torch.zeros_like(self.seq_lens), attn_len=T,
+                                 attention=self.ops.tree_attention)
+        logits, hidden = self.target(ids, positions, self.cache, meta)
+        return logits, hidden, ids, positions
+
+    def sample_tokens(self, logits, uniforms):
+        """logits: (B, V); uniforms: (B,) -> (B,) int64 (argmax for greedy requests)."""
+        greedy = logits.argmax(-1)
+        if self.sampling.all_greedy:
+            return greedy
+        s = self.sampling
+        sampled = sample_from_probs(target_probs(logits, s.temperatures, s.top_ks, s.top_ps), uniforms)
+        return torch.where(s.is_greedy, greedy, sampled)
+
+    def compute_logprobs(self, logits_output, predict, accept_index, num_steps):
+        """Fill logits_output's logprob fields through the shared helper when any request asked."""
+        if not any(p.return_logprob for p in self.params):
+            return logits_output
+        batch = SpecBatch(
+            seq_lens=self.seq_lens,
+            sampling_info=SamplingInfo(self.sampling.temperatures[:, None], self.sampling.all_greedy),
+            top_logprobs_nums=[p.top_logprobs_num if p.return_logprob else 0 for p in self.params],
+            token_ids_logprobs=[p.token_ids_logprob if p.return_logprob else None for p in self.params],
+        )
+        return self.ops.compute_spec_v2_logprobs(batch, logits_output, predict, accept_index, num_steps,
+                                                 return_original_logprob=self.return_original_logprob)
+
+    def single_token_output(self, logits, tokens) -> StepOutput:
+        """A one-node step (prefill, or target-only decode): logits (B, V), tokens (B,)."""
+        B = tokens.shape[0]
+        accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
+        out = self.compute_logprobs(LogitsOutput(next_token_logits=logits), tokens, accept_index, 0)
+        return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device), out)
+
+
+class TargetOnlyWorker(WorkerBase):
+    """Plain autoregressive decoding with the target: the baseline every result is compared with."""
+
+    def prefill(self, prompts, params, seed) -> StepOutput:
+        self.start(prompts, params, seed)
+        logits, _, _, _ = self.prefill_target(prompts)
+        last = (self.seq_lens - 1)[:, None, None].expand(-1, 1, logits.shape[-1])
+        logits = logits.gather(1, last)[:, 0]
+        tokens = self.sample_tokens(logits, self.rng.uniforms(1, self.device)[:, 0])
+        self.last_tokens = tokens
+        return self.single_token_output(logits, tokens)
+
+    def state_tensors(self):
+        return super().state_tensors() + ["last_tokens"]
+
+    def decode_step(self) -> StepOutput:
+        uniforms = self.rng.uniforms(1, self.device)[:, 0]
+        meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + 1,
+                                 attention=self.ops.tree_attention)
+        logits, _ = self.target(self.last_tokens[:, None], self.seq_lens[:, None], self.cache, meta)
+        logits = logits[:, 0]
+        tokens = self.sample_tokens(logits, uniforms)
+        self.seq_lens = self.seq_lens + 1
+        self.last_tokens = tokens
+        return self.single_token_output(logits, tokens)
+
+
+class SpeculativeWorkerBase(WorkerBase):
+    """Verify, commit and logprobs: the part EagleWorkerV2 and MultiLayerEagleWorkerV2 share."""
+
+    def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
+        super().__init__(target, ops, max_batch, max_seq_len, return_original_logprob)
+        for name in ("vocab_size", "hidden_size"):
+            t, d = getattr(target.config, name), getattr(draft.config, name)
+            if t != d:
+                raise ValueError(f"draft {name}={d} does not match the target's {name}={t}")
+        self.draft = draft
+        self.spec = spec
+        self.num_steps = spec.num_steps
+        self.topk = spec.topk
+        self.num_draft_tokens = spec.num_draft_tokens
+
+    @property
+    def kv_margin(self) -> int:
+        return self.spec.kv_margin
+
+    def state_tensors(self):
+        return super().state_tensors() + ["last_tokens"]
+
+    def verify(self, candidates, tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling):
+        """Target forward over the W tree nodes, verify (greedy or sampling, per request), KV commit,
+        logprobs.
+
+        candidates: (B, W) int64, node 0 = the root (last verified token); tree_mask: (B, W, W) bool;
+        positions: (B, W) int64; retrieve_*: (B, W). Returns the StepOutput and the target hidden
+        states (B*W, H) of every node. Sets last_tokens to the bonus token; seq_lens is left to the
+        caller, whose draft extend still needs the old committed length.
+        """
+        B, W, S = candidates.shape[0], self.num_draft_tokens, self.num_steps
+        meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + W,
+                                 tree_mask=tree_mask, attention=self.ops.tree_attention)
+        logits, hidden = self.target(candidates, positions, self.cache, meta)
+        target_predict = logits.argmax(-1)
+        s = self.sampling
+        if not s.all_greedy:
+            uniforms = self.rng.uniforms(W + 1, self.device)
+            probs = target_probs(logits.view(B * W, -1), s.temperatures.repeat_interleave(W),
+                                 s.top_ks.repeat_interleave(W), s.top_ps.repeat_interleave(W)).view(B, W, -1)
+            sampled = self.ops.tree_speculative_sampling_target_only(
+                candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+                uniforms[:, :W].contiguous(), uniforms[:, W].contiguous(), probs, S)
+        if s.any_greedy:
+            greedy = self.ops.verify_tree_greedy(candidates, retrieve_index, retrieve_next_token,
+                                                 retrieve_next_sibling, target_predict, S)
+        if s.all_greedy:
+            predict, accept_index, accept_length = greedy
+        elif not s.any_greedy:
+            predict, accept_index, accept_length = sampled
+        else:
+            g = s.is_greedy
+            predict = torch.where(g.repeat_interleave(W), greedy[0], sampled[0])
+            accept_index = torch.where(g[:, None], greedy[1], sampled[1])
+            accept_length = torch.where(g, greedy[2], sampled[2])
+        self.cache.commit(self.ops, self.slots, self.seq_lens, accept_index, W)
+        logits_output = LogitsOutput(next_token_logits=logits.view(B * W, -1), hidden_states=hidden.view(B * W, -1))
+        logits_output = self.compute_logprobs(logits_output, predict, accept_index, S)
+        accept_lens = accept_length + 1
+        self.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
+        step = StepOutput(predict, accept_index, accept_lens, logits_output)
+        return step, hidden.view(B * W, -1)

@@ -1,0 +1,111 @@
+"""EagleWorkerV2: one draft layer, top-K tree drafting, tree verification (K >= 1, general trees)."""
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache import KVCache
+from ..models.layers import AttentionMetadata
+from .base import SpeculativeWorkerBase, StepOutput
+
+
+class EagleWorkerV2(SpeculativeWorkerBase):
+    """Per request the draft keeps the same committed length as the target. Draft step i writes its
+    K frontier nodes into draft-cache slots past the committed length (slot i*K + k), each attending
+    only its true ancestors; the verify tree's W nodes go to target slots by node index."""
+
+    def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
+        super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
+        self.draft_cache = KVCache.for_model(draft.config, 1, max_batch, max_seq_len, draft.dtype, self.device)
+
+    def caches(self):
+        return [self.cache, self.draft_cache]
+
+    def state_tensors(self):
+        return super().state_tensors() + ["topk_p", "topk_index", "draft_hidden"]
+
+    # ---- stages ------------------------------------------------------------------------------
+    def draft_topk(self, logits):
+        """Deterministic draft: the K most probable tokens (probabilities from the untempered softmax)."""
+        return torch.softmax(logits.float(), dim=-1).topk(self.topk, dim=-1)
+
+    def prefill(self, prompts, params, seed) -> StepOutput:
+        self.start(prompts, params, seed)
+        logits, hidden, ids, positions = self.prefill_target(prompts)
+        last = (self.seq_lens - 1)
+        B, T = ids.shape
+        logits_last = logits[torch.arange(B, device=self.device), last]
+        tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
+        self.last_tokens = tokens
+        # Draft extend over the prompt shifted left by one, the sampled token appended at n-1.
+        shifted = torch.cat([ids[:, 1:], ids[:, :1]], dim=1).scatter(1, last[:, None], tokens[:, None])
+        meta = AttentionMetadata(self.slots, torch.zeros_like(self.seq_lens), attn_len=T,
+                                 attention=self.ops.tree_attention)
+        d_logits, d_hidden = self.draft(shifted, hidden, positions, self.draft_cache, meta)
+        rows = torch.arange(B, device=self.device)
+        self._set_next_root_children(d_logits[rows, last], d_hidden[rows, last])
+        return self.single_token_output(logits_last, tokens)
+
+    def _set_next_root_children(self, logits, hidden):
+        topk = self.draft_topk(logits)
+        self.topk_p, self.topk_index, self.draft_hidden = topk.values, topk.indices, hidden
+
+    def draft_forward(self):
+        """S draft steps of select_top_k_tokens + draft forward -> the lists organize_draft_results takes."""
+        B, K, S = self.seq_lens.shape[0], self.topk, self.num_steps
+        topk_p, topk_index, hidden, scores = self.topk_p, self.topk_index, self.draft_hidden, None
+        score_list, token_list, parents_list = [], [], []
+        n_inflight = max(S - 1, 1) * K
+        own = torch.eye(n_inflight, dtype=torch.bool, device=self.device)
+        ancestry = None  # (B, K, n_inflight): in-flight draft slots each frontier node attends
+        for i in range(S):
+            input_ids, hidden, scores, (step_scores, step_tokens, parents) = self.ops.select_top_k_tokens(
+                i, topk_p, topk_index, hidden, scores, K)
+            score_list.append(step_scores)
+            token_list.append(step_tokens)
+            parents_list.append(parents)
+            if i == S - 1:
+                break
+            mine = own[i * K:(i + 1) * K][None].expand(B, K, n_inflight)
+            if i == 0:
+                ancestry = mine
+            else:
+                parent_frontier = (parents - (K * K * (i - 1) + K)) // K  # (B, K) index into last frontier
+                ancestry = ancestry.gather(1, parent_frontier[:, :, None].expand(B, K, n_inflight)) | mine
+            meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + (i + 1) * K,
+                                     write_offset=i * K, tree_mask=ancestry[:, :, :(i + 1) * K].contiguous(),
+                                     attention=self.ops.tree_attention)
+            positions = (self.seq_lens + i)[:, None].expand(B, K)
+            logits, hidden = self.draft(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
+            topk = self.draft_topk(logits.view(B * K, -1))
+            topk_p, topk_index, hidden = topk.values, topk.indices, hidden.reshape(B * K, -1)
+        return score_list, token_list, parents_list
+
+    def draft_extend(self, step: StepOutput, target_hidden):
+        """Draft forward over the accepted path (padded to S+1): (h[n_j], predict[n_j]) at position n+j.
+        Its output at n+a gives the next root's top-K children."""
+        B, S = self.seq_lens.shape[0], self.num_steps
+        nodes = step.accept_index.clamp_min(0).long()  # padded slots reuse the root: garbage past n+a
+        ids = step.predict.long()[nodes]
+        hidden = target_hidden[nodes]
+        positions = self.seq_lens[:, None] + torch.arange(S + 1, device=self.device)
+        meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + S + 1,
+                                 attention=self.ops.tree_attention)
+        logits, d_hidden = self.draft(ids, hidden, positions, self.draft_cache, meta)
+        last = (step.accept_lens - 1).long()
+        rows = torch.arange(B, device=self.device)
+        self._set_next_root_children(logits[rows, last], d_hidden[rows, last])
+
+    def decode_step(self) -> StepOutput:
+        B, W = self.seq_lens.shape[0], self.num_draft_tokens
+        score_list, token_list, parents_list = self.draft_forward()
+        parent_list, top_scores_index, draft_tokens = self.ops.organize_draft_results(
+            score_list, token_list, parents_list, W)
+        (tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+         flat_tokens) = self.ops.build_tree_kernel_efficient(
+            self.last_tokens, parent_list, top_scores_index, draft_tokens, self.seq_lens, self.topk,
+            self.num_steps, W)
+        step, target_hidden = self.verify(flat_tokens.view(B, W), tree_mask, positions.view(B, W), retrieve_index,
+                                          retrieve_next_token, retrieve_next_sibling)
+        self.draft_extend(step, target_hidden)
+        self.seq_lens = self.seq_lens + step.accept_lens
+        return step
