@@ -1,0 +1,120 @@
+"""MultiLayerEagleWorkerV2: S MTP layers draft a chain (K = 1, W = S + 1), layer k at draft step k."""
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache import KVCache
+from ..models.layers import AttentionMetadata
+from .base import SpeculativeWorkerBase, StepOutput
+
+
+class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
+    """Layer k at position t reads (hidden_t, x_{t+k+1}) and predicts x_{t+k+2}.
+
+    Per request the worker keeps, on the device, the token stream by position (committed tokens,
+    the bonus, then the current guesses d_1..d_S rotated in past it) and a ring of the target's last
+    hidden states. A layer's last k positions consumed guesses, so every draft extend recomputes a
+    window that starts S-1 positions before the old committed length: whatever a rejected guess
+    made stale is redone (SGLang keeps a pool of past hidden states for the same reason).
+    """
+
+    def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
+        S = spec.num_steps
+        if spec.topk != 1 or spec.num_draft_tokens != S + 1:
+            raise ValueError(
+                f"MultiLayerEagleWorkerV2 drafts a chain: it needs topk=1 and num_draft_tokens=num_steps+1={S + 1}, "
+                f"got topk={spec.topk}, num_draft_tokens={spec.num_draft_tokens}")
+        if draft.num_layers != S:
+            raise ValueError(f"MultiLayerEagleWorkerV2 uses MTP layer k at draft step k, so the draft needs "
+                             f"num_steps={S} layers, got {draft.num_layers}")
+        super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
+        self.draft_cache = KVCache.for_model(draft.config, S, max_batch, max_seq_len, draft.dtype, self.device)
+        self.ring_size = 2 * S + 2
+        self.stream_len = max_seq_len + 2 * S + 2
+        W = S + 1
+        # The chain's tree, the same for every step.
+        self._chain_mask = torch.ones(W, W, dtype=torch.bool, device=self.device).tril()
+        self._chain_next = torch.cat([torch.arange(1, W), torch.tensor([-1])]).to(self.device)
+
+    @property
+    def kv_margin(self) -> int:
+        return 2 * self.num_steps  # the draft extend writes up to S (or 2S - 1 near the start) past n
+
+    def caches(self):
+        return [self.cache, self.draft_cache]
+
+    def state_tensors(self):
+        return super().state_tensors() + ["stream", "hidden_ring", "draft_tokens"]
+
+    # ---- stages ------------------------------------------------------------------------------
+    def _write_ring(self, positions, hidden):
+        """positions: (B, T) int64; hidden: (B, T, H)."""
+        slots = (positions % self.ring_size)[:, :, None].expand_as(hidden)
+        self.hidden_ring.scatter_(1, slots, hidden.to(self.hidden_ring.dtype))
+
+    def draft_extend(self, start, last, T: int, hidden0, attn_len: int):
+        """Run the S layers over positions start .. start+T-1 (valid up to `last`, per request),
+        layer k over the stream shifted by k+1, rotating in each layer's guess at `last`.
+
+        start, last: (B,) int64; hidden0: (B, T, H), the target's hidden states at those positions.
+        Sets draft_tokens (B, S): d_1..d_S, the chain after the token at last + 1.
+        """
+        B, S = start.shape[0], self.num_steps
+        positions = start[:, None] + torch.arange(T, device=self.device)
+        meta = AttentionMetadata(self.slots, start, attn_len=attn_len, attention=self.ops.tree_attention)
+        rows = torch.arange(B, device=self.device)
+        at_last = last - start
+        hidden = hidden0
+        guesses = []
+        for k in range(S):
+            ids = self.stream.gather(1, positions + k + 1)
+            logits, out = self.draft.forward_layer(k, ids, hidden, positions, self.draft_cache, meta)
+            guess = logits[rows, at_last].argmax(-1)
+            self.stream.scatter_(1, (last + k + 2)[:, None], guess[:, None])
+            guesses.append(guess)
+            if self.draft.chain_hidden_states:
+                hidden = out
+        self.draft_tokens = torch.stack(guesses, dim=1)
+
+    def prefill(self, prompts, params, seed) -> StepOutput:
+        self.start(prompts, params, seed)
+        logits, hidden, ids, positions = self.prefill_target(prompts)
+        B, T = ids.shape
+        rows = torch.arange(B, device=self.device)
+        last = self.seq_lens - 1
+        logits_last = logits[rows, last]
+        tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
+        self.last_tokens = tokens
+        self.stream = torch.zeros(B, self.stream_len, dtype=torch.int64, device=self.device)
+        self.stream[:, :T] = ids
+        self.stream.scatter_(1, self.seq_lens[:, None], tokens[:, None])
+        self.hidden_ring = torch.zeros(B, self.ring_size, hidden.shape[-1], dtype=hidden.dtype, device=self.device)
+        R = min(self.ring_size, T)
+        recent = (self.seq_lens[:, None] - R + torch.arange(R, device=self.device)).clamp_min(0)
+        self._write_ring(recent, hidden.gather(1, recent[:, :, None].expand(-1, -1, hidden.shape[-1])))
+        self.draft_extend(torch.zeros_like(self.seq_lens), last, T, hidden, attn_len=T)
+        return self.single_token_output(logits_last, tokens)
+
+    def decode_step(self) -> StepOutput:
+        B, S, W = self.seq_lens.shape[0], self.num_steps, self.num_draft_tokens
+        n = self.seq_lens
+        candidates = torch.cat([self.last_tokens[:, None], self.draft_tokens], dim=1)
+        positions = n[:, None] + torch.arange(W, device=self.device)
+        retrieve_index = torch.arange(B * W, device=self.device).view(B, W)
+        next_token = self._chain_next.expand(B, W).contiguous()
+        next_sibling = torch.full((B, W), -1, dtype=torch.int64, device=self.device)
+        step, target_hidden = self.verify(candidates, self._chain_mask.expand(B, W, W), positions, retrieve_index,
+                                          next_token, next_sibling)
+        nodes = step.accept_index.clamp_min(0).long()
+        j = torch.arange(S + 1, device=self.device)
+        # Accepted tokens and the bonus go to positions n+1 .. n+a+1, hidden states to n .. n+a
+        # (padded slots write garbage past the committed length, overwritten before being read).
+        self.stream.scatter_(1, n[:, None] + 1 + j, step.predict.long()[nodes])
+        self._write_ring(n[:, None] + j, target_hidden[nodes])
+        start = (n - S + 1).clamp_min(0)
+        window = start[:, None] + torch.arange(2 * S, device=self.device)
+        hidden0 = self.hidden_ring.gather(1, (window % self.ring_size)[:, :, None].expand(-1, -1, self.hidden_ring.shape[-1]))
+        last = n + step.accept_lens - 1
+        self.draft_extend(start, last, 2 * S, hidden0, attn_len=max(max(self.seq_lens_host) + S + 1, 2 * S))
+        self.seq_lens = n + step.accept_lens
+        return step
