@@ -11,7 +11,7 @@ import operator
 
 import torch
 
-__all__ = ["compute_spec_v2_logprobs", "PADDED_LOGPROB", "PADDED_TOP_LOGPROB_IDX"]
+__all__ = ["PADDED_LOGPROB", "PADDED_TOP_LOGPROB_IDX", "compute_spec_v2_logprobs"]
 
 #: Value written at a padded accept slot (``accept_index == -1``) in ``next_token_logprobs``,
 #: in the top-logprob values and in the token-id logprob values. A real logprob is 0.0 only
@@ -69,7 +69,9 @@ def _validate(batch, logits_output, predict, accept_index, speculative_num_steps
 
     logits = logits_output.next_token_logits
     if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits_output.next_token_logits must be a torch.Tensor, got {type(logits).__name__}")
+        raise TypeError(
+            f"logits_output.next_token_logits must be a torch.Tensor, got {type(logits).__name__}"
+        )
     if not logits.dtype.is_floating_point:
         raise TypeError(f"logits_output.next_token_logits must be floating point, got dtype {logits.dtype}")
     if logits.dim() != 2:
@@ -110,7 +112,9 @@ def _validate(batch, logits_output, predict, accept_index, speculative_num_steps
                 f"batch.sampling_info.temperatures must be a torch.Tensor [B, 1], got {type(temperatures).__name__}"
             )
         if not temperatures.dtype.is_floating_point:
-            raise TypeError(f"batch.sampling_info.temperatures must be floating point, got {temperatures.dtype}")
+            raise TypeError(
+                f"batch.sampling_info.temperatures must be floating point, got {temperatures.dtype}"
+            )
         if tuple(temperatures.shape) != (B, 1):
             raise ValueError(
                 f"batch.sampling_info.temperatures must have shape [B, 1] = [{B}, 1], "
@@ -126,26 +130,30 @@ def _validate(batch, logits_output, predict, accept_index, speculative_num_steps
     if top_nums is None:
         top_nums = [0] * B
     if len(top_nums) != B:
-        raise ValueError(f"batch.top_logprobs_nums has {len(top_nums)} entries but the batch has B = {B} requests")
+        raise ValueError(
+            f"batch.top_logprobs_nums has {len(top_nums)} entries but the batch has B = {B} requests"
+        )
     top_nums = [_as_int(k, f"batch.top_logprobs_nums[{b}]") for b, k in enumerate(top_nums)]
     for b, k in enumerate(top_nums):
         if k < 0 or k > V:
-            raise ValueError(
-                f"request {b}: top_logprobs_num = {k} is outside [0, vocab size {V}]"
-            )
+            raise ValueError(f"request {b}: top_logprobs_num = {k} is outside [0, vocab size {V}]")
 
     token_ids = getattr(batch, "token_ids_logprobs", None)
     if token_ids is None:
         token_ids = [None] * B
     if len(token_ids) != B:
-        raise ValueError(f"batch.token_ids_logprobs has {len(token_ids)} entries but the batch has B = {B} requests")
+        raise ValueError(
+            f"batch.token_ids_logprobs has {len(token_ids)} entries but the batch has B = {B} requests"
+        )
     ids_per_req: list[list[int]] = []
     for b, ids in enumerate(token_ids):
         if ids is None:
             ids_per_req.append([])
             continue
         if isinstance(ids, (str, bytes, torch.Tensor)) or not hasattr(ids, "__iter__"):
-            raise TypeError(f"request {b}: token_ids_logprobs must be a list of ints or None, got {type(ids).__name__}")
+            raise TypeError(
+                f"request {b}: token_ids_logprobs must be a list of ints or None, got {type(ids).__name__}"
+            )
         clean = [_as_int(t, f"request {b}: token_ids_logprobs[{i}]") for i, t in enumerate(ids)]
         for i, t in enumerate(clean):
             if t < 0 or t >= V:
@@ -220,7 +228,7 @@ def compute_spec_v2_logprobs(
     trusted (an out-of-range index fails in indexing).
     """
     scale = not (bool(batch.sampling_info.is_all_greedy) or return_original_logprob)
-    B, S, W, V, temperatures, top_nums, ids_per_req = _validate(
+    B, S, W, _V, temperatures, top_nums, ids_per_req = _validate(
         batch, logits_output, predict, accept_index, speculative_num_steps, scale
     )
     logits = logits_output.next_token_logits
@@ -265,7 +273,9 @@ def compute_spec_v2_logprobs(
             top_val, top_idx = torch.topk(logprobs, k_max, dim=-1, largest=True, sorted=True)
             top_val = torch.where(valid.unsqueeze(1), top_val, zero)
             top_idx = torch.where(
-                valid.unsqueeze(1), top_idx, torch.full((), PADDED_TOP_LOGPROB_IDX, dtype=torch.long, device=device)
+                valid.unsqueeze(1),
+                top_idx,
+                torch.full((), PADDED_TOP_LOGPROB_IDX, dtype=torch.long, device=device),
             )
             vals, idxs = [], []
             for b in range(B):

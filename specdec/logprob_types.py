@@ -11,11 +11,10 @@ is ``b*W + i``), S = ``speculative_num_steps``, V vocab.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
-__all__ = ["SamplingInfo", "SpecBatch", "LogitsOutput"]
+__all__ = ["LogitsOutput", "SamplingInfo", "SpecBatch"]
 
 
 @dataclass
@@ -41,7 +40,7 @@ class SpecBatch:
     seq_lens: torch.Tensor
     sampling_info: SamplingInfo
     top_logprobs_nums: list[int] = field(default_factory=list)
-    token_ids_logprobs: list[Optional[list[int]]] = field(default_factory=list)
+    token_ids_logprobs: list[list[int] | None] = field(default_factory=list)
 
 
 @dataclass
@@ -60,9 +59,9 @@ class LogitsOutput:
     """
 
     next_token_logits: torch.Tensor
-    hidden_states: Optional[torch.Tensor] = None
-    next_token_logprobs: Optional[torch.Tensor] = None
-    next_token_top_logprobs_val: Optional[list] = None
-    next_token_top_logprobs_idx: Optional[list] = None
-    next_token_token_ids_logprobs_val: Optional[list] = None
-    next_token_token_ids_logprobs_idx: Optional[list] = None
+    hidden_states: torch.Tensor | None = None
+    next_token_logprobs: torch.Tensor | None = None
+    next_token_top_logprobs_val: list | None = None
+    next_token_top_logprobs_idx: list | None = None
+    next_token_token_ids_logprobs_val: list | None = None
+    next_token_token_ids_logprobs_idx: list | None = None

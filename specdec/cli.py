@@ -1,0 +1,32 @@
+"""`specdec` console command: `specdec demo`, `specdec zoo train ...`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="specdec", description="EAGLE-style speculative decoding toolkit")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="decode held-out prompts with target-only, EAGLE and MTP decoding")
+    demo.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
+    demo.add_argument("--max-new-tokens", type=int, default=64)
+    demo.add_argument("--random", action="store_true", help="use a random-weight model instead of the shipped one")
+    sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo train --help`", add_help=False)
+    if argv[:1] == ["zoo"]:
+        rest = argv[1:]
+        if rest[:1] != ["train"]:
+            print("usage: specdec zoo train [options]  (see `specdec zoo train --help`)", file=sys.stderr)
+            return 2
+        from .zoo.train import main as train_main
+        return train_main(rest[1:]) or 0
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from .demo import run_demo
+        return run_demo(impl=args.impl, max_new_tokens=args.max_new_tokens, random_model=args.random) or 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,803 @@
+"""Tests of the reference tree ops (reference/tree.py, reference/verify.py).
+
+The ladder: each vectorised op equals its per-node naive loop, on random trees drafted through
+``select_top_k_tokens`` + ``organize_draft_results`` and on exhaustive small cases. Beside it,
+independent checks that do not use the code under test: the test drafts its own trees and tracks
+every candidate's token path and fp32 path score itself, and derives the expected selection, parents,
+mask, positions, child/sibling links and the greedy accepted path from those paths; the sampling
+verify is checked against the exact distribution of sequential target sampling by a chi-square test.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import random
+
+import pytest
+import torch
+
+from reference.tree import (
+    build_tree_kernel_efficient,
+    build_tree_naive,
+    max_num_draft_tokens,
+    organize_draft_results,
+    select_top_k_tokens,
+)
+from reference.verify import (
+    tree_speculative_sampling_target_only,
+    tree_speculative_sampling_target_only_naive,
+    verify_tree_greedy,
+    verify_tree_greedy_naive,
+)
+
+# --------------------------------------------------------------------------------------------
+# an independent drafting simulator
+# --------------------------------------------------------------------------------------------
+
+
+def _draft_probs(gen: torch.Generator, rows: int, V: int, mode: str) -> torch.Tensor:
+    """Draft probabilities, (rows, V) float32. ``ties`` mixes one-hot rows (exact 1.0 / 0.0) and
+    rows with many exactly equal probabilities."""
+    if mode == "random":
+        return torch.softmax(torch.randn(rows, V, generator=gen) * 2.0, dim=-1)
+    out = []
+    for _ in range(rows):
+        kind = int(torch.randint(3, (1,), generator=gen))
+        if kind == 0:  # one-hot: children with probability exactly 1.0 and 0.0
+            row = torch.zeros(V)
+            row[int(torch.randint(V, (1,), generator=gen))] = 1.0
+        elif kind == 1:  # uniform: all children tie
+            row = torch.full((V,), 1.0 / V)
+        else:  # two levels: many ties
+            row = torch.softmax(torch.randint(2, (V,), generator=gen).float() * 3.0, dim=-1)
+        out.append(row)
+    return torch.stack(out)
+
+
+class DraftedTree:
+    """Drafts B trees through select_top_k_tokens + organize_draft_results.
+
+    The hidden state of a node is its id, so the test knows which path every re-parented hidden
+    state belongs to; ``cand_path[b][c]`` and ``cand_score[b][c]`` (fp32 path score) are tracked
+    by the test itself, from the draft probabilities it generated.
+    """
+
+    def __init__(self, B: int, K: int, S: int, W: int, V: int, seed: int, mode: str = "random"):
+        gen = torch.Generator().manual_seed(seed)
+        self.B, self.K, self.S, self.W, self.V = B, K, S, W, V
+        paths: dict[int, tuple] = {0: ()}  # node id -> token path (same ids in every request)
+        next_id = [1]
+
+        def new_id(path_per_b):
+            i = next_id[0]
+            next_id[0] += 1
+            for b in range(B):
+                node_paths[b][i] = path_per_b[b]
+            return i
+
+        node_paths = [dict(paths) for _ in range(B)]
+        self.cand_path = [[] for _ in range(B)]
+        self.cand_score = [[] for _ in range(B)]
+        score_list, token_list, parents_list = [], [], []
+
+        # step 0: the root's children
+        probs = _draft_probs(gen, B, V, mode)
+        topk_p, topk_index = torch.topk(probs, K, dim=-1)
+        hidden = torch.zeros(B, 3)  # column 0: node id (root 0); other columns: payload
+        hidden[:, 1] = torch.arange(B, dtype=torch.float32)
+        input_ids, hidden_out, scores, info = select_top_k_tokens(0, topk_p, topk_index, hidden, None, K)
+        assert input_ids.shape == (B * K,) and hidden_out.shape == (B * K, 3) and scores.shape == (B, K)
+        assert torch.equal(input_ids, topk_index.flatten())
+        assert torch.equal(hidden_out[:, 0], torch.zeros(B * K))
+        assert torch.equal(hidden_out[:, 1], torch.arange(B).repeat_interleave(K).float())
+        assert torch.equal(info[2], torch.arange(-1, K).repeat(B, 1)) and info[2].dtype == torch.int64
+        for b in range(B):
+            for m in range(K):
+                self.cand_path[b].append((int(topk_index[b, m]),))
+                self.cand_score[b].append(topk_p[b, m])
+        score_list.append(info[0])
+        token_list.append(info[1])
+        parents_list.append(info[2])
+
+        for i in range(1, S):
+            # the frontier, as the test selects it: the K best candidates of the previous step
+            start = 0 if i == 1 else K + (i - 2) * K * K
+            count = K if i == 1 else K * K
+            frontier = []  # frontier[b] = list of K candidate indices, best first (ties: lower index)
+            for b in range(B):
+                cands = list(range(start, start + count))
+                cands.sort(key=lambda c: (-float(self.cand_score[b][c]), c))
+                frontier.append(cands[:K])
+            # the returned input_ids / hidden states must describe this frontier
+            exp_ids = torch.tensor([self.cand_path[b][c][-1] for b in range(B) for c in frontier[b]])
+            assert torch.equal(input_ids, exp_ids), (i, input_ids, exp_ids)
+            for b in range(B):
+                for f, c in enumerate(frontier[b]):
+                    parent_id = int(hidden_out[b * K + f, 0])
+                    assert node_paths[b][parent_id] == self.cand_path[b][c][:-1]  # re-parented hidden state
+                    assert int(hidden_out[b * K + f, 1]) == b
+                    assert torch.equal(scores[b, f], self.cand_score[b][c])
+            if i > 1:  # the previous step's parents are this frontier's candidate indices
+                assert torch.equal(info[2], torch.tensor(frontier))
+            # the draft runs on the frontier: each frontier node gets an id (its output hidden state)
+            hidden = torch.zeros(B * K, 3)
+            for f in range(K):
+                nid = new_id([self.cand_path[b][frontier[b][f]] for b in range(B)])
+                hidden[torch.arange(B) * K + f, 0] = float(nid)
+            hidden[:, 1] = torch.arange(B).repeat_interleave(K).float()
+            probs = _draft_probs(gen, B * K, V, mode)
+            topk_p, topk_index = torch.topk(probs, K, dim=-1)
+            input_ids, hidden_out, scores, info = select_top_k_tokens(i, topk_p, topk_index, hidden, scores, K)
+            for b in range(B):
+                for f in range(K):
+                    c_parent = frontier[b][f]
+                    for m in range(K):
+                        self.cand_path[b].append(self.cand_path[b][c_parent] + (int(topk_index[b * K + f, m]),))
+                        self.cand_score[b].append(self.cand_score[b][c_parent] * topk_p[b * K + f, m])
+            score_list.append(info[0])
+            token_list.append(info[1])
+            parents_list.append(info[2])
+            if i == S - 1:  # the last step's selection is checked too
+                last = K + (i - 1) * K * K
+                for b in range(B):
+                    cands = sorted(range(last, last + K * K), key=lambda c: (-float(self.cand_score[b][c]), c))
+                    assert torch.equal(info[2][b], torch.tensor(cands[:K]))
+
+        self.num_cands = K + (S - 1) * K * K
+        assert all(len(p) == self.num_cands for p in self.cand_path)
+        self.parent_list, self.top_scores_index, self.draft_tokens = organize_draft_results(
+            score_list, token_list, parents_list, W
+        )
+        self.seq_lens = torch.randint(0, 50, (B,), generator=gen)
+        self.bonus = torch.randint(V, (B,), generator=gen)
+        self.gen = gen
+
+    # -- the test's own expectations -----------------------------------------------------------
+
+    def expected_selection(self, b: int) -> list[int]:
+        order = sorted(range(self.num_cands), key=lambda c: (-float(self.cand_score[b][c]), c))
+        return sorted(order[: self.W - 1])
+
+    def node_paths(self, b: int) -> list[tuple]:
+        """Token path of every tree node, root () first."""
+        return [()] + [self.cand_path[b][c] for c in self.expected_selection(b)]
+
+    def build_args(self):
+        return (
+            self.bonus,
+            self.parent_list,
+            self.top_scores_index,
+            self.draft_tokens,
+            self.seq_lens,
+            self.K,
+            self.S,
+            self.W,
+        )
+
+
+def tree_structure(paths: list[tuple]):
+    """parent, depth, first child and next sibling of every node, from the token paths alone."""
+    index = {p: i for i, p in enumerate(paths)}
+    assert len(index) == len(paths)  # paths are unique
+    W = len(paths)
+    parent = [-1] + [index[p[:-1]] for p in paths[1:]]
+    depth = [len(p) for p in paths]
+    children = [[j for j in range(1, W) if parent[j] == i] for i in range(W)]
+    first = [ch[0] if ch else -1 for ch in children]
+    sibling = [-1] * W
+    for ch in children:
+        for a, c in zip(ch, ch[1:]):
+            sibling[a] = c
+    return parent, depth, first, sibling
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert x.dtype == y.dtype, (k, x.dtype, y.dtype)
+        assert x.shape == y.shape, (k, x.shape, y.shape)
+        assert torch.equal(x, y), (k, x, y)
+
+
+def target_predict_for(tree: DraftedTree, paths_per_b, p_follow: float, gen: torch.Generator):
+    """(B, W) target predictions: at each node a random child's token with prob p_follow."""
+    B, W, V = tree.B, tree.W, tree.V
+    tp = torch.randint(V, (B, W), generator=gen)
+    for b in range(B):
+        parent, _, _, _ = tree_structure(paths_per_b[b])
+        for i in range(W):
+            kids = [j for j in range(1, W) if parent[j] == i]
+            if kids and float(torch.rand((), generator=gen)) < p_follow:
+                j = kids[int(torch.randint(len(kids), (1,), generator=gen))]
+                tp[b, i] = paths_per_b[b][j][-1]
+    return tp
+
+
+def target_probs_for(tree: DraftedTree, paths_per_b, gen: torch.Generator, sharp: float = 2.0):
+    """(B, W, V) float32 target rows with extra mass on the children's tokens (so that some paths
+    get accepted), some exact zeros, and occasional one-hot rows."""
+    B, W, V = tree.B, tree.W, tree.V
+    logits = torch.randn(B, W, V, generator=gen) * sharp
+    for b in range(B):
+        for j in range(1, W):
+            path = paths_per_b[b][j]
+            parent = paths_per_b[b].index(path[:-1])
+            logits[b, parent, path[-1]] += float(torch.rand((), generator=gen)) * 4.0
+    probs = torch.softmax(logits, dim=-1)
+    keep = (torch.rand(B, W, V, generator=gen) > 0.15) | torch.nn.functional.one_hot(probs.argmax(-1), V).bool()
+    probs = probs * keep  # exact zeros, never a whole row (unnormalised is fine)
+    onehot = torch.rand(B, W, generator=gen) < 0.1
+    hot = torch.nn.functional.one_hot(probs.argmax(-1), V).float()
+    return torch.where(onehot.unsqueeze(-1), hot, probs)
+
+
+# --------------------------------------------------------------------------------------------
+# the case grid
+# --------------------------------------------------------------------------------------------
+
+
+def _w_values(K: int, S: int, full: bool) -> list[int]:
+    hi = max_num_draft_tokens(K, S)
+    if full:
+        return list(range(2, hi + 1))
+    return sorted({2, min(3, hi), (2 + hi) // 2, hi - 1, hi} - {1})
+
+
+def _grid(full: bool):
+    cases = []
+    for S, K in itertools.product(range(1, 6), (1, 2, 4)):
+        for W in _w_values(K, S, full):
+            cases.append((S, K, W))
+    return cases
+
+
+FAST_GRID = _grid(full=False)
+FULL_GRID = _grid(full=True)
+
+
+def _run_case(S: int, K: int, W: int, seed: int, mode: str):
+    rng = random.Random(seed)
+    B = rng.randint(1, 4)
+    V = rng.choice([K + 1, 8, 32]) if mode == "random" else rng.choice([max(K, 2), 6])
+    V = max(V, K)
+    tree = DraftedTree(B, K, S, W, V, seed, mode)
+    gen = tree.gen
+
+    # organize_draft_results against the test's own selection
+    assert tree.top_scores_index.dtype == torch.int64 and tree.draft_tokens.dtype == torch.int64
+    assert tree.parent_list.dtype == torch.int64
+    assert tree.parent_list.shape == (B, 1 + K * (S - 1) if S > 1 else 0)
+    paths_per_b = []
+    for b in range(B):
+        sel = tree.expected_selection(b)
+        assert tree.top_scores_index[b].tolist() == sel
+        assert tree.draft_tokens[b].tolist() == [tree.cand_path[b][c][-1] for c in sel]
+        paths = tree.node_paths(b)
+        assert all(p[:-1] in paths for p in paths[1:])  # a selected node's parent is selected
+        paths_per_b.append(paths)
+
+    # build: naive == vectorised == the test's own structure
+    out = build_tree_kernel_efficient(*tree.build_args())
+    assert_same(out, build_tree_naive(*tree.build_args()))
+    mask, positions, ri, nt, ns, tokens = out
+    assert mask.dtype == torch.bool and mask.shape == (B, W, W)
+    for t in (positions, ri, nt, ns, tokens):
+        assert t.dtype == torch.int64
+    for b in range(B):
+        paths = paths_per_b[b]
+        parent, depth, first, sibling = tree_structure(paths)
+        exp_mask = [[paths[i][: len(paths[j])] == paths[j] for j in range(W)] for i in range(W)]
+        assert mask[b].tolist() == exp_mask
+        assert positions[b * W : (b + 1) * W].tolist() == [int(tree.seq_lens[b]) + d for d in depth]
+        assert ri[b].tolist() == list(range(b * W, (b + 1) * W))
+        assert nt[b].tolist() == first
+        assert ns[b].tolist() == sibling
+        assert tokens[b * W : (b + 1) * W].tolist() == [int(tree.bonus[b])] + [p[-1] for p in paths[1:]]
+    cand = tokens.view(B, W)
+
+    # greedy verify: naive == vectorised == brute force longest matching path
+    for p_follow in (0.0, 0.6, 1.0):
+        tp = target_predict_for(tree, paths_per_b, p_follow, gen)
+        got = verify_tree_greedy(cand, ri, nt, ns, tp, S)
+        assert_same(got, verify_tree_greedy_naive(cand, ri, nt, ns, tp, S))
+        check_greedy_brute_force(got, cand, tp, paths_per_b, S)
+
+    # sampling verify: naive == vectorised (exact), also with thresholds below 1
+    for ts, ta in ((1.0, 1.0), (0.5, 0.7)):
+        probs = target_probs_for(tree, paths_per_b, gen)
+        u = torch.rand(B, W, generator=gen)
+        uf = torch.rand(B, generator=gen)
+        if rng.random() < 0.3:
+            u[:, 0] = 0.0  # a coin of exactly 0 must not accept a zero-probability child
+            uf[0] = 0.0
+        got = tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, probs, S, ts, ta)
+        assert_same(got, tree_speculative_sampling_target_only_naive(cand, ri, nt, ns, u, uf, probs, S, ts, ta))
+        check_sampling_output(got, cand, probs, paths_per_b, S)
+
+
+def check_greedy_brute_force(got, cand, tp, paths_per_b, S):
+    predict, accept_index, accept_length = got
+    B, W = cand.shape
+    assert predict.dtype == accept_index.dtype == accept_length.dtype == torch.int32
+    for b in range(B):
+        paths = paths_per_b[b]
+        parent, depth, _, _ = tree_structure(paths)
+
+        def matches(n):  # every edge on the root path of n is predicted by the target
+            while n != 0:
+                if int(cand[b, n]) != int(tp[b, parent[n]]):
+                    return False
+                n = parent[n]
+            return True
+
+        ok = [n for n in range(W) if depth[n] <= S and matches(n)]
+        best = max(ok, key=lambda n: depth[n])  # unique: sibling tokens are distinct
+        chain = []
+        n = best
+        while n != 0:
+            chain.append(n)
+            n = parent[n]
+        chain = [0] + chain[::-1]
+        assert int(accept_length[b]) == len(chain) - 1
+        assert accept_index[b].tolist() == [b * W + n for n in chain] + [-1] * (S + 1 - len(chain))
+        exp_pred = [0] * W
+        for n in chain:
+            exp_pred[n] = int(tp[b, n])
+        assert predict[b * W : (b + 1) * W].tolist() == exp_pred
+
+
+def check_sampling_output(got, cand, probs, paths_per_b, S):
+    """Structural facts of a sampling verify result: the accepted nodes form a root path, predict
+    holds the next accepted token then the bonus, and no zero-probability token is ever emitted."""
+    predict, accept_index, accept_length = got
+    B, W = cand.shape
+    assert predict.dtype == accept_index.dtype == accept_length.dtype == torch.int32
+    for b in range(B):
+        parent, _, _, _ = tree_structure(paths_per_b[b])
+        a = int(accept_length[b])
+        assert 0 <= a <= S
+        nodes = [int(x) - b * W for x in accept_index[b, : a + 1]]
+        assert nodes[0] == 0 and accept_index[b, a + 1 :].tolist() == [-1] * (S - a)
+        for x, y in zip(nodes, nodes[1:]):
+            assert parent[y] == x
+            assert int(predict[b * W + x]) == int(cand[b, y])
+        bonus = int(predict[b * W + nodes[-1]])
+        assert 0 <= bonus < probs.shape[-1]
+        assert float(probs[b, nodes[-1], bonus]) > 0
+        others = set(range(W)) - set(nodes)
+        assert all(int(predict[b * W + n]) == 0 for n in others)
+
+
+@pytest.mark.parametrize("mode", ["random", "ties"])
+@pytest.mark.parametrize("S,K,W", FAST_GRID)
+def test_ladder_random_trees(S, K, W, mode):
+    _run_case(S, K, W, seed=1000 * S + 100 * K + W + (7 if mode == "ties" else 0), mode=mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["random", "ties"])
+@pytest.mark.parametrize("S,K,W", FULL_GRID)
+def test_ladder_random_trees_full_grid(S, K, W, mode):
+    for rep in range(3):
+        _run_case(S, K, W, seed=7919 * rep + 1000 * S + 100 * K + W, mode=mode)
+
+
+# --------------------------------------------------------------------------------------------
+# exhaustive small cases
+# --------------------------------------------------------------------------------------------
+
+
+def _chain_tree(B, S, V, seed):
+    return DraftedTree(B, 1, S, S + 1, V, seed)
+
+
+def test_depth_one_tree():
+    """S == 1: a star under the root; parent_list is empty."""
+    for K in (1, 2, 4):
+        for W in range(2, K + 2):
+            tree = DraftedTree(3, K, 1, W, 8, seed=K * 10 + W)
+            assert tree.parent_list.shape == (3, 0) and tree.parent_list.dtype == torch.int64
+            mask, positions, ri, nt, ns, tokens = build_tree_kernel_efficient(*tree.build_args())
+            assert_same((mask, positions, ri, nt, ns, tokens), build_tree_naive(*tree.build_args()))
+            eye = torch.eye(W, dtype=torch.bool)
+            exp_mask = eye.clone()
+            exp_mask[:, 0] = True
+            assert torch.equal(mask, exp_mask.expand(3, W, W))
+            assert torch.equal(positions.view(3, W), tree.seq_lens.unsqueeze(1) + (torch.arange(W) > 0))
+            assert nt[:, 0].tolist() == [1] * 3 and (nt[:, 1:] == -1).all()
+            assert ns[:, 0].tolist() == [-1] * 3
+            assert ns[:, 1:].tolist() == [list(range(2, W)) + [-1]] * 3
+
+
+def test_single_chain_all_accepted_and_all_rejected():
+    """K == 1: a chain. A target that predicts the chain accepts everything (S tokens + bonus);
+    one that never predicts it accepts nothing. Both verifies, naive and vectorised."""
+    S, V, B = 4, 16, 3
+    tree = _chain_tree(B, S, V, seed=5)
+    out = build_tree_kernel_efficient(*tree.build_args())
+    assert_same(out, build_tree_naive(*tree.build_args()))
+    mask, positions, ri, nt, ns, tokens = out
+    W = S + 1
+    assert torch.equal(mask, torch.ones(W, W, dtype=torch.bool).tril().expand(B, W, W))
+    assert torch.equal(positions.view(B, W), tree.seq_lens.unsqueeze(1) + torch.arange(W))
+    assert torch.equal(nt, torch.tensor([1, 2, 3, 4, -1]).expand(B, W))
+    assert (ns == -1).all()
+    cand = tokens.view(B, W)
+
+    # all accepted: target predicts the next chain token, and a bonus at the leaf
+    tp = torch.cat([cand[:, 1:], torch.full((B, 1), 7)], dim=1)
+    for fn in (verify_tree_greedy, verify_tree_greedy_naive):
+        predict, acc_idx, acc_len = fn(cand, ri, nt, ns, tp, S)
+        assert acc_len.tolist() == [S] * B
+        assert torch.equal(acc_idx, ri.to(torch.int32))
+        assert torch.equal(predict, tp.flatten().to(torch.int32))
+    # num_steps smaller than the chain: stop after num_steps accepted tokens
+    for fn in (verify_tree_greedy, verify_tree_greedy_naive):
+        predict, acc_idx, acc_len = fn(cand, ri, nt, ns, tp, 2)
+        assert acc_len.tolist() == [2] * B
+        assert torch.equal(acc_idx, ri[:, :3].to(torch.int32))
+        assert torch.equal(predict.view(B, W)[:, :3], tp[:, :3].to(torch.int32))
+        assert (predict.view(B, W)[:, 3:] == 0).all()
+
+    # all rejected: target never predicts the draft
+    tp_bad = (cand + 1) % V
+    tp_bad = torch.cat([tp_bad[:, 1:], tp_bad[:, :1]], dim=1)
+    for fn in (verify_tree_greedy, verify_tree_greedy_naive):
+        predict, acc_idx, acc_len = fn(cand, ri, nt, ns, tp_bad, S)
+        assert acc_len.tolist() == [0] * B
+        assert torch.equal(acc_idx[:, 0], ri[:, 0].to(torch.int32)) and (acc_idx[:, 1:] == -1).all()
+        exp = torch.zeros(B, W, dtype=torch.int32)
+        exp[:, 0] = tp_bad[:, 0]
+        assert torch.equal(predict.view(B, W), exp)
+
+    # sampling: one-hot on the chain accepts everything whatever the coins; zero mass on it rejects all
+    u = torch.rand(B, W)
+    uf = torch.rand(B)
+    hot = torch.nn.functional.one_hot(tp, V).float()
+    for fn in (tree_speculative_sampling_target_only, tree_speculative_sampling_target_only_naive):
+        predict, acc_idx, acc_len = fn(cand, ri, nt, ns, u, uf, hot, S)
+        assert acc_len.tolist() == [S] * B
+        assert torch.equal(predict, tp.flatten().to(torch.int32))
+    probs = torch.rand(B, W, V)
+    probs.scatter_(2, tp.unsqueeze(-1), 0.0)  # zero mass on every draft token
+    u0 = torch.zeros(B, W)  # even coins of exactly 0 must reject (strict <)
+    for fn in (tree_speculative_sampling_target_only, tree_speculative_sampling_target_only_naive):
+        predict, acc_idx, acc_len = fn(cand, ri, nt, ns, u0, uf, probs, S)
+        assert acc_len.tolist() == [0] * B
+        assert (acc_idx[:, 1:] == -1).all()
+        bonus = predict.view(B, W)[:, 0]
+        assert all(float(probs[b, 0, int(bonus[b])]) > 0 for b in range(B))
+        assert (predict.view(B, W)[:, 1:] == 0).all()
+
+
+def test_full_fanout_all_accept_paths():
+    """W at its maximum: for every node of the tree, a target that predicts exactly the path to it
+    accepts exactly that path (greedy; and sampling with one-hot targets)."""
+    for K, S in ((2, 3), (4, 2), (3, 2)):
+        W = max_num_draft_tokens(K, S)
+        tree = DraftedTree(1, K, S, W, 12, seed=K * S)
+        out = build_tree_kernel_efficient(*tree.build_args())
+        assert_same(out, build_tree_naive(*tree.build_args()))
+        mask, positions, ri, nt, ns, tokens = out
+        paths = tree.node_paths(0)
+        parent, depth, _, _ = tree_structure(paths)
+        # all candidates kept: the root and the K frontier nodes of each of the S-1 later steps have
+        # K children each, every other node is a leaf
+        n_children = [sum(parent[j] == i for j in range(W)) for i in range(W)]
+        assert sorted(n_children, reverse=True) == [K] * (1 + K * (S - 1)) + [0] * (W - 1 - K * (S - 1))
+        cand = tokens.view(1, W)
+        for target in range(W):
+            chain = []
+            n = target
+            while n != 0:
+                chain.append(n)
+                n = parent[n]
+            chain = [0] + chain[::-1]
+            tp = (cand.max() + 1).expand(1, W).clone()  # a token that no node holds
+            for x, y in zip(chain, chain[1:]):
+                tp[0, x] = cand[0, y]
+            exp_idx = chain + [-1] * (S + 1 - len(chain))
+            for fn in (verify_tree_greedy, verify_tree_greedy_naive):
+                predict, acc_idx, acc_len = fn(cand, ri, nt, ns, tp, S)
+                assert acc_len.tolist() == [len(chain) - 1]
+                assert acc_idx[0].tolist() == exp_idx
+            V = int(tp.max()) + 1
+            hot = torch.nn.functional.one_hot(tp, V).float()
+            for fn in (tree_speculative_sampling_target_only, tree_speculative_sampling_target_only_naive):
+                predict_s, acc_idx_s, acc_len_s = fn(cand, ri, nt, ns, torch.rand(1, W), torch.rand(1), hot, S)
+                assert acc_idx_s[0].tolist() == exp_idx
+                assert torch.equal(predict_s, predict)
+
+
+# --------------------------------------------------------------------------------------------
+# ties
+# --------------------------------------------------------------------------------------------
+
+
+def test_ties_all_probabilities_one():
+    """Every draft probability 1.0 (K=1): all scores tie at 1.0; the lower index (the shallower
+    node) must win, giving the chain prefix, never a node without its parent."""
+    S, B = 4, 2
+    for W in range(2, S + 2):
+        score_list, token_list, parents_list = [], [], []
+        hidden = torch.zeros(B, 2)
+        topk_p = torch.ones(B, 1)
+        topk_index = torch.full((B, 1), 3)
+        _, hidden, scores, info = select_top_k_tokens(0, topk_p, topk_index, hidden, None, 1)
+        for x, lst in zip(info, (score_list, token_list, parents_list)):
+            lst.append(x)
+        for i in range(1, S):
+            _, hidden, scores, info = select_top_k_tokens(i, torch.ones(B, 1), torch.full((B, 1), 3 + i), hidden, scores, 1)
+            for x, lst in zip(info, (score_list, token_list, parents_list)):
+                lst.append(x)
+        parent_list, tsi, dt = organize_draft_results(score_list, token_list, parents_list, W)
+        assert tsi.tolist() == [list(range(W - 1))] * B
+        assert dt.tolist() == [list(range(3, 3 + W - 1))] * B
+        args = (torch.zeros(B, dtype=torch.long), parent_list, tsi, dt, torch.tensor([0, 9]), 1, S, W)
+        out = build_tree_kernel_efficient(*args)
+        assert_same(out, build_tree_naive(*args))
+        assert torch.equal(out[0], torch.ones(W, W, dtype=torch.bool).tril().expand(B, W, W))
+
+
+def test_ties_one_hot_and_zero_probabilities():
+    """One-hot draft rows (children of probability exactly 1.0 and 0.0) and uniform rows, at every
+    tree size: the selection is the test's (score desc, index asc) order and always a valid tree."""
+    for K, S in ((2, 3), (4, 3), (2, 5), (1, 5)):
+        for W in range(2, max_num_draft_tokens(K, S) + 1, max(1, max_num_draft_tokens(K, S) // 8)):
+            for seed in range(3):
+                _run_case(S, K, W, seed=seed * 31 + W, mode="ties")
+
+
+def test_ties_child_equal_to_parent_score_at_the_cut():
+    """Hand-made: the root's best child has score 0.5 and its child p=1.0 also scores 0.5; the other
+    root child scores 0.5 too. With W-1 = 2, candidates 0 and 1 (index order) are kept, not the
+    grandchild (index > 1) whose parent would then be missing."""
+    B, K = 1, 2
+    topk_p0 = torch.tensor([[0.5, 0.5]])
+    _, h, scores, info0 = select_top_k_tokens(0, topk_p0, torch.tensor([[1, 2]]), torch.zeros(1, 1), None, K)
+    _, h, scores, info1 = select_top_k_tokens(
+        1, torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.tensor([[3, 4], [5, 6]]), h, scores, K
+    )
+    lists = [[info0[j], info1[j]] for j in range(3)]
+    for W, exp in ((2, [0]), (3, [0, 1]), (4, [0, 1, 2]), (5, [0, 1, 2, 4])):
+        parent_list, tsi, dt = organize_draft_results(*lists, W)
+        assert tsi[0].tolist() == exp
+        out = build_tree_kernel_efficient(torch.tensor([0]), parent_list, tsi, dt, torch.tensor([3]), K, 2, W)
+        assert_same(out, build_tree_naive(torch.tensor([0]), parent_list, tsi, dt, torch.tensor([3]), K, 2, W))
+
+
+def test_invalid_tree_detached_node():
+    """Malformed input (a node whose parent candidate is not selected, as SGLang can produce):
+    the node is unreachable by verify, its mask row is {root, itself}; naive == vectorised."""
+    K, S, W = 2, 2, 4
+    parent_list = torch.tensor([[-1, 0, 1]])
+    # candidates: 0 (root child), 2 (child of cand 0), 4 (child of cand 1, NOT selected)
+    tsi = torch.tensor([[0, 2, 4]])
+    dt = torch.tensor([[5, 6, 7]])
+    args = (torch.tensor([9]), parent_list, tsi, dt, torch.tensor([10]), K, S, W)
+    out = build_tree_kernel_efficient(*args)
+    assert_same(out, build_tree_naive(*args))
+    mask, positions, ri, nt, ns, tokens = out
+    assert mask[0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]]
+    assert positions.tolist() == [10, 11, 12, 11]
+    assert nt[0].tolist() == [1, 2, -1, -1]
+    assert ns[0].tolist() == [-1, -1, -1, -1]
+    assert tokens.tolist() == [9, 5, 6, 7]
+
+
+# --------------------------------------------------------------------------------------------
+# sampling: exact distribution
+# --------------------------------------------------------------------------------------------
+
+# A fixed tree (K=2, S=2, W=6) over V=5 tokens:
+#   root(0) -> node1 (tok 1), node2 (tok 3);  node1 -> node3 (tok 0), node4 (tok 2);  node2 -> node5 (tok 4)
+_FIXED_PARENT_LIST = torch.tensor([[-1, 0, 1]])
+_FIXED_TSI = torch.tensor([[0, 1, 2, 3, 4]])
+_FIXED_TOKENS = torch.tensor([[1, 3, 0, 2, 4]])
+_FIXED_PARENT = [-1, 0, 0, 1, 1, 2]
+_FIXED_TARGET = torch.tensor(
+    [
+        [0.10, 0.30, 0.05, 0.25, 0.30],  # root: children 1 (0.30) and 3 (0.25)
+        [0.20, 0.00, 0.40, 0.15, 0.25],  # node1: children 0 (0.20) and 2 (0.40)
+        [0.50, 0.10, 0.00, 0.10, 0.30],  # node2: child 4 (0.30)
+        [0.25, 0.25, 0.00, 0.25, 0.25],  # leaves: the bonus row
+        [0.00, 0.00, 0.70, 0.30, 0.00],
+        [0.60, 0.00, 0.00, 0.00, 0.40],
+    ]
+)
+
+
+def _fixed_tree(B: int, S: int = 2):
+    args = (torch.zeros(1, dtype=torch.long), _FIXED_PARENT_LIST, _FIXED_TSI, _FIXED_TOKENS, torch.tensor([4]), 2, 2, 6)
+    mask, positions, ri, nt, ns, tokens = build_tree_kernel_efficient(*args)
+    assert nt[0].tolist() == [1, 3, 5, -1, -1, -1] and ns[0].tolist() == [-1, 2, -1, 4, -1, -1]
+    W = 6
+    cand = tokens.view(1, W).expand(B, W).contiguous()
+    ri = torch.arange(B * W).view(B, W)
+    return cand, ri, nt.expand(B, W).contiguous(), ns.expand(B, W).contiguous()
+
+
+def _exact_distribution(target: torch.Tensor, S: int, residual_from_full_row: bool = False) -> dict:
+    """Exact law of the emitted token sequence under sequential target sampling on the fixed tree:
+    the first token ~ p(root); while the sampled token is a child c of the current node (and fewer
+    than S tokens were accepted) continue from p(c); the first token that is not a child (or sampled
+    at depth S) ends the sequence. ``residual_from_full_row`` gives the law of a BUGGY sampler that
+    draws the bonus from the full row instead of the residual (to show the test has power)."""
+    p = target.double()
+    children = {i: [j for j in range(6) if _FIXED_PARENT[j] == i] for i in range(6)}
+    tok = [None] + _FIXED_TOKENS[0].tolist()
+    dist: dict[tuple, float] = {}
+
+    def walk(node, depth, prefix, mass):
+        kids = children[node] if depth < S else []
+        row = p[node] / p[node].sum()
+        kid_tok = {tok[c]: c for c in kids}
+        if residual_from_full_row:
+            stop = 1.0 - sum(float(row[tok[c]]) for c in kids)
+            for c in kids:
+                walk(c, depth + 1, prefix + (tok[c],), mass * float(row[tok[c]]))
+            for v in range(p.shape[1]):
+                if row[v] > 0:
+                    key = prefix + (v,)
+                    dist[key] = dist.get(key, 0.0) + mass * stop * float(row[v])
+            return
+        for v in range(p.shape[1]):
+            if row[v] == 0:
+                continue
+            if v in kid_tok:
+                walk(kid_tok[v], depth + 1, prefix + (v,), mass * float(row[v]))
+            else:
+                key = prefix + (v,)
+                dist[key] = dist.get(key, 0.0) + mass * float(row[v])
+
+    walk(0, 0, (), 1.0)
+    assert abs(sum(dist.values()) - 1.0) < 1e-12
+    return dist
+
+
+def _emitted_sequences(predict, accept_index, accept_length) -> list[tuple]:
+    pred = predict.tolist()
+    idx = accept_index.tolist()
+    lens = accept_length.tolist()
+    return [tuple(pred[i] for i in idx[b][: lens[b] + 1]) for b in range(len(lens))]
+
+
+def _chi_square_pvalue(observed: dict, expected_p: dict, n: int) -> float:
+    """Pearson chi-square goodness of fit; cells with expected count < 5 are pooled. Any observation
+    of an outcome of probability 0 gives p-value 0."""
+    if any(k not in expected_p or expected_p[k] == 0 for k in observed):
+        return 0.0
+    keys = sorted(expected_p, key=lambda k: -expected_p[k])
+    cells, pool_e, pool_o = [], 0.0, 0
+    for k in keys:
+        e = expected_p[k] * n
+        if e >= 5:
+            cells.append((observed.get(k, 0), e))
+        else:
+            pool_e += e
+            pool_o += observed.get(k, 0)
+    if pool_e > 0:
+        cells.append((pool_o, pool_e))
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+# Chi-square threshold: under the null (the sampler is exact) a p-value below 1e-6 happens with
+# probability 1e-6 per comparison (up to the chi-square approximation, which pooling cells with
+# expected count < 5 keeps accurate). The seeds are fixed, so the test is deterministic anyway.
+_P_THRESHOLD = 1e-6
+
+
+@pytest.mark.parametrize("S", [1, 2])
+def test_sampling_exact_distribution(S):
+    N = 20000
+    gen = torch.Generator().manual_seed(1234 + S)
+    cand, ri, nt, ns = _fixed_tree(N)
+    target = _FIXED_TARGET.expand(N, 6, 5).contiguous()
+    u = torch.rand(N, 6, generator=gen)
+    uf = torch.rand(N, generator=gen)
+    out = tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, target, S)
+    seqs = _emitted_sequences(*out)
+    observed: dict[tuple, int] = {}
+    for s in seqs:
+        observed[s] = observed.get(s, 0) + 1
+    exact = _exact_distribution(_FIXED_TARGET, S)
+    assert set(observed) <= set(exact)  # no impossible sequence (e.g. a zero-probability token)
+    p = _chi_square_pvalue(observed, exact, N)
+    assert p > _P_THRESHOLD, (p, observed, exact)
+    # power: the same samples are clearly NOT distributed as a sampler that ignores the residual
+    buggy = _exact_distribution(_FIXED_TARGET, S, residual_from_full_row=True)
+    assert _chi_square_pvalue(observed, buggy, N) < _P_THRESHOLD
+    # naive on a slice: identical decisions for identical uniforms, and batch-independent
+    n = 300
+    ri_small = torch.arange(n * 6).view(n, 6)
+    args = (cand[:n], ri_small, nt[:n], ns[:n], u[:n], uf[:n], target[:n], S)
+    small = tree_speculative_sampling_target_only(*args)
+    assert_same(small, tree_speculative_sampling_target_only_naive(*args))
+    assert_same(small, (out[0][: n * 6], out[1][:n], out[2][:n]))
+
+
+def test_sampling_exact_distribution_random_rows():
+    """Random target rows with exact zeros (unnormalised): the emitted sequences follow the exact law;
+    a child token of probability 0 at the root is never accepted nor emitted first."""
+    N, V = 20000, 6
+    gen = torch.Generator().manual_seed(99)
+    rows = torch.softmax(torch.randn(6, V, generator=gen), -1) * (torch.rand(6, V, generator=gen) > 0.2)
+    rows[0, 1] = 0.0  # node1's token has zero probability at the root: never accepted, never emitted
+    assert (rows.sum(-1) > 0).all()
+    cand, ri, nt, ns = _fixed_tree(N)
+    cand = cand.clone()
+    target = rows.expand(N, 6, V).contiguous()
+    out = tree_speculative_sampling_target_only(
+        cand, ri, nt, ns, torch.rand(N, 6, generator=gen), torch.rand(N, generator=gen), target, 2
+    )
+    seqs = _emitted_sequences(*out)
+    observed = {}
+    for s in seqs:
+        observed[s] = observed.get(s, 0) + 1
+    exact = _exact_distribution(rows, 2)
+    assert set(observed) <= set(exact)
+    assert not any(s[0] == 1 for s in seqs)
+    assert _chi_square_pvalue(observed, exact, N) > _P_THRESHOLD
+
+
+def test_one_hot_target_sampling_equals_greedy():
+    """target_probs one-hot at target_predict: tree sampling == greedy verify, whatever the coins
+    (including coins of exactly 0 and close to 1), on random trees."""
+    for seed, (S, K, W) in enumerate([(3, 2, 9), (4, 4, 20), (2, 4, 21), (5, 1, 6), (1, 4, 5)]):
+        tree = DraftedTree(4, K, S, W, 10, seed=seed + 50)
+        mask, positions, ri, nt, ns, tokens = build_tree_kernel_efficient(*tree.build_args())
+        cand = tokens.view(4, W)
+        paths_per_b = [tree.node_paths(b) for b in range(4)]
+        for p_follow in (0.5, 0.9, 1.0):
+            tp = target_predict_for(tree, paths_per_b, p_follow, tree.gen)
+            hot = torch.nn.functional.one_hot(tp, 10).float()
+            greedy = verify_tree_greedy(cand, ri, nt, ns, tp, S)
+            for u in (torch.rand(4, W), torch.zeros(4, W), torch.full((4, W), 0.999999)):
+                for uf in (torch.rand(4), torch.zeros(4), torch.full((4,), 0.999999)):
+                    assert_same(tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, hot, S), greedy)
+                    assert_same(tree_speculative_sampling_target_only_naive(cand, ri, nt, ns, u, uf, hot, S), greedy)
+
+
+def test_sampling_rounding_fallbacks():
+    """Degenerate residuals: all target mass on rejected children (only possible by rounding) falls
+    back to the full row; an all-zero row yields V-1; u = 1.0 takes the last positive token."""
+    cand, ri, nt, ns = _fixed_tree(3)
+    V = 5
+    target = torch.zeros(3, 6, V)
+    target[:, 0, 1] = 0.5  # node1's token
+    target[:, 0, 3] = 0.5  # node2's token
+    u = torch.ones(3, 6)  # coin 1.0 rejects both (1.0 < 1.0 is false): residual empty
+    uf = torch.tensor([0.0, 0.4, 1.0])
+    for fn in (tree_speculative_sampling_target_only, tree_speculative_sampling_target_only_naive):
+        predict, acc_idx, acc_len = fn(cand, ri, nt, ns, u, uf, target, 2)
+        assert acc_len.tolist() == [0, 0, 0]
+        assert predict.view(3, 6)[:, 0].tolist() == [1, 1, 3]
+    zero = torch.zeros(3, 6, V)
+    for fn in (tree_speculative_sampling_target_only, tree_speculative_sampling_target_only_naive):
+        predict, _, acc_len = fn(cand, ri, nt, ns, torch.rand(3, 6), uf, zero, 2)
+        assert acc_len.tolist() == [0, 0, 0] and predict.view(3, 6)[:, 0].tolist() == [V - 1] * 3
+
+
+def test_thresholds_accept_more():
+    """threshold_single: a child whose probability reaches it is accepted whatever the coin;
+    threshold_acc: the coin is compared with prob_acc / threshold_acc."""
+    cand, ri, nt, ns = _fixed_tree(1)
+    target = _FIXED_TARGET.unsqueeze(0)
+    u = torch.full((1, 6), 0.99)
+    uf = torch.zeros(1)
+    _, _, acc_len = tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, target, 2)
+    assert acc_len.tolist() == [0]
+    # root child tok 1 has p=0.30 >= 0.3; node1's child tok 2 has p=0.40
+    _, acc_idx, acc_len = tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, target, 2, threshold_single=0.3)
+    assert acc_len.tolist() == [2] and acc_idx[0].tolist() == [0, 1, 4]
+    # threshold_acc: the root coin 0.45 < 0.30 / 0.6 accepts node1 (with 1.0 it takes node2, at
+    # 0.30 + 0.25); at node1 the coin 0.7 < (0.20 + 0.40) / 0.6 accepts node4 (with 1.0: nothing)
+    u = torch.tensor([[0.45, 0.7, 0.9, 0.9, 0.9, 0.9]])
+    _, acc_idx, _ = tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, target, 2)
+    assert acc_idx[0].tolist() == [0, 2, -1]
+    for fn in (tree_speculative_sampling_target_only, tree_speculative_sampling_target_only_naive):
+        _, acc_idx, acc_len = fn(cand, ri, nt, ns, u, uf, target, 2, threshold_acc=0.6)
+        assert acc_idx[0].tolist() == [0, 1, 4] and acc_len.tolist() == [2]
