@@ -1,0 +1,116 @@
+"""Shared test utilities: one tolerance table, one statistical test, model constructions."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specdec.models import random_eagle_head, random_llama, random_mtp
+
+# Max abs difference allowed between two computations of the same logprob (fp32 logits).
+LOGPROB_ATOL = 1e-4
+
+# Every statistical test in the suite uses this false-failure rate per test.
+FALSE_FAILURE_RATE = 1e-6
+
+
+def chi_square_pvalue(counts, probs) -> float:
+    """Pearson chi-square goodness-of-fit p-value of observed `counts` against `probs` (exact
+    distribution). Cells with expected count < 5 are pooled into one so the chi-square
+    approximation holds. A cell observed with probability 0 gives p = 0."""
+    counts = [float(c) for c in counts]
+    n = sum(counts)
+    probs = [float(p) for p in probs]
+    for c, p in zip(counts, probs):
+        if p == 0.0 and c > 0:
+            return 0.0
+    cells, pooled_o, pooled_e = [], 0.0, 0.0
+    for c, p in zip(counts, probs):
+        e = n * p
+        if e == 0.0:
+            continue
+        if e < 5:
+            pooled_o += c
+            pooled_e += e
+        else:
+            cells.append((c, e))
+    if pooled_e > 0:
+        cells.append((pooled_o, pooled_e))
+    dof = len(cells) - 1
+    if dof < 1:
+        return 1.0
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def softmax_filtered(logits, temperature=1.0, top_k=-1, top_p=1.0) -> list[float]:
+    """Independent float64 Python: softmax(logits / T), keep rank < top_k and mass-before <= top_p,
+    renormalise (SGLang's filter)."""
+    xs = [float(x) / temperature for x in logits]
+    m = max(xs)
+    ex = [math.exp(x - m) for x in xs]
+    z = sum(ex)
+    p = [e / z for e in ex]
+    order = sorted(range(len(p)), key=lambda i: (-p[i], i))
+    keep, before = set(), 0.0
+    for rank, i in enumerate(order):
+        if (top_k == -1 or rank < top_k) and before <= top_p:
+            keep.add(i)
+        before += p[i]
+    q = [p[i] if i in keep else 0.0 for i in range(len(p))]
+    s = sum(q)
+    return [x / s for x in q]
+
+
+def bigram_target(seed=0, vocab_size=64, hidden_size=32, num_hidden_layers=2, **kw):
+    """A Llama whose attention and MLP outputs are zeroed: its next-token distribution depends only
+    on the current token, so a draft can be made to predict it exactly."""
+    t = random_llama(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                     seed=seed, **kw)
+    with torch.no_grad():
+        for layer in t.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return t
+
+
+def perfect_eagle(target, seed=0):
+    """An EAGLE head that predicts exactly what a `bigram_target` will: fc passes the token
+    embedding through, the decoder layer adds nothing, the norm is the target's final norm.
+    Only right if the draft is fed the right token at the right step (tests the plumbing)."""
+    d = random_eagle_head(target, seed=seed)
+    H = target.config.hidden_size
+    with torch.no_grad():
+        d.fc.weight.zero_()
+        d.fc.weight[:, :H] = torch.eye(H)
+        d.layers[0].self_attn.o_proj.weight.zero_()
+        d.layers[0].mlp.down_proj.weight.zero_()
+        d.norm.weight.copy_(target.model.norm.weight)
+    return d
+
+
+def perfect_mtp(target, num_layers, chain_hidden_states, seed=0):
+    """MTP layers that predict exactly what a `bigram_target` will (see perfect_eagle)."""
+    d = random_mtp(target, num_layers, chain_hidden_states, seed=seed)
+    H = target.config.hidden_size
+    with torch.no_grad():
+        for layer in d.layers:
+            layer.eh_proj.weight.zero_()
+            layer.eh_proj.weight[:, :H] = torch.eye(H)
+            layer.enorm.weight.fill_(1.0)
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+            layer.shared_head.norm.weight.copy_(target.model.norm.weight)
+    return d
+
+
+def always_wrong(draft, target):
+    """Make a draft's every proposal differ from the target's greedy choice: its LM-head logits
+    are replaced by the target's with the argmax pushed to the bottom."""
+    orig = draft.target.compute_logits
+
+    class Shim:
+        pass
+
+    return orig  # placeholder, see tests that build wrong drafts directly
