@@ -105,12 +105,27 @@ def perfect_mtp(target, num_layers, chain_hidden_states, seed=0):
     return d
 
 
-def always_wrong(draft, target):
-    """Make a draft's every proposal differ from the target's greedy choice: its LM-head logits
-    are replaced by the target's with the argmax pushed to the bottom."""
-    orig = draft.target.compute_logits
+def always_wrong_eagle(target, seed=0):
+    """A perfect_eagle whose best guess is banned: every proposal differs from the target's greedy
+    token, through the same plumbing."""
+    d = perfect_eagle(target, seed)
+    forward = d.forward
 
-    class Shim:
-        pass
+    def banned(*args, **kw):
+        logits, hidden = forward(*args, **kw)
+        return logits.scatter(-1, logits.argmax(-1, keepdim=True), float("-inf")), hidden
 
-    return orig  # placeholder, see tests that build wrong drafts directly
+    d.forward = banned
+    return d
+
+
+def always_wrong_mtp(target, num_layers, chain_hidden_states, seed=0):
+    d = perfect_mtp(target, num_layers, chain_hidden_states, seed)
+    forward_layer = d.forward_layer
+
+    def banned(*args, **kw):
+        logits, hidden = forward_layer(*args, **kw)
+        return logits.scatter(-1, logits.argmax(-1, keepdim=True), float("-inf")), hidden
+
+    d.forward_layer = banned
+    return d

@@ -1,0 +1,165 @@
+"""Target model, KV cache, tree attention and checkpoints."""
+import json
+
+import pytest
+import torch
+
+from specdec.kv_cache import KVCache
+from specdec.models import (AttentionMetadata, EagleDraftHead, LlamaConfig, LlamaForCausalLM, MTPDraftModel,
+                            random_eagle_head, random_llama, random_mtp)
+
+MODELS = [
+    dict(seed=0),
+    dict(seed=1, num_key_value_heads=2),  # GQA
+    dict(seed=2, num_key_value_heads=1, tie_word_embeddings=True),  # MQA, tied
+    dict(seed=3, hidden_size=48, num_attention_heads=3, num_hidden_layers=3, rope_theta=500000.0),
+]
+
+
+def _meta(slots, start, attn_len, **kw):
+    return AttentionMetadata(slots, start, attn_len=attn_len, **kw)
+
+
+@pytest.mark.parametrize("kw", MODELS)
+def test_incremental_decoding_matches_full_forward(kw):
+    m = random_llama(**kw)
+    B, L, P = 3, 13, 5
+    ids = torch.randint(0, m.config.vocab_size, (B, L), generator=torch.Generator().manual_seed(0))
+    full_logits, full_hidden = m(ids, torch.arange(L).expand(B, L))
+    cache = KVCache.for_model(m.config, m.config.num_hidden_layers, 5, 32, torch.float32, "cpu")
+    slots = torch.tensor([4, 0, 2])  # cache rows need not be 0..B-1
+    logits, _ = m(ids[:, :P], torch.arange(P).expand(B, P), cache, _meta(slots, torch.zeros(B, dtype=torch.long), P))
+    steps = [logits]
+    for t in range(P, L):
+        start = torch.full((B,), t)
+        lg, _ = m(ids[:, t:t + 1], start[:, None], cache, _meta(slots, start, t + 1))
+        steps.append(lg)
+    inc = torch.cat(steps, dim=1)
+    assert (inc - full_logits).abs().max() <= 1e-4
+
+
+def test_tree_attention_matches_each_branch_alone():
+    """Each tree node's logits equal a causal forward over prefix + its root-to-node path."""
+    m = random_llama(seed=5, num_key_value_heads=2)
+    V = m.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(0, V, (2, 6), generator=g)
+    parents = [-1, 0, 0, 1, 1, 2, 4]  # node 0 is the root
+    W = len(parents)
+    tokens = torch.randint(0, V, (2, W), generator=g)
+    depth, anc = [], torch.zeros(W, W, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        depth.append(0 if p < 0 else depth[p] + 1)
+        anc[i, i] = True
+        if p >= 0:
+            anc[i] |= anc[p]
+    cache = KVCache.for_model(m.config, m.config.num_hidden_layers, 2, 32, torch.float32, "cpu")
+    slots = torch.tensor([0, 1])
+    seq_lens = torch.tensor([6, 4])  # ragged committed prefixes
+    m(prefix, torch.arange(6).expand(2, 6), cache, _meta(slots, torch.zeros(2, dtype=torch.long), 6))
+    positions = seq_lens[:, None] + torch.tensor(depth)
+    tree_logits, _ = m(tokens, positions, cache, _meta(slots, seq_lens, 6 + W, tree_mask=anc.expand(2, W, W)))
+    for b in range(2):
+        n = int(seq_lens[b])
+        for i in range(W):
+            path = [j for j in range(W) if anc[i, j]]
+            seq = torch.cat([prefix[b, :n], tokens[b, path]])[None]
+            ref, _ = m(seq, torch.arange(seq.shape[1])[None])
+            assert (tree_logits[b, i] - ref[0, -1]).abs().max() <= 1e-4
+
+
+def test_kv_commit_moves_accepted_path_to_contiguous_slots():
+    import reference
+    W, S = 5, 3
+    kv = torch.arange(2 * 16 * 1 * 1, dtype=torch.float32).view(2, 16, 1, 1).clone()
+    before = kv.clone()
+    seq_lens = torch.tensor([3, 7])
+    accept = torch.tensor([[0, 2, 4, -1], [W + 0, W + 1, -1, -1]])
+    reference.commit_kv_cache(kv, torch.tensor([1, 0]), seq_lens, accept, W)
+    # request 0 lives in row 1, request 1 in row 0
+    assert kv[1, 3:6, 0, 0].tolist() == before[1, [3, 5, 7], 0, 0].tolist()
+    assert kv[0, 7:9, 0, 0].tolist() == before[0, [7, 8], 0, 0].tolist()
+    assert torch.equal(kv[1, :3], before[1, :3]) and torch.equal(kv[0, :7], before[0, :7])
+
+
+@pytest.mark.parametrize("kw", MODELS[1:3])
+def test_save_load_round_trip_is_bit_exact(tmp_path, kw):
+    m = random_llama(**kw)
+    m.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["model_type"] == "llama" and cfg["architectures"] == ["LlamaForCausalLM"]
+    m2 = LlamaForCausalLM.from_pretrained(tmp_path)
+    for (k, a), (k2, b) in zip(m.state_dict().items(), m2.state_dict().items()):
+        assert k == k2 and torch.equal(a, b)
+    ids = torch.randint(0, 64, (1, 7))
+    assert torch.equal(m(ids, torch.arange(7)[None])[0], m2(ids, torch.arange(7)[None])[0])
+
+
+def test_state_dict_uses_hugging_face_llama_names():
+    keys = set(random_llama(num_hidden_layers=1).state_dict())
+    expected = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"} | {
+        f"model.layers.0.{k}.weight" for k in (
+            "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+            "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    assert keys == expected
+
+
+def test_drafts_round_trip_without_the_shared_tensors(tmp_path):
+    t = random_llama(seed=0)
+    for draft, cls in [(random_eagle_head(t, seed=1), EagleDraftHead), (random_mtp(t, 3, True, seed=2), MTPDraftModel)]:
+        draft.save_pretrained(tmp_path / cls.__name__)
+        from safetensors.torch import load_file
+        keys = load_file(str(tmp_path / cls.__name__ / "model.safetensors")).keys()
+        assert not any("embed_tokens" in k or "lm_head" in k for k in keys)
+        loaded = cls.from_pretrained(tmp_path / cls.__name__, t)
+        assert loaded.config == draft.config
+        for a, b in zip(draft.state_dict().values(), loaded.state_dict().values()):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.pop("hidden_size"), "missing required field.*hidden_size"),
+    (lambda d: d.update(num_hidden_layers="two"), "num_hidden_layers"),
+    (lambda d: d.update(num_attention_heads=3), "num_attention_heads=3"),
+    (lambda d: d.update(rope_theta=-1.0), "rope_theta"),
+    (lambda d: d.update(rope_scaling={"type": "yarn"}), "rope_scaling"),
+])
+def test_bad_config_is_a_clear_error(tmp_path, edit, match):
+    m = random_llama()
+    m.save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    edit(d)
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=match):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+
+
+def test_missing_files_and_mismatched_weights_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="no config.json"):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+    random_llama(hidden_size=32).save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    d["intermediate_size"] = 96
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="shape mismatches"):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+
+
+def test_draft_must_match_target_sizes():
+    t = random_llama(vocab_size=64, hidden_size=32)
+    other = random_llama(vocab_size=80, hidden_size=32)
+    from specdec.models.draft_common import draft_config_like
+    with pytest.raises(ValueError, match="vocab_size=80.*vocab_size=64"):
+        EagleDraftHead(draft_config_like(other, 1), t)
+    with pytest.raises(ValueError, match="hidden_size=48.*hidden_size=32"):
+        MTPDraftModel(draft_config_like(t, 2, hidden_size=48, num_attention_heads=4), t)
+
+
+def test_config_accepts_real_llama_fields():
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+          "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+          "num_key_value_heads": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+          "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "float16",
+          "bos_token_id": 1, "eos_token_id": 2, "rope_scaling": None, "attention_bias": False}
+    c = LlamaConfig.from_dict(hf)
+    assert c.head_dim == 128 and c.dtype == torch.float16
