@@ -323,7 +323,14 @@ def build_tree_kernel_efficient(
     Vectorised over the batch, Python loops only over static sizes, no host synchronisation.
     """
     B, W = _check_build_tree_args(
-        bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens, topk, spec_steps, num_verify_tokens
+        bonus_tokens,
+        parent_list,
+        top_scores_index,
+        draft_tokens,
+        seq_lens,
+        topk,
+        spec_steps,
+        num_verify_tokens,
     )
     device = top_scores_index.device
     K = topk
@@ -336,7 +343,9 @@ def build_tree_kernel_efficient(
     padded = torch.cat(
         [torch.full((B, 1), -1, dtype=torch.int64, device=device), parent_list.to(torch.int64)], dim=1
     )  # padded[:, 0] is a sentinel that never equals a candidate index
-    parent_cand = torch.gather(padded, 1, torch.where(is_root_child, 0, pc + 1).clamp(max=padded.shape[1] - 1))
+    parent_cand = torch.gather(
+        padded, 1, torch.where(is_root_child, 0, pc + 1).clamp(max=padded.shape[1] - 1)
+    )
     match = sel.unsqueeze(1) == parent_cand.unsqueeze(2)  # (B, N child, N candidate parent)
     found = match.any(dim=-1)
     parent_pos = match.to(torch.int8).argmax(dim=-1) + 1  # first match, as a node index
@@ -398,7 +407,14 @@ def build_tree_naive(
     the smallest and siblings come in ascending order. Slow (host syncs everywhere): for tests.
     """
     B, W = _check_build_tree_args(
-        bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens, topk, spec_steps, num_verify_tokens
+        bonus_tokens,
+        parent_list,
+        top_scores_index,
+        draft_tokens,
+        seq_lens,
+        topk,
+        spec_steps,
+        num_verify_tokens,
     )
     device = top_scores_index.device
     K = topk
@@ -446,6 +462,8 @@ def build_tree_naive(
             next_token[b, p] = i
 
     retrieve_index = torch.arange(B * W, dtype=torch.int64).view(B, W)
-    tokens = torch.cat([bonus_tokens.to(torch.int64).cpu().unsqueeze(1), draft_tokens.to(torch.int64).cpu()], dim=1)
+    tokens = torch.cat(
+        [bonus_tokens.to(torch.int64).cpu().unsqueeze(1), draft_tokens.to(torch.int64).cpu()], dim=1
+    )
     out = (tree_mask, positions, retrieve_index, next_token, next_sibling, tokens.flatten())
     return tuple(t.to(device) for t in out)

@@ -71,7 +71,9 @@ def _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_n
         raise ValueError(f"candidates must have shape (B, W), got {tuple(candidates.shape)}")
     B, W = candidates.shape
     if W < 1:
-        raise ValueError(f"candidates must hold at least the root (W >= 1), got shape {tuple(candidates.shape)}")
+        raise ValueError(
+            f"candidates must hold at least the root (W >= 1), got shape {tuple(candidates.shape)}"
+        )
     _check_integer_dtype("candidates", candidates)
     for name, t in (
         ("retrieve_index", retrieve_index),
@@ -95,7 +97,9 @@ def _check_sampling_args(
     _check_float_dtype("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)
     _check_tensor("target_probs", target_probs)
     if target_probs.dim() != 3 or tuple(target_probs.shape[:2]) != (B, W) or target_probs.shape[2] < 1:
-        raise ValueError(f"target_probs must have shape ({B}, {W}, V) with V >= 1, got {tuple(target_probs.shape)}")
+        raise ValueError(
+            f"target_probs must have shape ({B}, {W}, V) with V >= 1, got {tuple(target_probs.shape)}"
+        )
     _check_float_dtype("target_probs", target_probs)
     for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -196,11 +200,15 @@ def verify_tree_greedy(
         cur_flat = torch.gather(ri, 1, cur)
         match = active & (torch.gather(cand_tok, 1, c) == tp_flat[cur_flat])
         reject = active & ~match
-        predict.scatter_(0, torch.where(match, cur_flat, B * W).flatten(), tp_flat[cur_flat].flatten().to(torch.int32))
+        predict.scatter_(
+            0, torch.where(match, cur_flat, B * W).flatten(), tp_flat[cur_flat].flatten().to(torch.int32)
+        )
         accept_index.scatter_(1, torch.where(match, depth + 1, S + 1), torch.gather(ri, 1, c).to(torch.int32))
         depth = depth + match.to(torch.int64)
         cur = torch.where(match, c, cur)
-        child = torch.where(match, torch.gather(nxt, 1, c), torch.where(reject, torch.gather(sib, 1, c), child))
+        child = torch.where(
+            match, torch.gather(nxt, 1, c), torch.where(reject, torch.gather(sib, 1, c), child)
+        )
     last_flat = torch.gather(ri, 1, cur).flatten()
     predict.scatter_(0, last_flat, tp_flat[last_flat].to(torch.int32))
     return predict[: B * W], accept_index[:, : S + 1].contiguous(), depth.flatten().to(torch.int32)
@@ -310,7 +318,13 @@ def tree_speculative_sampling_target_only(
     """
     B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
     V = _check_sampling_args(
-        B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc
+        B,
+        W,
+        uniform_samples,
+        uniform_samples_for_final_sampling,
+        target_probs,
+        threshold_single,
+        threshold_acc,
     )
     S = num_steps
     device = candidates.device
@@ -345,12 +359,16 @@ def tree_speculative_sampling_target_only(
         rej_at[:, t : t + 1] = torch.where(reject, cur, -1)
         cur_flat = torch.gather(ri, 1, cur)
         predict.scatter_(0, torch.where(accept, cur_flat, B * W).flatten(), tok.flatten().to(torch.int32))
-        accept_index.scatter_(1, torch.where(accept, depth + 1, S + 1), torch.gather(ri, 1, c).to(torch.int32))
+        accept_index.scatter_(
+            1, torch.where(accept, depth + 1, S + 1), torch.gather(ri, 1, c).to(torch.int32)
+        )
         depth = depth + accept.to(torch.int64)
         cur = torch.where(accept, c, cur)
         prob_acc = torch.where(accept, 0.0, prob_acc)
         coin = torch.where(accept, torch.gather(unif, 1, c), coin)
-        child = torch.where(accept, torch.gather(nxt, 1, c), torch.where(reject, torch.gather(sib, 1, c), child))
+        child = torch.where(
+            accept, torch.gather(nxt, 1, c), torch.where(reject, torch.gather(sib, 1, c), child)
+        )
 
     row = probs[(b_off + cur).flatten()].to(torch.float32).clamp(min=0)  # (B, V)
     zero_at = torch.where(rej_at == cur, rej_tok, V)
@@ -381,7 +399,13 @@ def tree_speculative_sampling_target_only_naive(
     """
     B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
     V = _check_sampling_args(
-        B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc
+        B,
+        W,
+        uniform_samples,
+        uniform_samples_for_final_sampling,
+        target_probs,
+        threshold_single,
+        threshold_acc,
     )
     S = num_steps
     device = candidates.device

@@ -129,3 +129,15 @@ def always_wrong_mtp(target, num_layers, chain_hidden_states, seed=0):
 
     d.forward_layer = banned
     return d
+
+
+def near_bigram_target(seed=0, mix=0.3, vocab_size=64, hidden_size=32, num_hidden_layers=2, **kw):
+    """A random Llama whose attention and MLP outputs are scaled by `mix`: mostly bigram, so a
+    bigram-perfect draft is often but not always right, and the target still reads its context."""
+    t = random_llama(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                     seed=seed, **kw)
+    with torch.no_grad():
+        for layer in t.model.layers:
+            layer.self_attn.o_proj.weight.mul_(mix)
+            layer.mlp.down_proj.weight.mul_(mix)
+    return t
