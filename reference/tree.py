@@ -29,11 +29,11 @@ from collections.abc import Sequence
 import torch
 
 __all__ = [
-    "select_top_k_tokens",
-    "organize_draft_results",
     "build_tree_kernel_efficient",
     "build_tree_naive",
     "max_num_draft_tokens",
+    "organize_draft_results",
+    "select_top_k_tokens",
 ]
 
 
@@ -334,8 +334,7 @@ def build_tree_kernel_efficient(
     )
     device = top_scores_index.device
     K = topk
-    N = W - 1
-    sel = top_scores_index.to(torch.int64)  # (B, N)
+    sel = top_scores_index.to(torch.int64)  # (B, W-1)
 
     # -- parent node of every non-root node ------------------------------------------------
     pc = sel // K  # position in parent_list; 0 means "child of the root"
@@ -427,19 +426,18 @@ def build_tree_naive(
     next_token = torch.full((B, W), -1, dtype=torch.int64)
     next_sibling = torch.full((B, W), -1, dtype=torch.int64)
 
+    def parent_of(b: int, i: int) -> tuple[int, bool]:
+        """(parent node, linked) of the non-root node i of request b."""
+        c = sel[b][i - 1]
+        if c // K == 0:
+            return 0, True
+        parent_cand = plist[b][c // K]
+        for j in range(W - 1):
+            if sel[b][j] == parent_cand:
+                return j + 1, True
+        return 0, False  # invalid tree: detached, counted as a child of the root
+
     for b in range(B):
-
-        def parent_of(i: int) -> tuple[int, bool]:
-            """(parent node, linked) of non-root node i."""
-            c = sel[b][i - 1]
-            if c // K == 0:
-                return 0, True
-            parent_cand = plist[b][c // K]
-            for j in range(W - 1):
-                if sel[b][j] == parent_cand:
-                    return j + 1, True
-            return 0, False  # invalid tree: detached, counted as a child of the root
-
         # depth and mask: walk up to the root
         for i in range(W):
             tree_mask[b, i, i] = True
@@ -447,14 +445,14 @@ def build_tree_naive(
             depth = 0
             cur = i
             while cur != 0 and depth < W:
-                cur, _ = parent_of(cur)
+                cur, _ = parent_of(b, cur)
                 tree_mask[b, i, cur] = True
                 depth += 1
             positions[b * W + i] = lens[b] + depth
 
         # children lists, built front-to-back from the last node down
         for i in range(W - 1, 0, -1):
-            p, linked = parent_of(i)
+            p, linked = parent_of(b, i)
             if not linked:
                 continue
             if next_token[b, p] != -1:

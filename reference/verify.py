@@ -28,10 +28,10 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "verify_tree_greedy",
-    "verify_tree_greedy_naive",
     "tree_speculative_sampling_target_only",
     "tree_speculative_sampling_target_only_naive",
+    "verify_tree_greedy",
+    "verify_tree_greedy_naive",
 ]
 
 
@@ -398,7 +398,7 @@ def tree_speculative_sampling_target_only_naive(
     Slow (host syncs everywhere): for tests.
     """
     B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    V = _check_sampling_args(
+    _check_sampling_args(
         B,
         W,
         uniform_samples,

@@ -69,8 +69,11 @@ class RequestRNG:
         self.generators = [torch.Generator().manual_seed((seed * 1_000_003 + i) % (2 ** 63)) for i in range(num_requests)]
 
     def uniforms(self, n: int, device) -> torch.Tensor:
-        """-> (B, n) fp32 in [0, 1)."""
-        return torch.stack([torch.rand(n, generator=g) for g in self.generators]).to(device)
+        """-> (B, n) fp32 in [0, 1). Drawn on the host; copied without blocking on CUDA."""
+        u = torch.stack([torch.rand(n, generator=g) for g in self.generators])
+        if torch.device(device).type == "cuda":
+            return u.pin_memory().to(device, non_blocking=True)
+        return u
 
     def filter(self, keep: list[int]) -> None:
         self.generators = [self.generators[i] for i in keep]

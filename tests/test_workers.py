@@ -411,3 +411,24 @@ def test_reference_worker_classes_bind_the_reference_ops():
     assert w.ops is reference
     w = reference.MultiLayerEagleWorkerV2(target, random_mtp(target, 2), SpecConfig(2), max_batch=2, max_seq_len=32)
     assert w.ops is reference and type(w).__name__ == "MultiLayerEagleWorkerV2"
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_decode_step_makes_no_host_sync(kind, monkeypatch):
+    """No .item() / .tolist() / .cpu() / .numpy() / tensor-valued `if` inside a decode step."""
+    target = near_bigram_target(seed=3, mix=0.3)
+    draft, spec = ((perfect_eagle(target), SpecConfig(3, 2, 6)) if kind == "eagle"
+                   else (perfect_mtp(target, 3, True), SpecConfig(3)))
+    engine = Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=96)
+    w = engine.worker
+    params = [_lp(temperature=0.7), SamplingParams(max_new_tokens=14)]
+    w.prefill([[1, 2, 3], [4, 5]], params, seed=0)
+
+    def forbidden(*a, **k):
+        raise AssertionError("host sync inside a decode step")
+
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+            m.setattr(torch.Tensor, name, forbidden)
+        step = w.decode_step()
+    assert step.accept_lens.shape == (2,)

@@ -1,0 +1,116 @@
+"""Benchmarks: one tidy CSV schema for every run, written to results/; plots only read the CSVs.
+
+Each row is one (worker, spec, batch size, temperature) measured against the target-only baseline
+of the same run: mean accepted tokens per verify step (bonus included), tokens/s, speedup, and
+whether tokens (greedy) and logprobs match the baseline.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from . import Engine, SamplingParams, SpecConfig
+
+COLUMNS = ["run_id", "timestamp", "commit", "device", "torch", "triton", "impl", "dtype", "model", "worker",
+           "num_steps", "topk", "num_draft_tokens", "batch_size", "temperature", "num_prompts", "prompt_len",
+           "max_new_tokens", "decode_steps", "tokens", "wall_s", "tokens_per_s", "mean_accept_len",
+           "speedup_vs_target_only", "same_tokens_as_target_only", "max_logprob_diff"]
+
+
+@dataclass
+class BenchCase:
+    worker: str  # "target-only", "eagle", "mtp" (MiMo style) or "mtp_chain" (Step-3.5 style)
+    spec: SpecConfig | None
+
+
+def environment(device) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return dict(commit=commit, device=name, torch=torch.__version__, triton=triton_version)
+
+
+def _timed_generate(engine, prompts, params, repeats):
+    """Best-of-`repeats` wall time (the first call also warms up)."""
+    engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))
+    best = None
+    for _ in range(repeats):
+        outs = engine.generate(prompts, params, seed=0)
+        if best is None or engine.last_stats.wall_s < best[1].wall_s:
+            best = (outs, engine.last_stats)
+    return best
+
+
+def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[list[int]], batch_sizes, temperatures,
+                  max_new_tokens: int, model_name: str, impl="reference", repeats=1, out_dir="results",
+                  tag="bench", progress=print) -> Path:
+    """Measure every case at every batch size and temperature; write one CSV; return its path.
+
+    `drafts` maps a case's worker name to its draft model. Prompts are taken in order, B at a time,
+    over all of `prompts` (so each batch size decodes the same prompts).
+    """
+    env = environment(target.device)
+    run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    rows = []
+    max_len = max(len(p) for p in prompts) + max_new_tokens + 64
+    for temperature in temperatures:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, return_logprob=True)
+        for B in batch_sizes:
+            batches = [prompts[i:i + B] for i in range(0, len(prompts) - B + 1, B)]
+            base = None
+            for case in cases:
+                draft = drafts.get(case.worker) if case.worker != "target-only" else None
+                engine = Engine(target, draft, case.spec, impl=impl, max_batch=B, max_seq_len=max_len)
+                outs, wall, steps, tokens, acc = [], 0.0, 0, 0, []
+                for batch in batches:
+                    o, st = _timed_generate(engine, batch, params, repeats)
+                    outs += o
+                    wall += st.wall_s
+                    steps += st.num_decode_steps
+                    tokens += st.num_tokens
+                    acc += [a for x in o for a in x.accept_lens]
+                tps = tokens / wall
+                if base is None:
+                    base = (outs, tps)
+                same = all(a.token_ids == b.token_ids for a, b in zip(outs, base[0]))
+                lp = [abs(x - y) for a, b in zip(outs, base[0]) if a.token_ids == b.token_ids
+                      for x, y in zip(a.logprobs, b.logprobs)]
+                spec = case.spec
+                row = dict(run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"), **env, impl=impl,
+                           dtype=str(target.dtype).replace("torch.", ""), model=model_name, worker=case.worker,
+                           num_steps=spec.num_steps if spec else 0, topk=spec.topk if spec else 0,
+                           num_draft_tokens=spec.num_draft_tokens if spec else 1, batch_size=B,
+                           temperature=temperature, num_prompts=len(outs),
+                           prompt_len=sum(len(p) for b in batches for p in b) / len(outs),
+                           max_new_tokens=max_new_tokens, decode_steps=steps, tokens=tokens, wall_s=round(wall, 4),
+                           tokens_per_s=round(tps, 2), mean_accept_len=round(sum(acc) / len(acc), 4),
+                           speedup_vs_target_only=round(tps / base[1], 4),
+                           same_tokens_as_target_only=same if temperature == 0 else "",
+                           max_logprob_diff=f"{max(lp):.2e}" if lp else "")
+                rows.append(row)
+                progress(f"T={temperature} B={B} {case.worker:12s} {spec or '':50s} tok/s {tps:8.1f} "
+                         f"accept {row['mean_accept_len']:.2f} speedup {row['speedup_vs_target_only']:.2f}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{tag}-{run_id}.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    return path
