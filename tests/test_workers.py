@@ -338,7 +338,9 @@ def _exact_joint(target, prompt, n_tokens, temperature, top_k, top_p):
 SAMPLING_CASES = [
     ("eagle", SpecConfig(2, 2, 4), 1.0, -1, 1.0),
     ("eagle", SpecConfig(2, 1), 0.5, -1, 1.0),
-    ("mtp", SpecConfig(2), 1.0, 3, 1.0),
+    ("eagle", SpecConfig(2, 2, 5), 1.0, 3, 1.0),
+    ("eagle", SpecConfig(2, 2, 4), 1.0, -1, 0.8),
+    ("mtp", SpecConfig(2), 0.5, 3, 1.0),
     ("mtp_chain", SpecConfig(2), 1.0, -1, 0.8),
 ]
 SLOW_SAMPLING_CASES = [(d, s, t, k, p) for d in ("eagle", "mtp", "mtp_chain")
