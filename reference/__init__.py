@@ -22,4 +22,6 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = list(OPS) + ["EagleWorkerV2", "MultiLayerEagleWorkerV2"]
+__all__ = ["select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient", "verify_tree_greedy",
+           "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs", "tree_attention", "commit_kv_cache",
+           "EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"]

@@ -10,8 +10,7 @@ import csv
 import datetime as _dt
 import platform
 import subprocess
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,7 +41,10 @@ def environment(device) -> dict:
     except ImportError:
         triton_version = "none"
     dev = torch.device(device)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+    else:
+        name = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     return dict(commit=commit, device=name, torch=torch.__version__, triton=triton_version)
 
 
@@ -114,3 +116,33 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
         w.writeheader()
         w.writerows(rows)
     return path
+
+
+DEFAULT_CASES = [
+    BenchCase("target-only", None),
+    BenchCase("eagle", SpecConfig(5, 4, 16)),
+    BenchCase("eagle", SpecConfig(3, 1, 4)),
+    BenchCase("mtp", SpecConfig(3)),
+    BenchCase("mtp_chain", SpecConfig(3)),
+]
+
+
+def main_bench(args) -> int:
+    """`specdec bench`: the shipped models on held-out prompts; one CSV + its plot in args.out."""
+    from . import zoo
+    from .plots import load_results, plot_acceptance_and_speedup
+    from .zoo.corpus import heldout_prompts
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bundle = zoo.load()
+    drafts = {"eagle": bundle.eagle, "mtp": bundle.mtp, "mtp_chain": bundle.mtp_chain}
+    prompts = [bundle.tokenizer.encode(p) for p in heldout_prompts(args.num_prompts, args.prompt_len, seed=0)]
+    path = run_benchmark(bundle.target, drafts, DEFAULT_CASES, prompts,
+                         [int(b) for b in args.batch_sizes.split(",")],
+                         [float(t) for t in args.temperatures.split(",")], args.max_new_tokens,
+                         model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
+                         tag="acceptance")
+    png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))
+    print(f"wrote {path} and {png}")
+    return 0

@@ -14,6 +14,17 @@ def main(argv=None) -> int:
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.add_argument("--random", action="store_true", help="use a random-weight model instead of the shipped one")
     sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo train --help`", add_help=False)
+    bench = sub.add_parser("bench", help="acceptance and tokens/s of every worker against target-only; "
+                                         "writes a CSV to results/ and its plot")
+    bench.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
+    bench.add_argument("--batch-sizes", default="1,4")
+    bench.add_argument("--temperatures", default="0,0.7")
+    bench.add_argument("--num-prompts", type=int, default=8)
+    bench.add_argument("--prompt-len", type=int, default=96)
+    bench.add_argument("--max-new-tokens", type=int, default=96)
+    bench.add_argument("--repeats", type=int, default=1)
+    bench.add_argument("--out", default="results")
+    bench.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     if argv[:1] == ["zoo"]:
         rest = argv[1:]
         if rest[:1] != ["train"]:
@@ -22,6 +33,9 @@ def main(argv=None) -> int:
         from .zoo.train import main as train_main
         return train_main(rest[1:]) or 0
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from .bench import main_bench
+        return main_bench(args) or 0
     if args.command == "demo":
         from .demo import run_demo
         return run_demo(impl=args.impl, max_new_tokens=args.max_new_tokens, random_model=args.random) or 0

@@ -66,7 +66,8 @@ class RequestRNG:
     whatever batch it is in."""
 
     def __init__(self, seed: int, num_requests: int):
-        self.generators = [torch.Generator().manual_seed((seed * 1_000_003 + i) % (2 ** 63)) for i in range(num_requests)]
+        self.generators = [torch.Generator().manual_seed((seed * 1_000_003 + i) % (2 ** 63))
+                           for i in range(num_requests)]
 
     def uniforms(self, n: int, device) -> torch.Tensor:
         """-> (B, n) fp32 in [0, 1). Drawn on the host; copied without blocking on CUDA."""

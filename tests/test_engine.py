@@ -74,7 +74,8 @@ def test_engine_logprobs_equal_the_helpers_on_the_same_logits(target):
 def test_greedy_is_deterministic_and_seeds_control_sampling(target):
     engine = Engine(target, max_seq_len=64)
     g = SamplingParams(max_new_tokens=12)
-    assert [o.token_ids for o in engine.generate(PROMPTS, g)] == [o.token_ids for o in engine.generate(PROMPTS, g, seed=5)]
+    first = [o.token_ids for o in engine.generate(PROMPTS, g)]
+    assert first == [o.token_ids for o in engine.generate(PROMPTS, g, seed=5)]
     s = SamplingParams(max_new_tokens=12, temperature=1.5)
     a = [o.token_ids for o in engine.generate(PROMPTS, s, seed=1)]
     assert a == [o.token_ids for o in engine.generate(PROMPTS, s, seed=1)]
@@ -89,7 +90,8 @@ def test_stop_tokens_and_max_new_tokens(target):
     free = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=10))[0]
     stop = free.token_ids[4]
     first = free.token_ids.index(stop)
-    out = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=10, stop_token_ids=[stop], return_logprob=True))[0]
+    sp = SamplingParams(max_new_tokens=10, stop_token_ids=[stop], return_logprob=True)
+    out = engine.generate([PROMPTS[0]], sp)[0]
     assert out.token_ids == free.token_ids[:first + 1] and out.finish_reason == "stop"
     assert len(out.logprobs) == len(out.token_ids)
     assert free.finish_reason == "length" and len(free.token_ids) == 10

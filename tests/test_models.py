@@ -70,7 +70,7 @@ def test_tree_attention_matches_each_branch_alone():
 
 def test_kv_commit_moves_accepted_path_to_contiguous_slots():
     import reference
-    W, S = 5, 3
+    W = 5
     kv = torch.arange(2 * 16 * 1 * 1, dtype=torch.float32).view(2, 16, 1, 1).clone()
     before = kv.clone()
     seq_lens = torch.tensor([3, 7])

@@ -225,8 +225,6 @@ def test_both_workers_share_one_logprob_path():
 
 def _step_through(worker, prompts, params, steps):
     worker.prefill(prompts, params, seed=0)
-    emitted = [[] for _ in prompts]
-    out = None
     for _ in range(steps):
         out = worker.decode_step()
         lens = out.accept_lens.tolist()
@@ -241,13 +239,9 @@ def test_eagle_draft_and_target_kv_equal_a_fresh_prefill():
     w = engine.worker
     prompts = [[1, 2, 3, 4], [9, 9]]
     sp = [SamplingParams(max_new_tokens=40)] * 2
-    seqs = None
     for _ in _step_through(w, prompts, sp, 6):
         n = w.seq_lens.tolist()
-        # the committed stream: the worker's cached tokens are the prompt + what verify accepted
-        committed = []
-        for b in range(2):
-            committed.append(_committed_tokens(w, b, prompts[b], n[b]))
+        committed = [_committed_tokens(w, b, prompts[b], n[b]) for b in range(2)]
         for b in range(2):
             seq = torch.tensor([committed[b] + [w.last_tokens[b].item()]])
             nb = n[b]

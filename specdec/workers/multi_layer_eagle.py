@@ -113,7 +113,8 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         self._write_ring(n[:, None] + j, target_hidden[nodes])
         start = (n - S + 1).clamp_min(0)
         window = start[:, None] + torch.arange(2 * S, device=self.device)
-        hidden0 = self.hidden_ring.gather(1, (window % self.ring_size)[:, :, None].expand(-1, -1, self.hidden_ring.shape[-1]))
+        ring_index = (window % self.ring_size)[:, :, None].expand(-1, -1, self.hidden_ring.shape[-1])
+        hidden0 = self.hidden_ring.gather(1, ring_index)
         last = n + step.accept_lens - 1
         self.draft_extend(start, last, 2 * S, hidden0, attn_len=max(max(self.seq_lens_host) + S + 1, 2 * S))
         self.seq_lens = n + step.accept_lens
