@@ -137,7 +137,7 @@ def main_bench(args) -> int:
         torch.set_num_threads(args.threads)
     bundle = zoo.load()
     drafts = {"eagle": bundle.eagle, "mtp": bundle.mtp, "mtp_chain": bundle.mtp_chain}
-    prompts = [bundle.tokenizer.encode(p) for p in heldout_prompts(args.num_prompts, args.prompt_len, seed=0)]
+    prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
     path = run_benchmark(bundle.target, drafts, DEFAULT_CASES, prompts,
                          [int(b) for b in args.batch_sizes.split(",")],
                          [float(t) for t in args.temperatures.split(",")], args.max_new_tokens,

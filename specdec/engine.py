@@ -145,18 +145,21 @@ class Engine:
         params = self._validate(prompts, params)
         prompts = [list(p) for p in prompts]
         B = len(prompts)
-        outs = [GenerateOutput([], "length", *( ([], [], []) if sp.return_logprob else (None, None, None)))
-                for sp in params]
+        outs = [GenerateOutput([], "length") for _ in params]
+        for o, sp in zip(outs, params):
+            if sp.return_logprob:
+                o.logprobs, o.top_logprobs, o.token_ids_logprobs = [], [], []
         active = list(range(B))  # request index of each batch position
         worker = self.worker
         t0 = time.perf_counter()
         steps = 0
-        step = worker.prefill(prompts, params, seed)
         try:
+            step = worker.prefill(prompts, params, seed)
             while True:
-                done = self._emit(step, active, params, outs, is_decode=steps > 0)
+                accept_lens = step.accept_lens.tolist()  # the one host sync per step
+                done = self._emit(step, accept_lens, active, params, outs, is_decode=steps > 0)
                 if steps > 0:
-                    worker.advance_host_lengths(self._accept_lens_host)
+                    worker.advance_host_lengths(accept_lens)
                 keep = [i for i, r in enumerate(active) if r not in done]
                 if not keep:
                     break
@@ -175,12 +178,11 @@ class Engine:
                                         sum(n_acc) / len(n_acc) if n_acc else float("nan"))
         return outs
 
-    def _emit(self, step, active, params, outs, is_decode: bool) -> set[int]:
+    @staticmethod
+    def _emit(step, accept_lens, active, params, outs, is_decode: bool) -> set[int]:
         """Append each active request's accepted tokens (cut at a stop token / max_new_tokens) and its
         logprobs; return the request indices that finished."""
         tokens = step.emitted_tokens().tolist()
-        accept_lens = step.accept_lens.tolist()
-        self._accept_lens_host = accept_lens
         lo = step.logits_output
         width = step.accept_index.shape[1]
         lp = lo.next_token_logprobs.tolist() if lo.next_token_logprobs is not None else None

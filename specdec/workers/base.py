@@ -52,6 +52,7 @@ class WorkerBase:
         self.return_original_logprob = return_original_logprob
         self.cache = KVCache.for_model(target.config, target.config.num_hidden_layers, max_batch, max_seq_len,
                                        target.dtype, self.device)
+        self.slot_list: list[int] = []
 
     # ---- request lifecycle -------------------------------------------------------------------
     @property
@@ -82,7 +83,8 @@ class WorkerBase:
 
     def filter(self, keep: list[int]) -> None:
         """Keep only the requests at batch positions `keep` (drop finished ones; free their slots)."""
-        gone = [s for i, s in enumerate(self.slot_list) if i not in set(keep)]
+        kept = set(keep)
+        gone = [s for i, s in enumerate(self.slot_list) if i not in kept]
         for c in self.caches():
             c.free(gone)
         self.slot_list = [self.slot_list[i] for i in keep]
