@@ -5,8 +5,9 @@ import torch
 
 
 def commit_kv_cache(kv, slots, seq_lens, accept_index, num_draft_tokens):
-    """kv: (max_batch, max_seq_len, Hkv, D) updated in place; slots, seq_lens: (B,) int64;
-    accept_index: (B, S+1) int (flat node indices b*W + i, -1 padded); num_draft_tokens: W (int).
+    """kv: (N, max_batch, max_seq_len, Hkv, D), N caches (e.g. every layer's k and v) updated in place;
+    slots, seq_lens: (B,) int64; accept_index: (B, S+1) int (flat node indices b*W + i, -1 padded);
+    num_draft_tokens: W (int).
 
     Moves the KV of accepted node j (written at slot seq_len + i_j during verify) to slot seq_len + j.
     All sources are read before any destination is written, so overlapping moves are safe. A padded
@@ -17,5 +18,5 @@ def commit_kv_cache(kv, slots, seq_lens, accept_index, num_draft_tokens):
     local = accept_index.long() - torch.arange(B, device=kv.device)[:, None] * num_draft_tokens
     local = torch.where(accept_index >= 0, local, j)
     rows = slots[:, None].expand(B, S1)
-    src = kv[rows, seq_lens[:, None] + local]
-    kv[rows, seq_lens[:, None] + j] = src
+    src = kv[:, rows, seq_lens[:, None] + local]
+    kv[:, rows, seq_lens[:, None] + j] = src

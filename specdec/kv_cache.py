@@ -14,9 +14,11 @@ class KVCache:
 
     def __init__(self, num_layers, max_batch, max_seq_len, num_kv_heads, head_dim, dtype=torch.float32,
                  device="cpu"):
-        shape = (max_batch, max_seq_len, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # One buffer for every layer's k and v, so a commit is one op over all of them.
+        self.kv = torch.zeros((2, num_layers, max_batch, max_seq_len, num_kv_heads, head_dim), dtype=dtype,
+                              device=device)
+        self.k = [self.kv[0, i] for i in range(num_layers)]
+        self.v = [self.kv[1, i] for i in range(num_layers)]
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
         self._free = list(range(max_batch))
@@ -48,5 +50,4 @@ class KVCache:
 
     def commit(self, ops, slots, seq_lens, accept_index, num_draft_tokens: int) -> None:
         """Move accepted nodes' KV (B, S+1 flat node indices) to slots seq_len .. seq_len + S, every layer."""
-        for kv in self.k + self.v:
-            ops.commit_kv_cache(kv, slots, seq_lens, accept_index, num_draft_tokens)
+        ops.commit_kv_cache(self.kv.flatten(0, 1), slots, seq_lens, accept_index, num_draft_tokens)

@@ -71,11 +71,13 @@ def test_tree_attention_matches_each_branch_alone():
 def test_kv_commit_moves_accepted_path_to_contiguous_slots():
     import reference
     W = 5
-    kv = torch.arange(2 * 16 * 1 * 1, dtype=torch.float32).view(2, 16, 1, 1).clone()
-    before = kv.clone()
+    kv_all = torch.arange(3 * 2 * 16 * 1 * 1, dtype=torch.float32).view(3, 2, 16, 1, 1).clone()
+    before_all = kv_all.clone()
     seq_lens = torch.tensor([3, 7])
     accept = torch.tensor([[0, 2, 4, -1], [W + 0, W + 1, -1, -1]])
-    reference.commit_kv_cache(kv, torch.tensor([1, 0]), seq_lens, accept, W)
+    reference.commit_kv_cache(kv_all, torch.tensor([1, 0]), seq_lens, accept, W)
+    assert torch.equal(kv_all[1] - kv_all[0], before_all[1] - before_all[0])  # every cache moved alike
+    kv, before = kv_all[2], before_all[2]
     # request 0 lives in row 1, request 1 in row 0
     assert kv[1, 3:6, 0, 0].tolist() == before[1, [3, 5, 7], 0, 0].tolist()
     assert kv[0, 7:9, 0, 0].tolist() == before[0, [7, 8], 0, 0].tolist()

@@ -27,11 +27,13 @@ class EagleDraftHead(DraftModelBase):
     def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None):
         """input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> logits (B, T, V) fp32,
         hidden (B, T, H)."""
-        x = self.fc(torch.cat([self.target.embed(input_ids), hidden_states.to(self.dtype)], dim=-1))
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        x = self.layers[0](x, cos, sin, None if cache is None else cache.layer(0), meta)
-        hidden = self.norm(x)
-        return self.target.compute_logits(hidden), hidden
+        # The cached path is inference only: writing into the cache must not build a graph.
+        with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
+            x = self.fc(torch.cat([self.target.embed(input_ids), hidden_states.to(self.dtype)], dim=-1))
+            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+            x = self.layers[0](x, cos, sin, None if cache is None else cache.layer(0), meta)
+            hidden = self.norm(x)
+            return self.target.compute_logits(hidden), hidden
 
 
 def random_eagle_head(target, seed=0, std=None, **overrides) -> EagleDraftHead:

@@ -119,12 +119,14 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, cache=None, meta: AttentionMetadata | None = None):
         """input_ids, positions: (B, T) int64; cache: KVCache or None (then causal over the T tokens,
         no cache) -> logits (B, T, V) fp32, hidden (B, T, H) (final-normed: what the LM head reads)."""
-        x = self.embed(input_ids)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, None if cache is None else cache.layer(i), meta)
-        hidden = self.model.norm(x)
-        return self.compute_logits(hidden), hidden
+        # The cached path is inference only: writing into the cache must not build a graph.
+        with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
+            x = self.embed(input_ids)
+            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+            for i, layer in enumerate(self.model.layers):
+                x = layer(x, cos, sin, None if cache is None else cache.layer(i), meta)
+            hidden = self.model.norm(x)
+            return self.compute_logits(hidden), hidden
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict_for_save(self) -> dict:

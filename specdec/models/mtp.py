@@ -42,12 +42,14 @@ class MTPDraftModel(DraftModelBase):
                       meta: AttentionMetadata | None = None):
         """Layer k. input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> logits (B, T, V) fp32,
         hidden (B, T, H) (the block's output, read by layer k+1 in Step-3.5 style)."""
-        layer = self.layers[k]
-        x = layer.eh_proj(torch.cat([layer.enorm(self.target.embed(input_ids)),
-                                     layer.hnorm(hidden_states.to(self.dtype))], dim=-1))
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
-        x = LlamaDecoderLayer.forward(layer, x, cos, sin, None if cache is None else cache.layer(k), meta)
-        return self.target.compute_logits(layer.shared_head.norm(x)), x
+        # The cached path is inference only: writing into the cache must not build a graph.
+        with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
+            layer = self.layers[k]
+            x = layer.eh_proj(torch.cat([layer.enorm(self.target.embed(input_ids)),
+                                         layer.hnorm(hidden_states.to(self.dtype))], dim=-1))
+            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+            x = LlamaDecoderLayer.forward(layer, x, cos, sin, None if cache is None else cache.layer(k), meta)
+            return self.target.compute_logits(layer.shared_head.norm(x)), x
 
 
 def random_mtp(target, num_layers, chain_hidden_states=False, seed=0, std=None, **overrides) -> MTPDraftModel:
