@@ -7,9 +7,10 @@ workers both call it, the engine slices what it returns, and ``fast.compute_spec
 
 from __future__ import annotations
 
-import operator
 
 import torch
+
+from specdec.op_checks import check_logprob_args
 
 __all__ = ["PADDED_LOGPROB", "PADDED_TOP_LOGPROB_IDX", "compute_spec_v2_logprobs"]
 
@@ -25,144 +26,12 @@ PADDED_TOP_LOGPROB_IDX = -1
 _FP32_MIN = torch.finfo(torch.float32).min
 
 
-def _as_int(value, what: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, got bool {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
-
-
 def _to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host-to-device copy that does not wait for the stream (pinned + non_blocking on CUDA;
     a pageable blocking copy would synchronise the stream)."""
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
-
-
-def _check_int_tensor(t, name: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
-
-
-def _validate(batch, logits_output, predict, accept_index, speculative_num_steps, scale):
-    """Python-side checks only (shapes, dtypes, devices, list contents): no tensor value is read."""
-    S = _as_int(speculative_num_steps, "speculative_num_steps")
-    if S < 0:
-        raise ValueError(f"speculative_num_steps must be >= 0, got {S}")
-
-    _check_int_tensor(accept_index, "accept_index")
-    if accept_index.dim() != 2:
-        raise ValueError(
-            f"accept_index must be 2-D [B, speculative_num_steps + 1], got shape {tuple(accept_index.shape)}"
-        )
-    B = accept_index.shape[0]
-    if accept_index.shape[1] != S + 1:
-        raise ValueError(
-            f"accept_index has {accept_index.shape[1]} slots per request but speculative_num_steps + 1 "
-            f"= {S + 1} (shape {tuple(accept_index.shape)})"
-        )
-
-    logits = logits_output.next_token_logits
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(
-            f"logits_output.next_token_logits must be a torch.Tensor, got {type(logits).__name__}"
-        )
-    if not logits.dtype.is_floating_point:
-        raise TypeError(f"logits_output.next_token_logits must be floating point, got dtype {logits.dtype}")
-    if logits.dim() != 2:
-        raise ValueError(f"next_token_logits must be 2-D [B*W, V], got shape {tuple(logits.shape)}")
-    N, V = logits.shape
-    if V == 0:
-        raise ValueError(f"next_token_logits has an empty vocabulary (shape {tuple(logits.shape)})")
-    if B == 0:
-        if N != 0:
-            raise ValueError(f"accept_index has 0 requests but next_token_logits has {N} rows")
-        W = 0
-    else:
-        if N == 0 or N % B != 0:
-            raise ValueError(
-                f"next_token_logits has {N} rows, not a positive multiple of the batch size B = {B} "
-                f"(accept_index shape {tuple(accept_index.shape)})"
-            )
-        W = N // B
-
-    _check_int_tensor(predict, "predict")
-    if predict.dim() != 1 or predict.shape[0] != N:
-        raise ValueError(
-            f"predict must be 1-D [B*W] = [{N}] (one token per logits row), got shape {tuple(predict.shape)}"
-        )
-    for name, t in (("accept_index", accept_index), ("predict", predict)):
-        if t.device != logits.device:
-            raise ValueError(f"{name} is on {t.device} but next_token_logits is on {logits.device}")
-
-    seq_lens = getattr(batch, "seq_lens", None)
-    if seq_lens is not None and len(seq_lens) != B:
-        raise ValueError(f"batch.seq_lens has {len(seq_lens)} entries but accept_index has B = {B} requests")
-
-    temperatures = None
-    if scale:
-        temperatures = batch.sampling_info.temperatures
-        if not isinstance(temperatures, torch.Tensor):
-            raise TypeError(
-                f"batch.sampling_info.temperatures must be a torch.Tensor [B, 1], got {type(temperatures).__name__}"
-            )
-        if not temperatures.dtype.is_floating_point:
-            raise TypeError(
-                f"batch.sampling_info.temperatures must be floating point, got {temperatures.dtype}"
-            )
-        if tuple(temperatures.shape) != (B, 1):
-            raise ValueError(
-                f"batch.sampling_info.temperatures must have shape [B, 1] = [{B}, 1], "
-                f"got {tuple(temperatures.shape)}"
-            )
-        if temperatures.device != logits.device:
-            raise ValueError(
-                f"batch.sampling_info.temperatures is on {temperatures.device} but next_token_logits is on "
-                f"{logits.device}"
-            )
-
-    top_nums = getattr(batch, "top_logprobs_nums", None)
-    if top_nums is None:
-        top_nums = [0] * B
-    if len(top_nums) != B:
-        raise ValueError(
-            f"batch.top_logprobs_nums has {len(top_nums)} entries but the batch has B = {B} requests"
-        )
-    top_nums = [_as_int(k, f"batch.top_logprobs_nums[{b}]") for b, k in enumerate(top_nums)]
-    for b, k in enumerate(top_nums):
-        if k < 0 or k > V:
-            raise ValueError(f"request {b}: top_logprobs_num = {k} is outside [0, vocab size {V}]")
-
-    token_ids = getattr(batch, "token_ids_logprobs", None)
-    if token_ids is None:
-        token_ids = [None] * B
-    if len(token_ids) != B:
-        raise ValueError(
-            f"batch.token_ids_logprobs has {len(token_ids)} entries but the batch has B = {B} requests"
-        )
-    ids_per_req: list[list[int]] = []
-    for b, ids in enumerate(token_ids):
-        if ids is None:
-            ids_per_req.append([])
-            continue
-        if isinstance(ids, (str, bytes, torch.Tensor)) or not hasattr(ids, "__iter__"):
-            raise TypeError(
-                f"request {b}: token_ids_logprobs must be a list of ints or None, got {type(ids).__name__}"
-            )
-        clean = [_as_int(t, f"request {b}: token_ids_logprobs[{i}]") for i, t in enumerate(ids)]
-        for i, t in enumerate(clean):
-            if t < 0 or t >= V:
-                raise ValueError(
-                    f"request {b}: token_ids_logprobs[{i}] = {t} is outside the vocabulary [0, {V})"
-                )
-        ids_per_req.append(clean)
-
-    return B, S, W, V, temperatures, top_nums, ids_per_req
 
 
 def compute_spec_v2_logprobs(
@@ -228,7 +97,7 @@ def compute_spec_v2_logprobs(
     trusted (an out-of-range index fails in indexing).
     """
     scale = not (bool(batch.sampling_info.is_all_greedy) or return_original_logprob)
-    B, S, W, _V, temperatures, top_nums, ids_per_req = _validate(
+    B, S, W, _V, temperatures, top_nums, ids_per_req = check_logprob_args(
         batch, logits_output, predict, accept_index, speculative_num_steps, scale
     )
     logits = logits_output.next_token_logits

@@ -28,6 +28,9 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.op_checks import (check_build_tree_args, check_float_dtype, check_int, check_integer_dtype, check_shape,
+                               check_tensor, check_tree_size, max_num_draft_tokens)
+
 __all__ = [
     "build_tree_kernel_efficient",
     "build_tree_naive",
@@ -40,52 +43,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # validation helpers (shapes and python ints only: nothing here reads tensor values)
 # --------------------------------------------------------------------------------------------
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
-    return value
-
-
-def _check_tensor(name: str, t) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    return t
-
-
-def _check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], what: str = "") -> None:
-    if tuple(t.shape) != tuple(expected):
-        hint = f" ({what})" if what else ""
-        raise ValueError(f"{name} must have shape {tuple(expected)}{hint}, got {tuple(t.shape)}")
-
-
-def _check_integer_dtype(name: str, t: torch.Tensor) -> None:
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
-
-
-def _check_float_dtype(name: str, t: torch.Tensor) -> None:
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
-
-
-def max_num_draft_tokens(topk: int, spec_steps: int) -> int:
-    """``(topk, spec_steps) -> int``: the largest tree size W = 1 + K + (S-1)K^2 (root included)."""
-    return 1 + topk + (spec_steps - 1) * topk * topk
-
-
-def _check_tree_size(name: str, num_tokens, topk: int, spec_steps: int) -> int:
-    _check_int(name, num_tokens, 2)
-    hi = max_num_draft_tokens(topk, spec_steps)
-    if num_tokens > hi:
-        raise ValueError(
-            f"{name}={num_tokens} is out of range: with topk={topk} and spec_steps={spec_steps} "
-            f"it must lie in [2, 1 + K + (S-1)K^2] = [2, {hi}]"
-        )
-    return num_tokens
 
 
 def _stable_topk_desc(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,17 +91,17 @@ def select_top_k_tokens(
     deterministic and identical on every device. Path scores are products of probabilities
     ``<= 1``; a child's fp32 score never exceeds its parent's.
     """
-    _check_int("i", i, 0)
-    _check_int("topk", topk, 1)
+    check_int("i", i, 0)
+    check_int("topk", topk, 1)
     for name, t in (("topk_p", topk_p), ("topk_index", topk_index), ("hidden_states", hidden_states)):
-        _check_tensor(name, t)
+        check_tensor(name, t)
     if topk_p.dim() != 2:
         raise ValueError(f"topk_p must be 2-D, got shape {tuple(topk_p.shape)}")
     if topk_p.shape[1] != topk:
         raise ValueError(f"topk_p.shape[1] must equal topk={topk}, got shape {tuple(topk_p.shape)}")
-    _check_shape("topk_index", topk_index, tuple(topk_p.shape), "same as topk_p")
-    _check_integer_dtype("topk_index", topk_index)
-    _check_float_dtype("topk_p", topk_p)
+    check_shape("topk_index", topk_index, tuple(topk_p.shape), "same as topk_p")
+    check_integer_dtype("topk_index", topk_index)
+    check_float_dtype("topk_p", topk_p)
     if hidden_states.dim() != 2 or hidden_states.shape[0] != topk_p.shape[0]:
         raise ValueError(
             f"hidden_states must have shape ({topk_p.shape[0]}, H) (one row per row of topk_p), "
@@ -162,7 +119,7 @@ def select_top_k_tokens(
         tree_info = (topk_p.unsqueeze(1), topk_index, parents)
         return input_ids, hidden_states, scores, tree_info
 
-    _check_tensor("scores", scores)
+    check_tensor("scores", scores)
     if scores.dim() != 2 or scores.shape[1] != K:
         raise ValueError(f"scores must have shape (B, topk={K}), got {tuple(scores.shape)}")
     B = scores.shape[0]
@@ -211,7 +168,7 @@ def organize_draft_results(
     ``p <= 1``, hence ``<= parent_score`` exactly in floating point, and a parent's candidate index is
     always lower than its children's, so a selected node's parent is always selected.
     """
-    _check_int("num_draft_token", num_draft_token, 2)
+    check_int("num_draft_token", num_draft_token, 2)
     S = len(score_list)
     if S < 1:
         raise ValueError("score_list must hold at least one draft step, got an empty list")
@@ -220,26 +177,26 @@ def organize_draft_results(
             f"score_list, token_list and parents_list must have the same length, got "
             f"{S}, {len(token_list)}, {len(parents_list)}"
         )
-    s0 = _check_tensor("score_list[0]", score_list[0])
+    s0 = check_tensor("score_list[0]", score_list[0])
     if s0.dim() != 3 or s0.shape[1] != 1:
         raise ValueError(f"score_list[0] must have shape (B, 1, K), got {tuple(s0.shape)}")
     B, _, K = s0.shape
     if K < 1:
         raise ValueError(f"topk (score_list[0].shape[2]) must be >= 1, got {K}")
     for j in range(S):
-        sc = _check_tensor(f"score_list[{j}]", score_list[j])
-        tk = _check_tensor(f"token_list[{j}]", token_list[j])
-        pa = _check_tensor(f"parents_list[{j}]", parents_list[j])
+        sc = check_tensor(f"score_list[{j}]", score_list[j])
+        tk = check_tensor(f"token_list[{j}]", token_list[j])
+        pa = check_tensor(f"parents_list[{j}]", parents_list[j])
         if j == 0:
-            _check_shape("token_list[0]", tk, (B, K))
-            _check_shape("parents_list[0]", pa, (B, K + 1))
+            check_shape("token_list[0]", tk, (B, K))
+            check_shape("parents_list[0]", pa, (B, K + 1))
         else:
-            _check_shape(f"score_list[{j}]", sc, (B, K, K))
-            _check_shape(f"token_list[{j}]", tk, (B, K * K))
-            _check_shape(f"parents_list[{j}]", pa, (B, K))
-        _check_integer_dtype(f"token_list[{j}]", tk)
-        _check_integer_dtype(f"parents_list[{j}]", pa)
-    _check_tree_size("num_draft_token", num_draft_token, K, S)
+            check_shape(f"score_list[{j}]", sc, (B, K, K))
+            check_shape(f"token_list[{j}]", tk, (B, K * K))
+            check_shape(f"parents_list[{j}]", pa, (B, K))
+        check_integer_dtype(f"token_list[{j}]", tk)
+        check_integer_dtype(f"parents_list[{j}]", pa)
+    check_tree_size("num_draft_token", num_draft_token, K, S)
 
     scores = torch.cat([s.flatten(start_dim=1) for s in score_list], dim=1)  # (B, K + (S-1)K^2)
     tokens = torch.cat(list(token_list), dim=1)
@@ -256,32 +213,6 @@ def organize_draft_results(
 # --------------------------------------------------------------------------------------------
 # build_tree
 # --------------------------------------------------------------------------------------------
-
-
-def _check_build_tree_args(
-    bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens, topk, spec_steps, num_verify_tokens
-) -> tuple[int, int]:
-    K = _check_int("topk", topk, 1)
-    S = _check_int("spec_steps", spec_steps, 1)
-    W = _check_tree_size("num_verify_tokens", num_verify_tokens, K, S)
-    for name, t in (
-        ("bonus_tokens", bonus_tokens),
-        ("parent_list", parent_list),
-        ("top_scores_index", top_scores_index),
-        ("draft_tokens", draft_tokens),
-        ("seq_lens", seq_lens),
-    ):
-        _check_tensor(name, t)
-        _check_integer_dtype(name, t)
-    if bonus_tokens.dim() != 1:
-        raise ValueError(f"bonus_tokens must have shape (B,), got {tuple(bonus_tokens.shape)}")
-    B = bonus_tokens.shape[0]
-    P = 1 + K * (S - 1) if S > 1 else 0
-    _check_shape("parent_list", parent_list, (B, P), f"(B, 1 + topk*(spec_steps-1)) with spec_steps={S}")
-    _check_shape("top_scores_index", top_scores_index, (B, W - 1), f"(B, num_verify_tokens - 1), W={W}")
-    _check_shape("draft_tokens", draft_tokens, (B, W - 1), f"(B, num_verify_tokens - 1), W={W}")
-    _check_shape("seq_lens", seq_lens, (B,))
-    return B, W
 
 
 def build_tree_kernel_efficient(
@@ -322,7 +253,7 @@ def build_tree_kernel_efficient(
 
     Vectorised over the batch, Python loops only over static sizes, no host synchronisation.
     """
-    B, W = _check_build_tree_args(
+    B, W = check_build_tree_args(
         bonus_tokens,
         parent_list,
         top_scores_index,
@@ -405,7 +336,7 @@ def build_tree_naive(
     the children of every node front-to-back in descending node order, so that the first child is
     the smallest and siblings come in ascending order. Slow (host syncs everywhere): for tests.
     """
-    B, W = _check_build_tree_args(
+    B, W = check_build_tree_args(
         bonus_tokens,
         parent_list,
         top_scores_index,

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.op_checks import check_integer_dtype, check_sampling_args, check_shape, check_tensor, check_tree_args
+
 __all__ = [
     "tree_speculative_sampling_target_only",
     "tree_speculative_sampling_target_only_naive",
@@ -38,77 +40,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # validation (shapes, dtypes and python numbers only: nothing here reads tensor values)
 # --------------------------------------------------------------------------------------------
-
-
-def _check_tensor(name: str, t) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    return t
-
-
-def _check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
-    if tuple(t.shape) != tuple(expected):
-        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
-
-
-def _check_integer_dtype(name: str, t: torch.Tensor) -> None:
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
-
-
-def _check_float_dtype(name: str, t: torch.Tensor) -> None:
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
-
-
-def _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps):
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int):
-        raise TypeError(f"num_steps must be an int, got {type(num_steps).__name__} ({num_steps!r})")
-    if num_steps < 1:
-        raise ValueError(f"num_steps must be >= 1, got num_steps={num_steps}")
-    _check_tensor("candidates", candidates)
-    if candidates.dim() != 2:
-        raise ValueError(f"candidates must have shape (B, W), got {tuple(candidates.shape)}")
-    B, W = candidates.shape
-    if W < 1:
-        raise ValueError(
-            f"candidates must hold at least the root (W >= 1), got shape {tuple(candidates.shape)}"
-        )
-    _check_integer_dtype("candidates", candidates)
-    for name, t in (
-        ("retrieve_index", retrieve_index),
-        ("retrieve_next_token", retrieve_next_token),
-        ("retrieve_next_sibling", retrieve_next_sibling),
-    ):
-        _check_tensor(name, t)
-        _check_shape(name, t, (B, W))
-        _check_integer_dtype(name, t)
-    return B, W
-
-
-def _check_sampling_args(
-    B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc
-):
-    _check_tensor("uniform_samples", uniform_samples)
-    _check_shape("uniform_samples", uniform_samples, (B, W))
-    _check_float_dtype("uniform_samples", uniform_samples)
-    _check_tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)
-    _check_shape("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (B,))
-    _check_float_dtype("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)
-    _check_tensor("target_probs", target_probs)
-    if target_probs.dim() != 3 or tuple(target_probs.shape[:2]) != (B, W) or target_probs.shape[2] < 1:
-        raise ValueError(
-            f"target_probs must have shape ({B}, {W}, V) with V >= 1, got {tuple(target_probs.shape)}"
-        )
-    _check_float_dtype("target_probs", target_probs)
-    for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
-    if not 0.0 <= threshold_single <= 1.0:
-        raise ValueError(f"threshold_single must lie in [0, 1], got threshold_single={threshold_single}")
-    if not 0.0 < threshold_acc <= 1.0:
-        raise ValueError(f"threshold_acc must lie in (0, 1], got threshold_acc={threshold_acc}")
-    return target_probs.shape[2]
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,10 +107,10 @@ def verify_tree_greedy(
 
     Vectorised over the batch, no host synchronisation.
     """
-    B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    _check_tensor("target_predict", target_predict)
-    _check_shape("target_predict", target_predict, (B, W))
-    _check_integer_dtype("target_predict", target_predict)
+    B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    check_tensor("target_predict", target_predict)
+    check_shape("target_predict", target_predict, (B, W))
+    check_integer_dtype("target_predict", target_predict)
     S = num_steps
     device = candidates.device
     ri = retrieve_index.to(torch.int64)
@@ -227,10 +158,10 @@ def verify_tree_greedy_naive(
     A plain per-request loop that reads like SGLang's CUDA kernel (``VerifyTreeGreedy``).
     Slow (host syncs everywhere): for tests.
     """
-    B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    _check_tensor("target_predict", target_predict)
-    _check_shape("target_predict", target_predict, (B, W))
-    _check_integer_dtype("target_predict", target_predict)
+    B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    check_tensor("target_predict", target_predict)
+    check_shape("target_predict", target_predict, (B, W))
+    check_integer_dtype("target_predict", target_predict)
     S = num_steps
     device = candidates.device
     cand = candidates.tolist()
@@ -316,8 +247,8 @@ def tree_speculative_sampling_target_only(
 
     Vectorised over the batch, no host synchronisation.
     """
-    B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    V = _check_sampling_args(
+    B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    V = check_sampling_args(
         B,
         W,
         uniform_samples,
@@ -397,8 +328,8 @@ def tree_speculative_sampling_target_only_naive(
     (float32 scalar arithmetic, so its decisions match the vectorised version bit for bit).
     Slow (host syncs everywhere): for tests.
     """
-    B, W = _check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    _check_sampling_args(
+    B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    check_sampling_args(
         B,
         W,
         uniform_samples,

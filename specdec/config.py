@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .op_checks import max_num_draft_tokens
+
 
 @dataclass
 class SamplingParams:
@@ -73,10 +75,11 @@ class SpecConfig:
             raise ValueError(f"num_steps must be an int >= 1, got {S!r}")
         if not isinstance(K, int) or K < 1:
             raise ValueError(f"topk must be an int >= 1, got {K!r}")
-        if self.num_draft_tokens is None:
-            object.__setattr__(self, "num_draft_tokens", S + 1 if K == 1 else min(1 + K + (S - 1) * K * K, 1 + S * K))
+        if self.num_draft_tokens is None:  # a chain for K = 1; else K nodes per depth, capped by the tree
+            default = S + 1 if K == 1 else min(max_num_draft_tokens(K, S), 1 + S * K)
+            object.__setattr__(self, "num_draft_tokens", default)
         W = self.num_draft_tokens
-        w_max = 1 + K + (S - 1) * K * K
+        w_max = max_num_draft_tokens(K, S)
         if not isinstance(W, int) or not 2 <= W <= w_max:
             raise ValueError(
                 f"num_draft_tokens={W!r} must be in [2, 1 + topk + (num_steps-1)*topk^2] = [2, {w_max}] "

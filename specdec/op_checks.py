@@ -1,0 +1,264 @@
+"""Argument checks of the ops, shared by `reference` and `fast` (one definition of a valid call).
+
+Only shapes, dtypes and Python values are checked: nothing here reads a tensor's values, so the
+checks cost no host synchronisation inside a decode step.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+
+def check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
+    return value
+
+
+def check_tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], what: str = "") -> None:
+    if tuple(t.shape) != tuple(expected):
+        hint = f" ({what})" if what else ""
+        raise ValueError(f"{name} must have shape {tuple(expected)}{hint}, got {tuple(t.shape)}")
+
+
+def check_integer_dtype(name: str, t: torch.Tensor) -> None:
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
+
+
+def check_float_dtype(name: str, t: torch.Tensor) -> None:
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
+
+
+def max_num_draft_tokens(topk: int, spec_steps: int) -> int:
+    """``(topk, spec_steps) -> int``: the largest tree size W = 1 + K + (S-1)K^2 (root included)."""
+    return 1 + topk + (spec_steps - 1) * topk * topk
+
+
+def check_tree_size(name: str, num_tokens, topk: int, spec_steps: int) -> int:
+    check_int(name, num_tokens, 2)
+    hi = max_num_draft_tokens(topk, spec_steps)
+    if num_tokens > hi:
+        raise ValueError(
+            f"{name}={num_tokens} is out of range: with topk={topk} and spec_steps={spec_steps} "
+            f"it must lie in [2, 1 + K + (S-1)K^2] = [2, {hi}]"
+        )
+    return num_tokens
+
+
+def check_build_tree_args(
+    bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens, topk, spec_steps, num_verify_tokens
+) -> tuple[int, int]:
+    K = check_int("topk", topk, 1)
+    S = check_int("spec_steps", spec_steps, 1)
+    W = check_tree_size("num_verify_tokens", num_verify_tokens, K, S)
+    for name, t in (
+        ("bonus_tokens", bonus_tokens),
+        ("parent_list", parent_list),
+        ("top_scores_index", top_scores_index),
+        ("draft_tokens", draft_tokens),
+        ("seq_lens", seq_lens),
+    ):
+        check_tensor(name, t)
+        check_integer_dtype(name, t)
+    if bonus_tokens.dim() != 1:
+        raise ValueError(f"bonus_tokens must have shape (B,), got {tuple(bonus_tokens.shape)}")
+    B = bonus_tokens.shape[0]
+    P = 1 + K * (S - 1) if S > 1 else 0
+    check_shape("parent_list", parent_list, (B, P), f"(B, 1 + topk*(spec_steps-1)) with spec_steps={S}")
+    check_shape("top_scores_index", top_scores_index, (B, W - 1), f"(B, num_verify_tokens - 1), W={W}")
+    check_shape("draft_tokens", draft_tokens, (B, W - 1), f"(B, num_verify_tokens - 1), W={W}")
+    check_shape("seq_lens", seq_lens, (B,))
+    return B, W
+
+
+def check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps):
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int):
+        raise TypeError(f"num_steps must be an int, got {type(num_steps).__name__} ({num_steps!r})")
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got num_steps={num_steps}")
+    check_tensor("candidates", candidates)
+    if candidates.dim() != 2:
+        raise ValueError(f"candidates must have shape (B, W), got {tuple(candidates.shape)}")
+    B, W = candidates.shape
+    if W < 1:
+        raise ValueError(
+            f"candidates must hold at least the root (W >= 1), got shape {tuple(candidates.shape)}"
+        )
+    check_integer_dtype("candidates", candidates)
+    for name, t in (
+        ("retrieve_index", retrieve_index),
+        ("retrieve_next_token", retrieve_next_token),
+        ("retrieve_next_sibling", retrieve_next_sibling),
+    ):
+        check_tensor(name, t)
+        check_shape(name, t, (B, W))
+        check_integer_dtype(name, t)
+    return B, W
+
+
+def check_sampling_args(
+    B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc
+):
+    check_tensor("uniform_samples", uniform_samples)
+    check_shape("uniform_samples", uniform_samples, (B, W))
+    check_float_dtype("uniform_samples", uniform_samples)
+    check_tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)
+    check_shape("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (B,))
+    check_float_dtype("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling)
+    check_tensor("target_probs", target_probs)
+    if target_probs.dim() != 3 or tuple(target_probs.shape[:2]) != (B, W) or target_probs.shape[2] < 1:
+        raise ValueError(
+            f"target_probs must have shape ({B}, {W}, V) with V >= 1, got {tuple(target_probs.shape)}"
+        )
+    check_float_dtype("target_probs", target_probs)
+    for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
+    if not 0.0 <= threshold_single <= 1.0:
+        raise ValueError(f"threshold_single must lie in [0, 1], got threshold_single={threshold_single}")
+    if not 0.0 < threshold_acc <= 1.0:
+        raise ValueError(f"threshold_acc must lie in (0, 1], got threshold_acc={threshold_acc}")
+    return target_probs.shape[2]
+
+
+def as_int(value, what: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def check_int_tensor(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+
+
+def check_logprob_args(batch, logits_output, predict, accept_index, speculative_num_steps, scale):
+    """Python-side checks only (shapes, dtypes, devices, list contents): no tensor value is read."""
+    S = as_int(speculative_num_steps, "speculative_num_steps")
+    if S < 0:
+        raise ValueError(f"speculative_num_steps must be >= 0, got {S}")
+
+    check_int_tensor(accept_index, "accept_index")
+    if accept_index.dim() != 2:
+        raise ValueError(
+            f"accept_index must be 2-D [B, speculative_num_steps + 1], got shape {tuple(accept_index.shape)}"
+        )
+    B = accept_index.shape[0]
+    if accept_index.shape[1] != S + 1:
+        raise ValueError(
+            f"accept_index has {accept_index.shape[1]} slots per request but speculative_num_steps + 1 "
+            f"= {S + 1} (shape {tuple(accept_index.shape)})"
+        )
+
+    logits = logits_output.next_token_logits
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(
+            f"logits_output.next_token_logits must be a torch.Tensor, got {type(logits).__name__}"
+        )
+    if not logits.dtype.is_floating_point:
+        raise TypeError(f"logits_output.next_token_logits must be floating point, got dtype {logits.dtype}")
+    if logits.dim() != 2:
+        raise ValueError(f"next_token_logits must be 2-D [B*W, V], got shape {tuple(logits.shape)}")
+    N, V = logits.shape
+    if V == 0:
+        raise ValueError(f"next_token_logits has an empty vocabulary (shape {tuple(logits.shape)})")
+    if B == 0:
+        if N != 0:
+            raise ValueError(f"accept_index has 0 requests but next_token_logits has {N} rows")
+        W = 0
+    else:
+        if N == 0 or N % B != 0:
+            raise ValueError(
+                f"next_token_logits has {N} rows, not a positive multiple of the batch size B = {B} "
+                f"(accept_index shape {tuple(accept_index.shape)})"
+            )
+        W = N // B
+
+    check_int_tensor(predict, "predict")
+    if predict.dim() != 1 or predict.shape[0] != N:
+        raise ValueError(
+            f"predict must be 1-D [B*W] = [{N}] (one token per logits row), got shape {tuple(predict.shape)}"
+        )
+    for name, t in (("accept_index", accept_index), ("predict", predict)):
+        if t.device != logits.device:
+            raise ValueError(f"{name} is on {t.device} but next_token_logits is on {logits.device}")
+
+    seq_lens = getattr(batch, "seq_lens", None)
+    if seq_lens is not None and len(seq_lens) != B:
+        raise ValueError(f"batch.seq_lens has {len(seq_lens)} entries but accept_index has B = {B} requests")
+
+    temperatures = None
+    if scale:
+        temperatures = batch.sampling_info.temperatures
+        if not isinstance(temperatures, torch.Tensor):
+            raise TypeError(
+                f"batch.sampling_info.temperatures must be a torch.Tensor [B, 1], got {type(temperatures).__name__}"
+            )
+        if not temperatures.dtype.is_floating_point:
+            raise TypeError(
+                f"batch.sampling_info.temperatures must be floating point, got {temperatures.dtype}"
+            )
+        if tuple(temperatures.shape) != (B, 1):
+            raise ValueError(
+                f"batch.sampling_info.temperatures must have shape [B, 1] = [{B}, 1], "
+                f"got {tuple(temperatures.shape)}"
+            )
+        if temperatures.device != logits.device:
+            raise ValueError(
+                f"batch.sampling_info.temperatures is on {temperatures.device} but next_token_logits is on "
+                f"{logits.device}"
+            )
+
+    top_nums = getattr(batch, "top_logprobs_nums", None)
+    if top_nums is None:
+        top_nums = [0] * B
+    if len(top_nums) != B:
+        raise ValueError(
+            f"batch.top_logprobs_nums has {len(top_nums)} entries but the batch has B = {B} requests"
+        )
+    top_nums = [as_int(k, f"batch.top_logprobs_nums[{b}]") for b, k in enumerate(top_nums)]
+    for b, k in enumerate(top_nums):
+        if k < 0 or k > V:
+            raise ValueError(f"request {b}: top_logprobs_num = {k} is outside [0, vocab size {V}]")
+
+    token_ids = getattr(batch, "token_ids_logprobs", None)
+    if token_ids is None:
+        token_ids = [None] * B
+    if len(token_ids) != B:
+        raise ValueError(
+            f"batch.token_ids_logprobs has {len(token_ids)} entries but the batch has B = {B} requests"
+        )
+    ids_per_req: list[list[int]] = []
+    for b, ids in enumerate(token_ids):
+        if ids is None:
+            ids_per_req.append([])
+            continue
+        if isinstance(ids, (str, bytes, torch.Tensor)) or not hasattr(ids, "__iter__"):
+            raise TypeError(
+                f"request {b}: token_ids_logprobs must be a list of ints or None, got {type(ids).__name__}"
+            )
+        clean = [as_int(t, f"request {b}: token_ids_logprobs[{i}]") for i, t in enumerate(ids)]
+        for i, t in enumerate(clean):
+            if t < 0 or t >= V:
+                raise ValueError(
+                    f"request {b}: token_ids_logprobs[{i}] = {t} is outside the vocabulary [0, {V})"
+                )
+        ids_per_req.append(clean)
+
+    return B, S, W, V, temperatures, top_nums, ids_per_req
