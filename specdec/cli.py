@@ -12,7 +12,7 @@ def main(argv=None) -> int:
     demo = sub.add_parser("demo", help="decode held-out prompts with target-only, EAGLE and MTP decoding")
     demo.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
     demo.add_argument("--max-new-tokens", type=int, default=64)
-    demo.add_argument("--random", action="store_true", help="use a random-weight model instead of the shipped one")
+    demo.add_argument("--num-prompts", type=int, default=2)
     sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo train --help`", add_help=False)
     bench = sub.add_parser("bench", help="acceptance and tokens/s of every worker against target-only; "
                                          "writes a CSV to results/ and its plot")
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         return main_bench(args) or 0
     if args.command == "demo":
         from .demo import run_demo
-        return run_demo(impl=args.impl, max_new_tokens=args.max_new_tokens, random_model=args.random) or 0
+        return run_demo(impl=args.impl, max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts) or 0
     return 0
 
 
