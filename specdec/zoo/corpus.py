@@ -103,6 +103,11 @@ def heldout_windows(n: int, length: int, seed: int = 0, root=None) -> np.ndarray
     return np.stack([s[i:i + length].astype(np.int64) for i in starts])
 
 
+def _line_starts(data: bytes) -> np.ndarray:
+    nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A) + 1
+    return np.concatenate([[0], nl])
+
+
 def heldout_prompts(n: int, length: int = 128, seed: int = 0, root=None) -> list[list[int]]:
     """-> n prompts (lists of byte token ids, at most `length` long, at least length // 2) from held-out files.
 
@@ -117,8 +122,9 @@ def heldout_prompts(n: int, length: int = 128, seed: int = 0, root=None) -> list
     out = []
     while len(out) < n:
         _, data = fs[rng.randrange(len(fs))]
-        starts = [0] + [i + 1 for i in range(len(data) - length) if data[i] == 0x0A]
-        s = starts[rng.randrange(len(starts))]
+        starts = _line_starts(data)
+        starts = starts[starts < len(data) - length]
+        s = int(starts[rng.randrange(len(starts))])
         piece = data[s:s + length]
         cut = piece.rfind(b"\n")
         if cut + 1 < length // 2 or not piece[:cut + 1].strip():

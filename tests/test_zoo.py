@@ -1,0 +1,208 @@
+"""The model zoo: tokenizer, corpus split, shipped checkpoints, and the trainer on tiny configs."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdec import zoo
+from specdec.models import LlamaConfig, random_eagle_head, random_llama
+from specdec.zoo import corpus
+from specdec.zoo import train as zt
+from specdec.zoo.tokenizer import ByteTokenizer
+
+
+# ---- tokenizer --------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["def f(x):\n    return x + 1\n", "", "naïve café — Ωμέγα 日本語 🐍\t\r\n"])
+def test_tokenizer_round_trip(text):
+    tok = ByteTokenizer()
+    ids = tok.encode(text)
+    assert ids == list(text.encode("utf-8"))
+    assert all(0 <= i < 256 for i in ids)
+    assert tok.decode(ids) == text
+    assert tok.decode(tok.encode(text, add_bos=True, add_eos=True)) == text
+    assert tok.decode(torch.tensor(ids, dtype=torch.long)) == text
+
+
+def test_tokenizer_specials_and_bad_bytes():
+    tok = ByteTokenizer()
+    assert tok.vocab_size == 258 and tok.bos_token_id == 256 and tok.eos_token_id == 257
+    assert tok.encode("a", add_bos=True, add_eos=True) == [256, 97, 257]
+    assert tok.decode([0xE6, 0x97]) == "\ufffd"  # a multi-byte character cut short: replaced, no error
+    with pytest.raises(ValueError, match="outside"):
+        tok.decode([300])
+    with pytest.raises(TypeError):
+        tok.encode(b"bytes")
+
+
+# ---- corpus -----------------------------------------------------------------------------------
+def test_corpus_split_is_deterministic_and_disjoint_by_file():
+    train, held = corpus.files("train"), corpus.files("heldout")
+    tn, hn = [r for r, _ in train], [r for r, _ in held]
+    assert tn == sorted(tn) and hn == sorted(hn)
+    assert not set(tn) & set(hn)
+    assert sorted(tn + hn) == [r for r, _ in corpus.files("all")]
+    assert all(corpus.is_heldout(r) for r in hn) and not any(corpus.is_heldout(r) for r in tn)
+    assert 0.02 < len(hn) / (len(tn) + len(hn)) < 0.10
+    assert not any(r.split("/")[0] in ("test", "site-packages") or "/tests/" in r for r in tn + hn)
+    # the split depends on the path only (a stable hash), not on the order or the machine
+    assert corpus.is_heldout("ast.py") == corpus.is_heldout("ast.py")
+    s = corpus.token_stream("heldout")
+    assert s.dtype == np.uint16 and len(s) == sum(len(d) for _, d in held) + len(held)
+    assert int((s == ByteTokenizer.eos_token_id).sum()) == len(held)
+
+
+def test_heldout_prompts_are_reproducible_and_come_from_heldout_files():
+    p1 = corpus.heldout_prompts(5, 96, seed=3)
+    assert p1 == corpus.heldout_prompts(5, 96, seed=3)
+    assert p1 != corpus.heldout_prompts(5, 96, seed=4)
+    held = [d for _, d in corpus.files("heldout")]
+    for p in p1:
+        assert 48 <= len(p) <= 96 and p[-1] == ord("\n")
+        b = bytes(p)
+        assert any(b in d and (d.startswith(b) or b"\n" + b in d) for d in held)
+
+
+# ---- shipped checkpoints ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bundle():
+    if zoo.DEFAULT_NAME not in zoo.names():
+        pytest.fail(f"shipped checkpoint {zoo.DEFAULT_NAME!r} missing; names() = {zoo.names()}")
+    return zoo.load()
+
+
+def test_unknown_name_is_a_value_error():
+    with pytest.raises(ValueError, match="available"):
+        zoo.load("no-such-model")
+
+
+def test_load_gives_fp32_models_and_a_card(bundle):
+    assert bundle.name == zoo.DEFAULT_NAME
+    for m in (bundle.target, bundle.eagle, bundle.mtp, bundle.mtp_chain):
+        assert m is not None and m.dtype == torch.float32 and not m.training
+    assert bundle.mtp.num_layers == 3 and not bundle.mtp.chain_hidden_states
+    assert bundle.mtp_chain.num_layers == 3 and bundle.mtp_chain.chain_hidden_states
+    assert bundle.target.config.vocab_size == bundle.tokenizer.vocab_size
+    card = bundle.card
+    for key in ("corpus", "training", "heldout", "models", "command", "seed", "total_train_seconds"):
+        assert key in card
+    for stage in ("target", "eagle", "mtp", "mtp_chain"):
+        assert card["training"][stage]["train_seconds"] > 0
+    assert card["total_bytes_on_disk"] < 24e6
+
+
+def test_shipped_models_are_trained(bundle):
+    win = torch.from_numpy(corpus.heldout_windows(4, 259, seed=7))
+    t = zt.evaluate_target(bundle.target, win[:, :257])
+    assert t["heldout_nats_per_byte"] < 2.0  # a uniform byte guess is log(258) = 5.55
+    e = zt.evaluate_eagle(bundle.target, bundle.eagle, win[:, :257], depths=2)
+    assert e["depth1"]["top1_agreement"] > 0.5 and e["depth2"]["top1_agreement"] > 0.3  # chance ~ 1/258
+    for key in ("mtp", "mtp_chain"):
+        r = zt.evaluate_mtp(bundle.target, getattr(bundle, key), win)
+        assert r["layer1"]["top1_agreement"] > 0.5 and r["layer3"]["top1_agreement"] > 0.2
+
+
+def test_shipped_target_continues_python(bundle):
+    tok = bundle.tokenizer
+
+    def greedy(text, n):
+        ids = torch.tensor([tok.encode(text)])
+        with torch.no_grad():
+            for _ in range(n):
+                logits, _ = bundle.target(ids, torch.arange(ids.shape[1])[None])
+                ids = torch.cat([ids, logits[:, -1:].argmax(-1)], dim=1)
+        return tok.decode(ids[0, -n:].tolist())
+
+    assert greedy("def f(x):\n", 4) == "    "  # a function body is indented
+    out = greedy("class Foo:\n    def __init__(self, x):\n        self.", 40)
+    assert out.isascii() and "\n        " in out
+
+
+# ---- the trainer, on tiny configs ---------------------------------------------------------------
+def _tiny_target():
+    cfg = LlamaConfig(vocab_size=258, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    return cfg
+
+
+def test_train_target_smoke():
+    opts = zt.StageOpts(steps=6, batch_size=2, seq_len=64, warmup=2, lr=3e-3)
+    model, stats = zt.train_target(_tiny_target(), opts, seed=0, log=lambda s: None)
+    assert stats["steps"] == 6 and math.isfinite(stats["final_train_loss_ema"])
+    assert stats["tokens_seen"] == 6 * 2 * 64
+    r = zt.evaluate_target(model, torch.from_numpy(corpus.heldout_windows(2, 65, seed=0)))
+    assert math.isfinite(r["heldout_nats_per_byte"]) and r["heldout_nats_per_byte"] < math.log(258) + 0.5
+
+
+def test_train_is_seeded():
+    opts = zt.StageOpts(steps=2, batch_size=2, seq_len=32, warmup=1, amp=False)
+    a, _ = zt.train_target(_tiny_target(), opts, seed=5, log=lambda s: None)
+    b, _ = zt.train_target(_tiny_target(), opts, seed=5, log=lambda s: None)
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_train_drafts_smoke():
+    from specdec.models import LlamaForCausalLM
+
+    target = LlamaForCausalLM(_tiny_target())
+    zt.init_weights_(target, 2, 0)
+    opts = zt.StageOpts(steps=2, batch_size=2, seq_len=32, warmup=1, extra={"unroll": 2})
+    head, st = zt.train_eagle(target, opts, seed=0, log=lambda s: None)
+    assert st["unroll"] == 2 and all(p.grad is not None for p in head.parameters())
+    assert all(p.grad is None for p in target.parameters())  # the target stays frozen
+    for chain in (False, True):
+        opts = zt.StageOpts(steps=2, batch_size=2, seq_len=32, warmup=1, extra={"num_layers": 3})
+        m, _ = zt.train_mtp(target, opts, chain_hidden_states=chain, seed=0, log=lambda s: None)
+        assert m.num_layers == 3 and m.chain_hidden_states == chain
+
+
+def test_ttt_unrolling_matches_step_by_step_drafting():
+    """Pass j at position t of the unrolled training forward = draft step j anchored at t - j: the head
+    run over the real hidden states up to t - j, then fed its own output hidden state j times."""
+    torch.manual_seed(0)
+    tgt = random_llama(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2)
+    head = random_eagle_head(tgt, seed=3)
+    B, T = 2, 10
+    x = torch.randint(0, 40, (B, T + 1))
+    pos = lambda n: torch.arange(n)[None].expand(B, n)  # noqa: E731
+    with torch.no_grad():
+        _, h = tgt(x[:, :-1], pos(T))
+        outs = zt.eagle_unrolled(head, h, x[:, 1:], 4)
+        for a in range(T):
+            hid = h[:, :a + 1]
+            lg, g = head(x[:, 1:a + 2], hid, pos(a + 1))
+            torch.testing.assert_close(lg[:, a], outs[0][0][:, a], atol=1e-4, rtol=1e-4)
+            for j in range(1, 4):
+                t = a + j
+                if t >= T:
+                    break
+                hid = torch.cat([hid, g[:, -1:]], dim=1)
+                lg, g = head(x[:, 1:t + 2], hid, pos(t + 1))
+                torch.testing.assert_close(lg[:, t], outs[j][0][:, t], atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(g[:, t], outs[j][1][:, t], atol=1e-4, rtol=1e-4)
+
+
+def test_ttt_mask_shape_and_rows():
+    m = zt.ttt_mask(6, 2)
+    assert m.shape == (6, 18)
+    assert m.sum(1).tolist() == [1, 2, 3, 4, 5, 6]  # real prefix s <= t-2, then one key per earlier pass
+    assert zt.ttt_mask(4, 0).equal(torch.ones(4, 4).tril().bool())
+
+
+def test_main_end_to_end_tiny(tmp_path):
+    argv = ["--out", str(tmp_path), "--name", "tiny", "--target-steps", "2", "--eagle-steps", "1", "--mtp-steps",
+            "1", "--mtp-chain-steps", "1", "--layers", "1", "--hidden", "32", "--intermediate", "64",
+            "--heads", "2", "--kv-heads", "1", "--seq-len", "32", "--batch-size", "2", "--threads",
+            str(torch.get_num_threads()), "--eval-windows", "2", "--eval-len", "32",
+            "--model-card", str(tmp_path / "card.md")]
+    assert zt.main(argv) == 0
+    b = zoo._load_dir(tmp_path / "tiny", "tiny")
+    assert b.card["command"].startswith("specdec zoo train --out")
+    assert set(b.card["heldout"]) == {"target", "eagle", "mtp", "mtp_chain"}
+    assert b.target.dtype == torch.float32
+    sd = load_file(str(tmp_path / "tiny" / "target" / "model.safetensors"))
+    assert all(v.dtype == torch.float16 for v in sd.values())
+    assert "# `tiny`" in (tmp_path / "card.md").read_text()
