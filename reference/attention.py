@@ -33,16 +33,12 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     The new tokens' keys and values must already be in the cache at slots
     cache_start + write_offset + t. `attn_len` is a host-side upper bound on cache_start + write_offset + T
     (a Python int, so the step makes no host sync). Dense boolean mask + scaled_dot_product_attention,
-    computed in fp32 and cast back; grouped-query heads are expanded, never copied per query head in
-    the cache.
+    computed in fp32 and cast back; grouped-query heads share their KV head without a copy.
     """
     B, T, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
     mask = build_attention_mask(cache_start, T, write_offset, tree_mask, attn_len)
     k = k_cache[slots, :attn_len].float().transpose(1, 2)  # (B, Hkv, L, D)
     v = v_cache[slots, :attn_len].float().transpose(1, 2)
-    if Hq != Hkv:
-        k = k.repeat_interleave(Hq // Hkv, dim=1)
-        v = v.repeat_interleave(Hq // Hkv, dim=1)
-    out = F.scaled_dot_product_attention(q.float().transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
+    out = F.scaled_dot_product_attention(q.float().transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale,
+                                         enable_gqa=Hq != k.shape[1])
     return out.transpose(1, 2).to(q.dtype)

@@ -106,7 +106,8 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                            same_tokens_as_target_only=same if temperature == 0 else "",
                            max_logprob_diff=f"{max(lp):.2e}" if lp else "")
                 rows.append(row)
-                progress(f"T={temperature} B={B} {case.worker:12s} {spec or '':50s} tok/s {tps:8.1f} "
+                shape = f"S={spec.num_steps} K={spec.topk} W={spec.num_draft_tokens}" if spec else ""
+                progress(f"T={temperature} B={B} {case.worker:12s} {shape:16s} tok/s {tps:8.1f} "
                          f"accept {row['mean_accept_len']:.2f} speedup {row['speedup_vs_target_only']:.2f}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,14 +24,27 @@ class SamplingTensors:
                                    dtype=torch.int64, device=device)
         self.top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
         self.is_greedy = torch.tensor([p.is_greedy for p in params], dtype=torch.bool, device=device)
+        self._set_flags(params)
+
+    def _set_flags(self, params: list[SamplingParams]) -> None:
         self.all_greedy = all(p.is_greedy for p in params)
         self.any_greedy = any(p.is_greedy for p in params)
+        self.any_filter = any(p.top_k != -1 or p.top_p < 1.0 for p in params if not p.is_greedy)
 
     def filter(self, keep: torch.Tensor, params: list[SamplingParams]) -> None:
         for name in ("temperatures", "top_ks", "top_ps", "is_greedy"):
             setattr(self, name, getattr(self, name)[keep])
-        self.all_greedy = all(p.is_greedy for p in params)
-        self.any_greedy = any(p.is_greedy for p in params)
+        self._set_flags(params)
+
+    def probs(self, logits, nodes_per_request: int = 1):
+        """logits: (B * nodes_per_request, V), request-major -> the target's probabilities (fp32)."""
+        n = nodes_per_request
+        temperatures = self.temperatures if n == 1 else self.temperatures.repeat_interleave(n)
+        if not self.any_filter:  # the sort of the top-k / top-p filter costs more than the softmax
+            return torch.softmax(logits.float() / temperatures[:, None], dim=-1)
+        top_ks = self.top_ks if n == 1 else self.top_ks.repeat_interleave(n)
+        top_ps = self.top_ps if n == 1 else self.top_ps.repeat_interleave(n)
+        return target_probs(logits, temperatures, top_ks, top_ps)
 
 
 def target_probs(logits, temperatures, top_ks, top_ps):

@@ -15,7 +15,7 @@ from ..config import SamplingParams
 from ..kv_cache import KVCache
 from ..logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from ..models.layers import AttentionMetadata
-from ..sampling import RequestRNG, SamplingTensors, sample_from_probs, target_probs
+from ..sampling import RequestRNG, SamplingTensors, sample_from_probs
 
 
 @dataclass
@@ -125,9 +125,8 @@ class WorkerBase:
         greedy = logits.argmax(-1)
         if self.sampling.all_greedy:
             return greedy
-        s = self.sampling
-        sampled = sample_from_probs(target_probs(logits, s.temperatures, s.top_ks, s.top_ps), uniforms)
-        return torch.where(s.is_greedy, greedy, sampled)
+        sampled = sample_from_probs(self.sampling.probs(logits), uniforms)
+        return torch.where(self.sampling.is_greedy, greedy, sampled)
 
     def compute_logprobs(self, logits_output, predict, accept_index, num_steps):
         """Fill logits_output's logprob fields through the shared helper when any request asked."""
@@ -216,8 +215,7 @@ class SpeculativeWorkerBase(WorkerBase):
         s = self.sampling
         if not s.all_greedy:
             uniforms = self.rng.uniforms(W + 1, self.device)
-            probs = target_probs(logits.view(B * W, -1), s.temperatures.repeat_interleave(W),
-                                 s.top_ks.repeat_interleave(W), s.top_ps.repeat_interleave(W)).view(B, W, -1)
+            probs = s.probs(logits.view(B * W, -1), W).view(B, W, -1)
             sampled = self.ops.tree_speculative_sampling_target_only(
                 candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
                 uniforms[:, :W].contiguous(), uniforms[:, W].contiguous(), probs, S)
