@@ -31,7 +31,7 @@ class BenchCase:
 
 def environment(device) -> dict:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
                                 cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
@@ -48,15 +48,25 @@ def environment(device) -> dict:
     return dict(commit=commit, device=name, torch=torch.__version__, triton=triton_version)
 
 
-def _timed_generate(engine, prompts, params, repeats):
-    """Best-of-`repeats` wall time (the first call also warms up)."""
-    engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))
-    best = None
+def _measure(engines, batches, params, repeats):
+    """Best-of-`repeats` wall time of every engine on every batch, the engines taken round-robin so
+    that a drift of the machine's speed lands on all of them alike. -> per engine: (outs, wall, steps,
+    tokens, accept_lens)."""
+    for engine in engines:  # warm-up
+        engine.generate(batches[0][:1], SamplingParams(max_new_tokens=4))
+    best = [[None] * len(batches) for _ in engines]
     for _ in range(repeats):
-        outs = engine.generate(prompts, params, seed=0)
-        if best is None or engine.last_stats.wall_s < best[1].wall_s:
-            best = (outs, engine.last_stats)
-    return best
+        for e, engine in enumerate(engines):
+            for i, batch in enumerate(batches):
+                outs = engine.generate(batch, params, seed=0)
+                if best[e][i] is None or engine.last_stats.wall_s < best[e][i][1].wall_s:
+                    best[e][i] = (outs, engine.last_stats)
+    results = []
+    for per_batch in best:
+        outs = [o for os_, _ in per_batch for o in os_]
+        results.append((outs, sum(st.wall_s for _, st in per_batch), sum(st.num_decode_steps for _, st in per_batch),
+                        sum(st.num_tokens for _, st in per_batch), [a for o in outs for a in o.accept_lens]))
+    return results
 
 
 def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[list[int]], batch_sizes, temperatures,
@@ -64,9 +74,13 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                   tag="bench", progress=print) -> Path:
     """Measure every case at every batch size and temperature; write one CSV; return its path.
 
-    `drafts` maps a case's worker name to its draft model. Prompts are taken in order, B at a time,
-    over all of `prompts` (so each batch size decodes the same prompts).
+    `drafts` maps a case's worker name to its draft model; the first case must be target-only (the
+    baseline of the speedup column). Prompts are taken in order, B at a time, over all of `prompts`
+    (so each batch size decodes the same prompts). Decoding asks for logprobs, as a researcher
+    checking losslessness would.
     """
+    if not cases or cases[0].worker != "target-only":
+        raise ValueError("the first benchmark case must be target-only (the speedup baseline)")
     env = environment(target.device)
     run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     rows = []
@@ -75,23 +89,15 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, return_logprob=True)
         for B in batch_sizes:
             batches = [prompts[i:i + B] for i in range(0, len(prompts) - B + 1, B)]
-            base = None
-            for case in cases:
-                draft = drafts.get(case.worker) if case.worker != "target-only" else None
-                engine = Engine(target, draft, case.spec, impl=impl, max_batch=B, max_seq_len=max_len)
-                outs, wall, steps, tokens, acc = [], 0.0, 0, 0, []
-                for batch in batches:
-                    o, st = _timed_generate(engine, batch, params, repeats)
-                    outs += o
-                    wall += st.wall_s
-                    steps += st.num_decode_steps
-                    tokens += st.num_tokens
-                    acc += [a for x in o for a in x.accept_lens]
+            engines = [Engine(target, drafts.get(c.worker) if c.spec else None, c.spec, impl=impl, max_batch=B,
+                              max_seq_len=max_len) for c in cases]
+            measured = _measure(engines, batches, params, repeats)
+            base_outs, base_wall, _, base_tokens, _ = measured[0]
+            base_tps = base_tokens / base_wall
+            for case, (outs, wall, steps, tokens, acc) in zip(cases, measured):
                 tps = tokens / wall
-                if base is None:
-                    base = (outs, tps)
-                same = all(a.token_ids == b.token_ids for a, b in zip(outs, base[0]))
-                lp = [abs(x - y) for a, b in zip(outs, base[0]) if a.token_ids == b.token_ids
+                same = all(a.token_ids == b.token_ids for a, b in zip(outs, base_outs))
+                lp = [abs(x - y) for a, b in zip(outs, base_outs) if a.token_ids == b.token_ids
                       for x, y in zip(a.logprobs, b.logprobs)]
                 spec = case.spec
                 row = dict(run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"), **env, impl=impl,
@@ -101,14 +107,15 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                            temperature=temperature, num_prompts=len(outs),
                            prompt_len=sum(len(p) for b in batches for p in b) / len(outs),
                            max_new_tokens=max_new_tokens, decode_steps=steps, tokens=tokens, wall_s=round(wall, 4),
-                           tokens_per_s=round(tps, 2), mean_accept_len=round(sum(acc) / len(acc), 4),
-                           speedup_vs_target_only=round(tps / base[1], 4),
+                           tokens_per_s=round(tps, 2),
+                           mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
+                           speedup_vs_target_only=round(tps / base_tps, 4),
                            same_tokens_as_target_only=same if temperature == 0 else "",
                            max_logprob_diff=f"{max(lp):.2e}" if lp else "")
                 rows.append(row)
                 shape = f"S={spec.num_steps} K={spec.topk} W={spec.num_draft_tokens}" if spec else ""
                 progress(f"T={temperature} B={B} {case.worker:12s} {shape:16s} tok/s {tps:8.1f} "
-                         f"accept {row['mean_accept_len']:.2f} speedup {row['speedup_vs_target_only']:.2f}")
+                         f"accept {row['mean_accept_len'] or 1:.2f} speedup {row['speedup_vs_target_only']:.2f}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{tag}-{run_id}.csv"

@@ -19,10 +19,10 @@ def main(argv=None) -> int:
     bench.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
     bench.add_argument("--batch-sizes", default="1,4")
     bench.add_argument("--temperatures", default="0,0.7")
-    bench.add_argument("--num-prompts", type=int, default=8)
+    bench.add_argument("--num-prompts", type=int, default=16)
     bench.add_argument("--prompt-len", type=int, default=96)
-    bench.add_argument("--max-new-tokens", type=int, default=96)
-    bench.add_argument("--repeats", type=int, default=1)
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--out", default="results")
     bench.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     if argv[:1] == ["zoo"]:

@@ -43,7 +43,7 @@ def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
             axes[r][c].set_ylabel("")
             if col == "speedup_vs_target_only":
                 axes[r][c].axvline(1.0, color="k", lw=0.8)
-            axes[r][c].legend(title="batch size")
+            axes[r][c].legend(title="batch size", loc="lower right", fontsize="small")
     device = df["device"].iloc[0]
     fig.suptitle(f"{df['model'].iloc[0]} on {device}, impl={df['impl'].iloc[0]}, commit {df['commit'].iloc[0]}")
     fig.tight_layout()

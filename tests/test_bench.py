@@ -1,0 +1,26 @@
+"""The benchmark harness writes one tidy CSV per run and the plot reads only that CSV."""
+import csv
+
+from specdec import SpecConfig
+from specdec.bench import COLUMNS, BenchCase, run_benchmark
+from specdec.plots import load_results, plot_acceptance_and_speedup
+from tests.helpers import near_bigram_target, perfect_eagle, perfect_mtp
+
+
+def test_benchmark_csv_schema_and_plot(tmp_path):
+    target = near_bigram_target(seed=1, mix=0.2)
+    drafts = {"eagle": perfect_eagle(target), "mtp": perfect_mtp(target, 2, False)}
+    cases = [BenchCase("target-only", None), BenchCase("eagle", SpecConfig(2, 2, 4)), BenchCase("mtp", SpecConfig(2))]
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9]]
+    path = run_benchmark(target, drafts, cases, prompts, [1, 2], [0.0, 0.8], 6, "tiny", out_dir=tmp_path,
+                         progress=lambda s: None)
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[0].keys()) == COLUMNS
+    assert len(rows) == 3 * 2 * 2
+    greedy = [r for r in rows if float(r["temperature"]) == 0.0]
+    assert all(r["same_tokens_as_target_only"] == "True" for r in greedy)
+    assert all(float(r["max_logprob_diff"]) <= 1e-4 for r in greedy)
+    assert all(float(r["speedup_vs_target_only"]) == 1.0 for r in rows if r["worker"] == "target-only")
+    assert all(float(r["mean_accept_len"]) > 1.0 for r in greedy if r["worker"] != "target-only")
+    png = plot_acceptance_and_speedup(load_results(tmp_path), tmp_path / "plot.png")
+    assert png.stat().st_size > 10_000
