@@ -105,29 +105,26 @@ def perfect_mtp(target, num_layers, chain_hidden_states, seed=0):
     return d
 
 
-def always_wrong_eagle(target, seed=0):
-    """A perfect_eagle whose best guess is banned: every proposal differs from the target's greedy
-    token, through the same plumbing."""
-    d = perfect_eagle(target, seed)
-    forward = d.forward
-
+def _ban_argmax(forward):
+    """Wrap a draft forward so that its best guess gets -inf: every proposal then differs from what
+    a perfect draft (hence the bigram target's greedy choice) would say."""
     def banned(*args, **kw):
         logits, hidden = forward(*args, **kw)
         return logits.scatter(-1, logits.argmax(-1, keepdim=True), float("-inf")), hidden
 
-    d.forward = banned
+    return banned
+
+
+def always_wrong_eagle(target, seed=0):
+    """A perfect_eagle whose best guess is banned, through the same plumbing."""
+    d = perfect_eagle(target, seed)
+    d.forward = _ban_argmax(d.forward)
     return d
 
 
 def always_wrong_mtp(target, num_layers, chain_hidden_states, seed=0):
     d = perfect_mtp(target, num_layers, chain_hidden_states, seed)
-    forward_layer = d.forward_layer
-
-    def banned(*args, **kw):
-        logits, hidden = forward_layer(*args, **kw)
-        return logits.scatter(-1, logits.argmax(-1, keepdim=True), float("-inf")), hidden
-
-    d.forward_layer = banned
+    d.forward_layer = _ban_argmax(d.forward_layer)
     return d
 
 
