@@ -57,7 +57,7 @@ class WorkerBase:
     # ---- request lifecycle -------------------------------------------------------------------
     @property
     def kv_margin(self) -> int:
-        """Slots past the committed length that a step (or a finished-but-not-yet-seen step) may write."""
+        """Cache slots past the committed length that one decode step may write."""
         return 0
 
     def caches(self) -> list[KVCache]:
