@@ -428,3 +428,27 @@ def test_decode_step_makes_no_host_sync(kind, monkeypatch):
             m.setattr(torch.Tensor, name, forbidden)
         step = w.decode_step()
     assert step.accept_lens.shape == (2,)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_stop_token_inside_an_accepted_window(kind):
+    """A stop token (or max_new_tokens) in the middle of a multi-token step cuts tokens and
+    logprobs at the same place as target-only decoding does."""
+    target = bigram_target(seed=12)
+    prompts = [[1, 2, 3], [7, 7]]
+    free = Engine(target, max_seq_len=96).generate(prompts, SamplingParams(max_new_tokens=30))
+    stops = [free[0].token_ids[6], free[1].token_ids[4]]
+    params = [_lp(max_new=30), _lp(max_new=30)]
+    for p, s in zip(params, stops):
+        p.stop_token_ids = [s]
+    base = Engine(target, max_seq_len=96).generate(prompts, params)
+    draft, spec = ((perfect_eagle(target), SpecConfig(4, 2, 8)) if kind == "eagle"
+                   else (perfect_mtp(target, 4, True), SpecConfig(4)))
+    outs = Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=96).generate(prompts, params)
+    assert_same_as_baseline(outs, base)
+    assert all(o.finish_reason == "stop" for o in outs)
+    assert any(a > 1 for o in outs for a in o.accept_lens)  # the stop fell inside a window
+    odd = _lp(max_new=7)  # 7 is not a multiple of the window: the length cut lands inside a step
+    assert_same_as_baseline(
+        Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=96).generate(prompts, odd),
+        Engine(target, max_seq_len=96).generate(prompts, odd))

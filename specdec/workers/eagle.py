@@ -16,6 +16,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
         self.draft_cache = KVCache.for_model(draft.config, 1, max_batch, max_seq_len, draft.dtype, self.device)
+        # Row j marks in-flight draft slot j itself; a frontier node's ancestry is its parent's | its own row.
+        self._own_slot = torch.eye(max(spec.num_steps - 1, 1) * spec.topk, dtype=torch.bool, device=self.device)
 
     def caches(self):
         return [self.cache, self.draft_cache]
@@ -54,8 +56,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         B, K, S = self.seq_lens.shape[0], self.topk, self.num_steps
         topk_p, topk_index, hidden, scores = self.topk_p, self.topk_index, self.draft_hidden, None
         score_list, token_list, parents_list = [], [], []
-        n_inflight = max(S - 1, 1) * K
-        own = torch.eye(n_inflight, dtype=torch.bool, device=self.device)
+        own = self._own_slot
+        n_inflight = own.shape[0]
         ancestry = None  # (B, K, n_inflight): in-flight draft slots each frontier node attends
         for i in range(S):
             input_ids, hidden, scores, (step_scores, step_tokens, parents) = self.ops.select_top_k_tokens(
