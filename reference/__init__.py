@@ -8,9 +8,6 @@ from .logprobs import compute_spec_v2_logprobs
 from .tree import build_tree_kernel_efficient, organize_draft_results, select_top_k_tokens
 from .verify import tree_speculative_sampling_target_only, verify_tree_greedy
 
-OPS = ("select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient", "verify_tree_greedy",
-       "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs", "tree_attention", "commit_kv_cache")
-
 
 def __getattr__(name):
     # Worker classes bound to these ops; imported lazily because specdec imports this package.

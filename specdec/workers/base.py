@@ -40,15 +40,11 @@ class StepOutput:
 class WorkerBase:
     """Target-side machinery; subclasses add drafting. `ops` is the `reference` or `fast` module."""
 
-    num_steps = 0  # S: a step emits up to S + 1 tokens
-    num_draft_tokens = 1  # W: nodes verified per request per step
-
     def __init__(self, target, ops, max_batch: int, max_seq_len: int, return_original_logprob: bool = False):
         self.target = target
         self.ops = ops
         self.vocab_size = target.config.vocab_size
         self.device = target.device
-        self.max_seq_len = max_seq_len
         self.return_original_logprob = return_original_logprob
         self.cache = KVCache.for_model(target.config, target.config.num_hidden_layers, max_batch, max_seq_len,
                                        target.dtype, self.device)

@@ -32,9 +32,12 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         self.ring_size = 2 * S + 2
         self.stream_len = max_seq_len + 2 * S + 2
         W = S + 1
-        # The chain's tree, the same for every step.
+        # The chain's tree is the same every step: built once for the largest batch, sliced to B.
         self._chain_mask = torch.ones(W, W, dtype=torch.bool, device=self.device).tril()
-        self._chain_next = torch.cat([torch.arange(1, W), torch.tensor([-1])]).to(self.device)
+        self._chain_retrieve_index = torch.arange(max_batch * W, device=self.device).view(max_batch, W)
+        next_token = torch.cat([torch.arange(1, W), torch.tensor([-1])]).to(self.device)
+        self._chain_next_token = next_token.expand(max_batch, W).contiguous()
+        self._chain_next_sibling = torch.full((max_batch, W), -1, dtype=torch.int64, device=self.device)
 
     @property
     def kv_margin(self) -> int:
@@ -100,11 +103,9 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         n = self.seq_lens
         candidates = torch.cat([self.last_tokens[:, None], self.draft_tokens], dim=1)
         positions = n[:, None] + torch.arange(W, device=self.device)
-        retrieve_index = torch.arange(B * W, device=self.device).view(B, W)
-        next_token = self._chain_next.expand(B, W).contiguous()
-        next_sibling = torch.full((B, W), -1, dtype=torch.int64, device=self.device)
-        step, target_hidden = self.verify(candidates, self._chain_mask.expand(B, W, W), positions, retrieve_index,
-                                          next_token, next_sibling)
+        step, target_hidden = self.verify(candidates, self._chain_mask.expand(B, W, W), positions,
+                                          self._chain_retrieve_index[:B], self._chain_next_token[:B],
+                                          self._chain_next_sibling[:B])
         nodes = step.accept_index.clamp_min(0).long()
         j = torch.arange(S + 1, device=self.device)
         # Accepted tokens and the bonus go to positions n+1 .. n+a+1, hidden states to n .. n+a
