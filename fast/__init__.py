@@ -1,6 +1,8 @@
-"""Triton versions of the `reference` ops, with the same names and signatures.
+"""Triton versions of the `reference` ops, with the same names, signatures and docstring contracts.
 
-Not built yet: the fast path (fused logprobs, bit-mask tree attention, verify and tree kernels,
-with equivalence tests against `reference` under TRITON_INTERPRET=1) is its own issue.
-`Engine(impl="fast")` says so with a ValueError; `impl="auto"` falls back to `reference`.
+`fast` exports an op only once its kernel exists; `specdec.op_checks.WORKER_OPS` lists what the
+workers need, and `Engine(impl="fast")` names whatever is still missing. Argument checks are the
+shared ones of `specdec.op_checks` and run before any kernel launches. On a machine without CUDA the
+kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported).
 """
+__all__: list[str] = []

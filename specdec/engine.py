@@ -70,10 +70,12 @@ class Engine:
     @staticmethod
     def _resolve_impl(impl, device):
         if impl == "auto":
-            return "fast" if torch.device(device).type == "cuda" and _fast_available() else "reference"
-        if impl == "fast" and not _fast_available():
-            raise ValueError("impl='fast' needs the Triton ops of the `fast` package, which are not built yet; "
-                             "use impl='reference'")
+            return "fast" if torch.device(device).type == "cuda" and not _fast_missing_ops() else "reference"
+        if impl == "fast":
+            missing = _fast_missing_ops()
+            if missing:
+                raise ValueError(f"impl='fast' needs every op the workers call; the `fast` package lacks "
+                                 f"{', '.join(missing)}: use impl='reference'")
         return impl
 
     @staticmethod
@@ -218,9 +220,11 @@ class Engine:
         return done
 
 
-def _fast_available() -> bool:
+def _fast_missing_ops() -> list[str]:
+    """The worker ops (`specdec.op_checks.WORKER_OPS`) that `fast` lacks; all of them without Triton."""
+    from .op_checks import WORKER_OPS, missing_ops
     try:
         import fast
     except ImportError:
-        return False
-    return hasattr(fast, "tree_attention")
+        return list(WORKER_OPS)
+    return missing_ops(fast)

@@ -9,6 +9,27 @@ import operator
 
 import torch
 
+#: Every op a worker reaches through its ops module (`reference` or `fast`): a module can run the
+#: workers only when it has all of them, with the reference's signatures.
+WORKER_OPS = (
+    "select_top_k_tokens",
+    "organize_draft_results",
+    "build_tree_kernel_efficient",
+    "verify_tree_greedy",
+    "tree_speculative_sampling_target_only",
+    "compute_spec_v2_logprobs",
+    "softmax_with_temperature",
+    "top_k_renorm_prob",
+    "top_p_renorm_prob",
+    "tree_attention",
+    "commit_kv_cache",
+)
+
+
+def missing_ops(ops) -> list[str]:
+    """The names of `WORKER_OPS` that the module `ops` does not export."""
+    return [name for name in WORKER_OPS if not callable(getattr(ops, name, None))]
+
 
 def check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
