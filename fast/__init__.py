@@ -5,4 +5,6 @@ workers need, and `Engine(impl="fast")` names whatever is still missing. Argumen
 shared ones of `specdec.op_checks` and run before any kernel launches. On a machine without CUDA the
 kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported).
 """
-__all__: list[str] = []
+from .kv import commit_kv_cache
+
+__all__ = ["commit_kv_cache"]

@@ -283,3 +283,28 @@ def check_logprob_args(batch, logits_output, predict, accept_index, speculative_
         ids_per_req.append(clean)
 
     return B, S, W, V, temperatures, top_nums, ids_per_req
+
+
+def check_commit_kv_args(kv, slots, seq_lens, accept_index, num_draft_tokens) -> tuple[int, int]:
+    """Shapes, dtypes and devices of `commit_kv_cache`'s arguments -> (B, S+1). Values are trusted."""
+    check_tensor("kv", kv)
+    if kv.dim() != 5:
+        raise ValueError(f"kv must have shape (N, max_batch, max_seq_len, Hkv, D), got {tuple(kv.shape)}")
+    check_float_dtype("kv", kv)
+    check_tensor("accept_index", accept_index)
+    check_integer_dtype("accept_index", accept_index)
+    if accept_index.dim() != 2 or accept_index.shape[1] < 1:
+        raise ValueError(f"accept_index must have shape (B, S+1), got {tuple(accept_index.shape)}")
+    B, S1 = accept_index.shape
+    for name, t in (("slots", slots), ("seq_lens", seq_lens)):
+        check_tensor(name, t)
+        check_integer_dtype(name, t)
+        check_shape(name, t, (B,), "one entry per request of accept_index")
+    W = check_int("num_draft_tokens", num_draft_tokens, 1)
+    if S1 > W:
+        raise ValueError(f"accept_index has {S1} slots per request but a tree of num_draft_tokens={W} "
+                         f"nodes has at most {W} nodes on a path")
+    for name, t in (("slots", slots), ("seq_lens", seq_lens), ("accept_index", accept_index)):
+        if t.device != kv.device:
+            raise ValueError(f"{name} is on {t.device} but kv is on {kv.device}")
+    return B, S1
