@@ -16,6 +16,10 @@ def main(argv=None) -> int:
     sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo train --help`", add_help=False)
     bench = sub.add_parser("bench", help="acceptance and tokens/s of every worker against target-only; "
                                          "writes a CSV to results/ and its plot")
+    bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels"],
+                       help="acceptance: every worker against target-only on the shipped models (default); "
+                            "kernels: every op of the decode step, reference / fast / torch.compile, against "
+                            "the copy bandwidth (the full B x S+1 x V sweep on CUDA, a corner of it on CPU)")
     bench.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
     bench.add_argument("--batch-sizes", default="1,4")
     bench.add_argument("--temperatures", default="0,0.7")
@@ -34,6 +38,9 @@ def main(argv=None) -> int:
         return train_main(rest[1:]) or 0
     args = parser.parse_args(argv)
     if args.command == "bench":
+        if args.suite == "kernels":
+            from .bench_kernels import main_kernels
+            return main_kernels(args) or 0
         from .bench import main_bench
         return main_bench(args) or 0
     if args.command == "demo":

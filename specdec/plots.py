@@ -50,3 +50,45 @@ def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return out_png
+
+
+def plot_kernels(df: pd.DataFrame, out_png):
+    """compute_spec_v2_logprobs: time against V (one panel per batch size, S+1 = the largest swept) with
+    the copy-bandwidth ceiling for the same bytes, and the fraction of that ceiling each impl reaches;
+    one line per (impl, dtype). Error bars are the p20-p80 spread of the repeats."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lp = df[(df["op"] == "compute_spec_v2_logprobs") & (df["top_logprobs_num"] == df["top_logprobs_num"].max())]
+    lp = lp[lp["num_slots"] == lp["num_slots"].max()]
+    batch_sizes = sorted(lp["batch_size"].unique())
+    fig, axes = plt.subplots(2, len(batch_sizes), figsize=(4.2 * len(batch_sizes), 7.5), squeeze=False,
+                             sharex=True)
+    for c, B in enumerate(batch_sizes):
+        sub = lp[lp["batch_size"] == B]
+        ax_t, ax_f = axes[0][c], axes[1][c]
+        for (impl, dtype), g in sub.groupby(["impl", "dtype"]):
+            g = g.sort_values("vocab_size")
+            err = [g["median_us"] - g["p20_us"], g["p80_us"] - g["median_us"]]
+            ax_t.errorbar(g["vocab_size"], g["median_us"], yerr=err, marker="o", capsize=3, label=f"{impl} {dtype}")
+            ax_f.plot(g["vocab_size"], g["frac_of_copy"], marker="o", label=f"{impl} {dtype}")
+        for dtype, g in sub.groupby("dtype"):
+            g = g.drop_duplicates("vocab_size").sort_values("vocab_size")
+            ceiling_us = g["bytes"] / (g["copy_gbps"] * 1e3)
+            ax_t.plot(g["vocab_size"], ceiling_us, "k--", lw=0.8, label=f"copy ceiling {dtype}")
+        ax_t.set_title(f"B={B}, S+1={int(sub['num_slots'].max())} ({int(sub['rows'].max())} rows)")
+        ax_t.set_ylabel("time per call (us)")
+        ax_t.set_yscale("log")
+        ax_f.set_ylabel("fraction of copy bandwidth")
+        ax_f.set_xlabel("vocabulary size V")
+        ax_f.set_ylim(0, 1.05)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize="small", frameon=False)
+    first = df.iloc[0]
+    fig.suptitle(f"compute_spec_v2_logprobs, top_logprobs_num={int(lp['top_logprobs_num'].max())}, on "
+                 f"{first['device']} ({first['timer']}), commit {first['commit']}")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png

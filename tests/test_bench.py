@@ -24,3 +24,29 @@ def test_benchmark_csv_schema_and_plot(tmp_path):
     assert all(float(r["mean_accept_len"]) > 1.0 for r in greedy if r["worker"] != "target-only")
     png = plot_acceptance_and_speedup(load_results(tmp_path), tmp_path / "plot.png")
     assert png.stat().st_size > 10_000
+
+
+def test_kernel_benchmark_csv_schema_and_plot(tmp_path):
+    """The kernel suite on a corner of the sweep: one CSV in the documented schema, and its plot."""
+    import torch
+
+    from specdec.bench_kernels import COLUMNS as KERNEL_COLUMNS
+    from specdec.bench_kernels import run_kernel_benchmark
+    from specdec.plots import plot_kernels
+
+    path = run_kernel_benchmark("cpu", impls=("reference", "fast"), batch_sizes=(1, 2), num_slots=(2,),
+                                vocab_sizes=(300, 1001), dtypes=(torch.float32,), top_logprobs_nums=(0, 3),
+                                repeats=3, out_dir=tmp_path, progress=lambda s: None)
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[0].keys()) == KERNEL_COLUMNS
+    assert {r["impl"] for r in rows} == {"reference"}  # no CUDA: interpreted fast rows are never recorded
+    ops = {r["op"] for r in rows}
+    assert {"compute_spec_v2_logprobs", "build_tree_kernel_efficient", "verify_tree_greedy",
+            "tree_speculative_sampling_target_only", "commit_kv_cache"} <= ops
+    lp = [r for r in rows if r["op"] == "compute_spec_v2_logprobs"]
+    assert len(lp) == 2 * 2 * 2
+    for r in rows:
+        assert float(r["p20_us"]) <= float(r["median_us"]) <= float(r["p80_us"])
+        assert float(r["copy_gbps"]) > 0 and r["timer"] == "process_cpu_time"
+    png = plot_kernels(load_results(tmp_path), tmp_path / "kernels.png")
+    assert png.stat().st_size > 10_000

@@ -1,0 +1,269 @@
+"""`specdec bench --suite kernels`: every op of the decode step, reference / fast / reference under
+`torch.compile`, against the bandwidth of a plain device-to-device copy measured in the same run.
+
+One tidy CSV per run (`results/kernels-<run_id>.csv`, schema in results/README.md) and its plot.
+On a machine without CUDA only the reference and compiled rows are speed: the fast kernels run
+under Triton's interpreter there, so their rows are skipped (with a printed note), never recorded.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+
+COLUMNS = ["suite", "run_id", "timestamp", "commit", "device", "torch", "triton", "threads", "load_avg", "timer",
+           "op", "impl", "dtype", "batch_size", "num_slots", "num_draft_tokens", "vocab_size", "top_logprobs_num",
+           "rows", "repeats", "median_us", "p20_us", "p80_us", "bytes", "gbps", "copy_gbps", "frac_of_copy"]
+
+#: The sweep the issue asks for on a GPU (B, S+1, V); `--quick` (the default on CPU) takes a corner of it.
+GPU_SWEEP = dict(batch_sizes=(1, 8, 32, 128), num_slots=(2, 4, 8), vocab_sizes=(32000, 128256, 151936, 151937))
+CPU_SWEEP = dict(batch_sizes=(1, 8), num_slots=(2, 4), vocab_sizes=(32000, 151937))
+
+
+@dataclass
+class OpCase:
+    """One op at one shape: `run(ops)` calls the op of module `ops` on inputs built once; `bytes` is
+    what the op must move at the least (its inputs read once, its outputs written once)."""
+
+    op: str
+    dtype: torch.dtype
+    batch_size: int
+    num_slots: int
+    num_draft_tokens: int
+    vocab_size: int
+    top_logprobs_num: int
+    rows: int
+    bytes: int
+    run: Callable
+
+
+def _logprob_case(B, T, V, dtype, top_k, device, gen) -> OpCase:
+    """A chain step (W = S + 1) where every node is accepted: B*T rows of V logits are read."""
+    W = T
+    logits = torch.randn(B * W, V, generator=gen).to(device=device, dtype=dtype)
+    predict = torch.randint(V, (B * W,), generator=gen).to(device)
+    accept = (torch.arange(B)[:, None] * W + torch.arange(T)).to(device=device, dtype=torch.int32)
+    temps = (0.5 + torch.rand(B, 1, generator=gen)).to(device)
+    batch = SpecBatch(seq_lens=torch.full((B,), 100, device=device), sampling_info=SamplingInfo(temps, False),
+                      top_logprobs_nums=[top_k] * B, token_ids_logprobs=None)
+
+    def run(ops):
+        ops.compute_spec_v2_logprobs(batch, LogitsOutput(next_token_logits=logits), predict, accept, T - 1)
+
+    moved = B * T * V * logits.element_size() + B * T * (4 + 8 * top_k)
+    return OpCase("compute_spec_v2_logprobs", dtype, B, T, W, V, top_k, B * T, moved, run)
+
+
+def _sampling_cases(B, T, V, dtype, device, gen) -> list[OpCase]:
+    """The target distribution of a verify: softmax(logits / T), then the top-k and top-p filters."""
+    N = B * T
+    logits = torch.randn(N, V, generator=gen).to(device=device, dtype=dtype) * 3
+    temps = (0.5 + torch.rand(N, generator=gen)).to(device)
+    probs = torch.softmax(logits.float(), -1)
+    top_ks = torch.randint(1, 64, (N,), generator=gen).to(device)
+    top_ps = (0.5 + 0.5 * torch.rand(N, generator=gen)).to(device)
+    elt = logits.element_size()
+    return [
+        OpCase("softmax_with_temperature", dtype, B, T, T, V, 0, N, N * V * (elt + 4),
+               lambda ops: ops.softmax_with_temperature(logits, temps)),
+        OpCase("top_k_renorm_prob", torch.float32, B, T, T, V, 0, N, N * V * 8,
+               lambda ops: ops.top_k_renorm_prob(probs, top_ks)),
+        OpCase("top_p_renorm_prob", torch.float32, B, T, T, V, 0, N, N * V * 8,
+               lambda ops: ops.top_p_renorm_prob(probs, top_ps)),
+    ]
+
+
+def _tree_cases(B, V, device, gen) -> list[OpCase]:
+    """Tree build and both verifies for the EAGLE tree (S, K, W) = (5, 4, 16), drafted by the reference."""
+    import reference
+
+    S, K, W = 5, 4, 16
+    score_list, token_list, parents_list = [], [], []
+    topk_p = torch.rand(B, K, generator=gen).sort(-1, descending=True).values.to(device)
+    topk_index = torch.randint(V, (B, K), generator=gen).to(device)
+    hidden = torch.zeros(B, 8, device=device)
+    scores = None
+    for i in range(S):
+        _, hidden, scores, info = reference.select_top_k_tokens(i, topk_p, topk_index, hidden, scores, K)
+        for lst, x in zip((score_list, token_list, parents_list), info):
+            lst.append(x)
+        topk_p = torch.rand(B * K, K, generator=gen).sort(-1, descending=True).values.to(device)
+        topk_index = torch.randint(V, (B * K, K), generator=gen).to(device)
+    parent_list, tsi, draft_tokens = reference.organize_draft_results(score_list, token_list, parents_list, W)
+    bonus = torch.randint(V, (B,), generator=gen).to(device)
+    seq_lens = torch.full((B,), 100, dtype=torch.int64, device=device)
+    build_args = (bonus, parent_list, tsi, draft_tokens, seq_lens, K, S, W)
+    _, _, ri, nt, ns, flat = reference.build_tree_kernel_efficient(*build_args)
+    cand = flat.view(B, W)
+    target_predict = torch.where(torch.rand(B, W, generator=gen).to(device) < 0.7, cand, 0)
+    probs = torch.softmax(torch.randn(B, W, V, generator=gen) * 3, -1).to(device)
+    u = torch.rand(B, W, generator=gen).to(device)
+    u_final = torch.rand(B, generator=gen).to(device)
+    tree_bytes = B * W * (W // 8 + 5 * 8)
+    return [
+        OpCase("build_tree_kernel_efficient", torch.int64, B, S + 1, W, 0, 0, B, tree_bytes,
+               lambda ops: ops.build_tree_kernel_efficient(*build_args)),
+        OpCase("verify_tree_greedy", torch.int64, B, S + 1, W, 0, 0, B, B * W * 5 * 8,
+               lambda ops: ops.verify_tree_greedy(cand, ri, nt, ns, target_predict, S)),
+        # at the least, the residual row of each request's last accepted node is read whole
+        OpCase("tree_speculative_sampling_target_only", torch.float32, B, S + 1, W, V, 0, B, B * V * 4,
+               lambda ops: ops.tree_speculative_sampling_target_only(cand, ri, nt, ns, u, u_final, probs, S)),
+    ]
+
+
+def _commit_case(B, T, dtype, device, gen, layers=32, kv_heads=8, head_dim=128, max_seq=512) -> OpCase:
+    """A Llama-8B-shaped cache (32 layers, 8 KV heads of 128): every accepted node but the root moves."""
+    W = 2 * T
+    kv = torch.zeros(2 * layers, B, max_seq, kv_heads, head_dim, dtype=dtype, device=device)
+    slots = torch.arange(B, device=device)
+    seq_lens = torch.full((B,), 100, device=device)
+    nodes = torch.cat([torch.zeros(1, dtype=torch.int64), torch.arange(2, 2 * T, 2)[:T - 1]])
+    accept = (torch.arange(B)[:, None] * W + nodes).to(device=device, dtype=torch.int32)
+    moved = 2 * (2 * layers) * B * (T - 1) * kv_heads * head_dim * kv.element_size()
+    return OpCase("commit_kv_cache", dtype, B, T, W, 0, 0, B * T, moved,
+                  lambda ops: ops.commit_kv_cache(kv, slots, seq_lens, accept, W))
+
+
+def _time(fn, device, repeats) -> list[float]:
+    """Per-call times in microseconds: CUDA events on a GPU, process CPU time on a CPU (robust on a
+    shared machine; at one thread it is the op's own work)."""
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            out.append(start.elapsed_time(end) * 1e3)
+        return out
+    out = []
+    for _ in range(repeats):
+        t0 = time.process_time_ns()
+        fn()
+        out.append((time.process_time_ns() - t0) / 1e3)
+    return out
+
+
+def _quantile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+def copy_bandwidth(device, nbytes: int, repeats: int) -> float:
+    """GB/s of `dst.copy_(src)` moving `nbytes` (read + write counted once each, like the ops' bytes)."""
+    n = max(nbytes // 2 // 4, 1 << 16)
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    us = statistics.median(_time(lambda: dst.copy_(src), device, repeats))
+    return 2 * n * 4 / us / 1e3
+
+
+def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"), batch_sizes=None, num_slots=None,
+                         vocab_sizes=None, dtypes=(torch.bfloat16, torch.float32), top_logprobs_nums=(0, 5),
+                         repeats=20, out_dir="results", progress=print) -> Path:
+    """Measure every op at every shape of the sweep; write one CSV; return its path."""
+    import reference
+
+    from .bench import environment
+
+    device = torch.device(device)
+    sweep = GPU_SWEEP if device.type == "cuda" else CPU_SWEEP
+    batch_sizes = batch_sizes or sweep["batch_sizes"]
+    num_slots = num_slots or sweep["num_slots"]
+    vocab_sizes = vocab_sizes or sweep["vocab_sizes"]
+    modules = {"reference": reference}
+    if "fast" in impls:
+        if device.type != "cuda":
+            progress("note: no CUDA device, so the fast kernels would run under Triton's interpreter: "
+                     "their rows are skipped (interpreted time is not speed)")
+        else:
+            import fast
+            modules["fast"] = fast
+    compiled = {}
+    env = environment(device)
+    run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    gen = torch.Generator().manual_seed(0)
+    cases: list[OpCase] = []
+    for dtype in dtypes:
+        for B in batch_sizes:
+            for T in num_slots:
+                for V in vocab_sizes:
+                    for k in top_logprobs_nums:
+                        cases.append(_logprob_case(B, T, V, dtype, k, device, gen))
+    for B in batch_sizes:
+        for T in num_slots[:1]:
+            for V in vocab_sizes[-1:]:
+                for dtype in dtypes:
+                    cases += _sampling_cases(B, T, V, dtype, device, gen)
+        cases += _tree_cases(B, vocab_sizes[-1], device, gen)
+        for T in num_slots:
+            cases.append(_commit_case(B, T, dtypes[0], device, gen))
+    copy_gbps = {}
+    rows = []
+    for case in cases:
+        key = case.bytes
+        if key not in copy_gbps:
+            copy_gbps[key] = copy_bandwidth(device, case.bytes, repeats)
+        for impl in impls:
+            if impl == "compiled":
+                fn = compiled.setdefault(case.op, torch.compile(getattr(reference, case.op), dynamic=True))
+                ops = _Namespace(**{case.op: fn})
+            elif impl in modules and hasattr(modules[impl], case.op):
+                ops = modules[impl]
+            else:
+                continue
+            t0 = time.perf_counter()
+            times = _time(lambda: case.run(ops), device, repeats)
+            med = statistics.median(times)
+            gbps = case.bytes / med / 1e3
+            rows.append(dict(suite="kernels", run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"),
+                             **env, threads=torch.get_num_threads(), load_avg=round(os.getloadavg()[0], 2),
+                             timer="cuda_event" if device.type == "cuda" else "process_cpu_time", op=case.op,
+                             impl=impl, dtype=str(case.dtype).replace("torch.", ""), batch_size=case.batch_size,
+                             num_slots=case.num_slots, num_draft_tokens=case.num_draft_tokens,
+                             vocab_size=case.vocab_size, top_logprobs_num=case.top_logprobs_num, rows=case.rows,
+                             repeats=repeats, median_us=round(med, 2), p20_us=round(_quantile(times, 0.2), 2),
+                             p80_us=round(_quantile(times, 0.8), 2), bytes=case.bytes, gbps=round(gbps, 3),
+                             copy_gbps=round(copy_gbps[key], 3), frac_of_copy=round(gbps / copy_gbps[key], 4)))
+            progress(f"{case.op:38s} {impl:9s} {rows[-1]['dtype']:8s} B={case.batch_size:<4d} S+1={case.num_slots} "
+                     f"V={case.vocab_size:<6d} k={case.top_logprobs_num:<2d} {med:10.1f} us  "
+                     f"{gbps:7.1f} GB/s ({rows[-1]['frac_of_copy']:.0%} of copy)  [{time.perf_counter() - t0:.1f} s]")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"kernels-{run_id}.csv"
+    import csv
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+class _Namespace:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def main_kernels(args) -> int:
+    """`specdec bench --suite kernels`: the sweep on this machine's device; one CSV + its plot in args.out."""
+    from .plots import load_results, plot_kernels
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    path = run_kernel_benchmark(device, repeats=args.repeats if device == "cuda" else max(args.repeats, 5),
+                                out_dir=args.out)
+    png = plot_kernels(load_results(args.out, path.name), path.with_suffix(".png"))
+    print(f"wrote {path} and {png}")
+    return 0
