@@ -5,6 +5,7 @@
 from .attention import tree_attention
 from .kv import commit_kv_cache
 from .logprobs import compute_spec_v2_logprobs
+from .sampling import softmax_with_temperature, top_k_renorm_prob, top_p_renorm_prob
 from .tree import build_tree_kernel_efficient, organize_draft_results, select_top_k_tokens
 from .verify import tree_speculative_sampling_target_only, verify_tree_greedy
 
@@ -20,5 +21,6 @@ def __getattr__(name):
 
 
 __all__ = ["select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient", "verify_tree_greedy",
-           "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs", "tree_attention", "commit_kv_cache",
-           "EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"]
+           "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs", "softmax_with_temperature",
+           "top_k_renorm_prob", "top_p_renorm_prob", "tree_attention", "commit_kv_cache", "EagleWorkerV2",
+           "MultiLayerEagleWorkerV2", "TargetOnlyWorker"]

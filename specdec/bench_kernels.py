@@ -8,6 +8,7 @@ under Triton's interpreter there, so their rows are skipped (with a printed note
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import statistics
 import time
@@ -224,7 +225,7 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
             else:
                 continue
             t0 = time.perf_counter()
-            times = _time(lambda: case.run(ops), device, repeats)
+            times = _time(functools.partial(case.run, ops), device, repeats)
             med = statistics.median(times)
             gbps = case.bytes / med / 1e3
             rows.append(dict(suite="kernels", run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"),

@@ -308,3 +308,40 @@ def check_commit_kv_args(kv, slots, seq_lens, accept_index, num_draft_tokens) ->
         if t.device != kv.device:
             raise ValueError(f"{name} is on {t.device} but kv is on {kv.device}")
     return B, S1
+
+
+def check_row_params(name: str, t, N: int, device, integer: bool) -> None:
+    """`t` must be an (N,) tensor of one value per row on `device` (integer or floating-point dtype)."""
+    check_tensor(name, t)
+    check_shape(name, t, (N,), "one value per row")
+    if integer:
+        check_integer_dtype(name, t)
+    else:
+        check_float_dtype(name, t)
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the rows are on {device}")
+
+
+def check_rows(name: str, t, fp32_only: bool) -> tuple[int, int]:
+    """`t` must be an (N, V) floating-point tensor with V >= 1 (float32 when `fp32_only`); -> (N, V)."""
+    check_tensor(name, t)
+    if t.dim() != 2 or t.shape[1] < 1:
+        raise ValueError(f"{name} must have shape (N, V) with V >= 1, got {tuple(t.shape)}")
+    if fp32_only and t.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {t.dtype}")
+    check_float_dtype(name, t)
+    return t.shape[0], t.shape[1]
+
+
+def check_softmax_with_temperature_args(logits, temperatures) -> tuple[int, int]:
+    """logits: (N, V) floating point; temperatures: (N,) floating point, same device -> (N, V)."""
+    N, V = check_rows("logits", logits, fp32_only=False)
+    check_row_params("temperatures", temperatures, N, logits.device, integer=False)
+    return N, V
+
+
+def check_renorm_prob_args(probs, param_name: str, param, integer: bool) -> tuple[int, int]:
+    """probs: (N, V) float32; `param` (top_ks or top_ps): (N,), integer or floating point -> (N, V)."""
+    N, V = check_rows("probs", probs, fp32_only=True)
+    check_row_params(param_name, param, N, probs.device, integer)
+    return N, V
