@@ -1,0 +1,213 @@
+"""Triton tree attention over a KV cache: a committed causal prefix plus a tree of in-flight tokens.
+
+Same contract as `reference.tree_attention`. Per request the key range is read from device tensors
+(`cache_start`), never from the host bound `attn_len`, so the launch grid depends only on the batch
+size, the query count and the cache's capacity: it is the same from one decode step to the next.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+#: Keys per inner iteration.
+_BLOCK_N = 32
+#: Programs a launch aims for before it splits the key range of each (request, KV head) over several
+#: programs (flash-decoding); a fixed nominal count, so the split depends on shapes only.
+_TARGET_PROGRAMS = 264
+#: Triton's CPU interpreter multiplies bf16 tiles wrongly (it has no bf16 matmul), so there every
+#: tile is upcast to fp32 first; compiled kernels use the tensor cores for bf16 / fp16.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+#: In-flight mask bits per packed word.
+_MASK_WORD_BITS = 32
+
+
+@triton.jit
+def tree_attention_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, cache_start_ptr, mask_bits_ptr,
+                          part_acc_ptr, part_max_ptr, part_sum_ptr,
+                          stride_qb, stride_qt, stride_qh,
+                          stride_kb, stride_ks, stride_kh,
+                          stride_vb, stride_vs, stride_vh,
+                          num_new, write_offset, num_mask_words, split_len, num_splits, scale_log2,
+                          HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                          HAS_TREE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr):
+    bh = tl.program_id(0)
+    m_tile = tl.program_id(1)
+    split = tl.program_id(2)
+    b = bh // NUM_KV_HEADS
+    kvh = bh % NUM_KV_HEADS
+
+    # query rows of this program: (token t, head g of the KV head's group), t-major
+    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    t = rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = rows < num_new * GROUP
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    start = tl.load(cache_start_ptr + b).to(tl.int64)
+    n_inflight = write_offset + num_new
+    total = start + n_inflight
+    k_base = k_ptr + slot * stride_kb + kvh * stride_kh
+    v_base = v_ptr + slot * stride_vb + kvh * stride_vh
+
+    lo = (split * split_len).to(tl.int64)
+    hi = tl.minimum(lo + split_len, total)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        key_ok = pos < hi
+        kv_mask = key_ok[:, None] & d_ok[None, :]
+        # keys past the request's length are never loaded, so whatever a stale slot holds stays out
+        k = tl.load(k_base + pos[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + pos[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
+        if FP32_DOT:
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        r = pos - start  # in-flight index of the key; < 0 in the committed prefix
+        in_flight = (r >= 0) & key_ok
+        if HAS_TREE:
+            word = tl.where(in_flight, r // 32, 0)
+            bits = tl.load(mask_bits_ptr + (b * num_new + t[:, None]).to(tl.int64) * num_mask_words + word[None, :],
+                           mask=row_ok[:, None] & in_flight[None, :], other=0)
+            tree_ok = ((bits >> (tl.where(in_flight, r % 32, 0))[None, :]) & 1) != 0
+        else:
+            tree_ok = r[None, :] <= write_offset + t[:, None]
+        visible = ((r < 0)[None, :] | (in_flight[None, :] & tree_ok)) & key_ok[None, :] & row_ok[:, None]
+        s = tl.where(visible, s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if FP32_DOT:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    # partials, laid out (B, Hq, T, splits): the merge kernel combines the splits of one query row
+    out_row = ((b * NUM_KV_HEADS * GROUP + head) * num_new + t).to(tl.int64) * num_splits + split
+    tl.store(part_max_ptr + out_row, m_i, mask=row_ok)
+    tl.store(part_sum_ptr + out_row, l_i, mask=row_ok)
+    tl.store(part_acc_ptr + out_row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def tree_attention_merge_kernel(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr,
+                                stride_ob, stride_ot, stride_oh, num_heads, num_new, num_splits,
+                                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)  # (b, h, t)
+    t = row % num_new
+    h = (row // num_new) % num_heads
+    b = row // (num_new * num_heads)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < num_splits
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    base = row.to(tl.int64) * num_splits
+    m = tl.load(part_max_ptr + base + s, mask=s_ok, other=float("-inf"))
+    l_part = tl.load(part_sum_ptr + base + s, mask=s_ok, other=0.0)
+    acc = tl.load(part_acc_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                  other=0.0)
+    m_all = tl.max(m, 0)
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w = tl.exp2(m - m_all)
+    denom = tl.sum(l_part * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + t * stride_ot + h * stride_oh + d,
+             out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def pack_tree_mask(tree_mask: torch.Tensor) -> torch.Tensor:
+    """tree_mask: (B, T, L) bool -> (B, T, ceil(L / 32)) int32, bit r % 32 of word r // 32 = tree_mask[..., r]."""
+    B, T, L = tree_mask.shape
+    words = triton.cdiv(L, _MASK_WORD_BITS)
+    padded = torch.zeros(B, T, words * _MASK_WORD_BITS, dtype=torch.int64, device=tree_mask.device)
+    padded[:, :, :L] = tree_mask
+    weights = torch.ones(_MASK_WORD_BITS, dtype=torch.int64, device=tree_mask.device).cumsum(0).sub(1)
+    packed = (padded.view(B, T, words, _MASK_WORD_BITS) << weights).sum(-1)
+    # two's complement wrap of bit 31 into int32
+    return torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
+
+
+def _num_splits(batch_heads: int, m_tiles: int, max_seq_len: int) -> int:
+    """Key-range splits per (request, KV head, query tile): enough programs to fill the device, from
+    shapes only, each split at least one key block long."""
+    programs = batch_heads * m_tiles
+    want = triton.cdiv(_TARGET_PROGRAMS, programs)
+    return max(1, min(want, triton.cdiv(max_seq_len, 4 * _BLOCK_N)))
+
+
+def _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, scale,
+                           num_splits=None):
+    B, T, Hq, D = q.shape
+    _, max_seq, Hkv, _ = k_cache.shape
+    group = Hq // Hkv
+    block_m = min(64, max(16, triton.next_power_of_2(T * group)))
+    m_tiles = triton.cdiv(T * group, block_m)
+    if num_splits is None:
+        num_splits = _num_splits(B * Hkv, m_tiles, max_seq)
+    split_len = triton.cdiv(triton.cdiv(max_seq, num_splits), _BLOCK_N) * _BLOCK_N
+    device = q.device
+    part_acc = torch.empty(B * Hq * T * num_splits, D, dtype=torch.float32, device=device)
+    part_max = torch.empty(B * Hq * T * num_splits, dtype=torch.float32, device=device)
+    part_sum = torch.empty(B * Hq * T * num_splits, dtype=torch.float32, device=device)
+    if tree_mask is not None:
+        bits = pack_tree_mask(tree_mask)
+        num_words = bits.shape[-1]
+    else:
+        bits = torch.zeros(1, dtype=torch.int32, device=device)
+        num_words = 1
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    block_d = max(16, triton.next_power_of_2(D))
+    tree_attention_kernel[(B * Hkv, m_tiles, num_splits)](
+        q, k_cache, v_cache, slots, cache_start, bits, part_acc, part_max, part_sum,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        T, write_offset, num_words, split_len, num_splits, scale * 1.4426950408889634,
+        HEAD_DIM=D, GROUP=group, NUM_KV_HEADS=Hkv, HAS_TREE=tree_mask is not None, BLOCK_M=block_m,
+        BLOCK_N=_BLOCK_N, BLOCK_D=block_d, FP32_DOT=q.dtype == torch.float32 or _INTERPRETED)
+    out = torch.empty(B, T, Hq, D, dtype=q.dtype, device=device)
+    tree_attention_merge_kernel[(B * Hq * T,)](
+        part_acc, part_max, part_sum, out, out.stride(0), out.stride(1), out.stride(2), Hq, T, num_splits,
+        HEAD_DIM=D, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d)
+    return out
+
+
+def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len, scale):
+    """q: (B, T, Hq, D); k_cache, v_cache: (max_batch, max_seq_len, Hkv, D); slots, cache_start: (B,)
+    int64; write_offset, attn_len: int; tree_mask: (B, T, write_offset + T) bool or None -> (B, T, Hq, D).
+
+    Same contract as `reference.tree_attention`: request b's new token t sees the committed prefix
+    (key slots < cache_start[b]) and the in-flight slots cache_start[b] + r, r < write_offset + T,
+    that tree_mask[b, t, r] selects (causal over the in-flight tokens when None). The keys and values
+    of the new tokens must already be in the cache.
+
+    One launch over (request x KV head, query tile, key split) plus a small merge launch. A program
+    holds all T tokens x Hq/Hkv query heads of one KV head (grouped-query attention reads each key
+    block once, without copying heads), streams its share of the request's keys in blocks of 32 with
+    an online softmax in fp32 (fp32 inputs multiply in IEEE fp32, bf16/fp16 on the tensor cores with
+    fp32 accumulation), and reads the tree mask packed as 32-bit words. The per-request key count
+    comes from ``cache_start`` on the device; ``attn_len`` is accepted for the shared signature and
+    not read, and the split count depends on B, T and the cache capacity only, so consecutive decode
+    steps launch identical grids. Keys past a request's length are never loaded.
+    """
+    B, T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    if Hq % Hkv:
+        raise ValueError(f"q has {Hq} heads, not a multiple of the cache's {Hkv} KV heads")
+    if B == 0 or T == 0:
+        return torch.empty_like(q)
+    return _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, scale)

@@ -1,0 +1,88 @@
+"""fast.tree_attention against reference.tree_attention: trees, draft steps, GQA, ragged lengths, dtypes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reference
+from fast.attention import _launch_tree_attention, pack_tree_mask, tree_attention
+from tests.equivalence import assert_equivalent, no_host_sync
+
+
+def _case(seed, B=2, T=3, Hq=4, Hkv=2, D=64, max_seq=70, write_offset=0, tree=True, dtype=torch.float32):
+    """Random cache rows and queries; each request's committed length is random (rarely a multiple of
+    a key block); a random tree mask in which every token sees itself."""
+    gen = torch.Generator().manual_seed(seed)
+    max_batch = 4
+    k_cache = torch.randn(max_batch, max_seq, Hkv, D, generator=gen).to(dtype)
+    v_cache = torch.randn(max_batch, max_seq, Hkv, D, generator=gen).to(dtype)
+    q = torch.randn(B, T, Hq, D, generator=gen).to(dtype)
+    slots = torch.randperm(max_batch, generator=gen)[:B]
+    L = write_offset + T
+    cache_start = torch.randint(0, max_seq - L + 1, (B,), generator=gen)
+    mask = None
+    if tree:
+        mask = torch.rand(B, T, L, generator=gen) < 0.5
+        mask[:, torch.arange(T), write_offset + torch.arange(T)] = True
+    attn_len = int(cache_start.max()) + L
+    return q, k_cache, v_cache, slots, cache_start, write_offset, mask, attn_len, D ** -0.5
+
+
+CASES = {
+    "verify tree": dict(T=16, write_offset=0),
+    "draft step": dict(T=4, write_offset=8),
+    "draft step, wide in-flight": dict(T=8, write_offset=40, max_seq=120),
+    "causal chain": dict(T=5, tree=False),
+    "decode T=1, MQA": dict(T=1, Hq=4, Hkv=1, D=128, tree=False),
+    "MHA, head_dim 40": dict(Hq=2, Hkv=2, D=40, T=6, max_seq=100),
+    "GQA 4, head_dim 128": dict(Hq=8, Hkv=2, D=128, T=3),
+    "prefill": dict(T=40, Hq=8, Hkv=2, max_seq=64, tree=False),
+    "one request": dict(B=1, T=2),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", list(CASES))
+def test_fast_equals_reference(name, dtype):
+    args = _case(list(CASES).index(name), dtype=dtype, **CASES[name])
+    ref = reference.tree_attention(*args)
+    with no_host_sync():
+        out = tree_attention(*args)
+    assert_equivalent(ref, out, "attention", dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 8])
+def test_key_splits_merge_to_the_same_result(num_splits):
+    q, kc, vc, slots, start, wo, mask, attn_len, scale = _case(5, T=4, write_offset=3, max_seq=150)
+    ref = reference.tree_attention(q, kc, vc, slots, start, wo, mask, attn_len, scale)
+    out = _launch_tree_attention(q, kc, vc, slots, start, wo, mask, scale, num_splits=num_splits)
+    assert_equivalent(ref, out, "attention")
+
+
+def test_keys_past_a_requests_length_never_reach_the_output():
+    """NaN in cache slots past cache_start + write_offset + T (a stale, longer request) stays out."""
+    q, kc, vc, slots, start, wo, mask, attn_len, scale = _case(6, T=3, write_offset=2)
+    clean = tree_attention(q, kc, vc, slots, start, wo, mask, attn_len, scale)
+    for b in range(q.shape[0]):
+        end = int(start[b]) + wo + q.shape[1]
+        kc[slots[b], end:] = float("nan")
+        vc[slots[b], end:] = float("nan")
+    out = tree_attention(q, kc, vc, slots, start, wo, mask, attn_len, scale)
+    assert torch.isfinite(out).all() and torch.equal(out, clean)
+
+
+def test_the_grid_does_not_depend_on_lengths():
+    """The host bound attn_len is not read: a stale (too small) or loose bound gives the same output."""
+    q, kc, vc, slots, start, wo, mask, attn_len, scale = _case(7, T=3)
+    ref = tree_attention(q, kc, vc, slots, start, wo, mask, attn_len, scale)
+    for bound in (1, attn_len + 50):
+        assert torch.equal(tree_attention(q, kc, vc, slots, start, wo, mask, bound, scale), ref)
+
+
+def test_pack_tree_mask_bits():
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.rand(2, 3, 70, generator=gen) < 0.5
+    bits = pack_tree_mask(mask)
+    assert bits.shape == (2, 3, 3) and bits.dtype == torch.int32
+    unpacked = ((bits.long().unsqueeze(-1) >> torch.arange(32)) & 1).flatten(-2)[..., :70].bool()
+    assert torch.equal(unpacked, mask)
