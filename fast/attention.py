@@ -211,3 +211,83 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     if B == 0 or T == 0:
         return torch.empty_like(q)
     return _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, scale)
+
+
+@triton.jit
+def apply_rope_and_write_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, q_out_ptr,
+                                   slots_ptr, cache_start_ptr,
+                                   stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
+                                   stride_vb, stride_vt, stride_vh, stride_cb, stride_ct,
+                                   stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+                                   num_new, write_offset,
+                                   NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+                                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    token = tl.program_id(0)  # (b, t)
+    b = token // num_new
+    t = token % num_new
+    i = tl.arange(0, BLOCK_HALF)
+    i_ok = i < HALF
+    h = tl.arange(0, BLOCK_H)
+    cs = b.to(tl.int64) * stride_cb + t * stride_ct
+    cos1 = tl.load(cos_ptr + cs + i, mask=i_ok, other=0.0)
+    cos2 = tl.load(cos_ptr + cs + HALF + i, mask=i_ok, other=0.0)
+    sin1 = tl.load(sin_ptr + cs + i, mask=i_ok, other=0.0)
+    sin2 = tl.load(sin_ptr + cs + HALF + i, mask=i_ok, other=0.0)
+
+    q_ok = (h < NUM_Q_HEADS)[:, None] & i_ok[None, :]
+    q_at = b.to(tl.int64) * stride_qb + t * stride_qt + h[:, None] * stride_qh + i[None, :]
+    x1 = tl.load(q_ptr + q_at, mask=q_ok, other=0.0).to(tl.float32)
+    x2 = tl.load(q_ptr + q_at + HALF, mask=q_ok, other=0.0).to(tl.float32)
+    q_out_at = token.to(tl.int64) * NUM_Q_HEADS * 2 * HALF + h[:, None] * 2 * HALF + i[None, :]
+    out_ty = q_out_ptr.dtype.element_ty
+    tl.store(q_out_ptr + q_out_at, (x1 * cos1[None, :] - x2 * sin1[None, :]).to(out_ty), mask=q_ok)
+    tl.store(q_out_ptr + q_out_at + HALF, (x2 * cos2[None, :] + x1 * sin2[None, :]).to(out_ty), mask=q_ok)
+
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    pos = tl.load(cache_start_ptr + b).to(tl.int64) + write_offset + t
+    kv_ok = (h < NUM_KV_HEADS)[:, None] & i_ok[None, :]
+    k_at = b.to(tl.int64) * stride_kb + t * stride_kt + h[:, None] * stride_kh + i[None, :]
+    k1 = tl.load(k_ptr + k_at, mask=kv_ok, other=0.0).to(tl.float32)
+    k2 = tl.load(k_ptr + k_at + HALF, mask=kv_ok, other=0.0).to(tl.float32)
+    k_in_ty = k_ptr.dtype.element_ty
+    kc_ty = k_cache_ptr.dtype.element_ty
+    kc_at = slot * stride_kcb + pos * stride_kcs + h[:, None] * stride_kch + i[None, :]
+    # rounded to k's own dtype first, as the reference does, then to the cache's
+    tl.store(k_cache_ptr + kc_at, (k1 * cos1[None, :] - k2 * sin1[None, :]).to(k_in_ty).to(kc_ty), mask=kv_ok)
+    tl.store(k_cache_ptr + kc_at + HALF, (k2 * cos2[None, :] + k1 * sin2[None, :]).to(k_in_ty).to(kc_ty),
+             mask=kv_ok)
+    v_at = b.to(tl.int64) * stride_vb + t * stride_vt + h[:, None] * stride_vh + i[None, :]
+    vc_at = slot * stride_vcb + pos * stride_vcs + h[:, None] * stride_vch + i[None, :]
+    vc_ty = v_cache_ptr.dtype.element_ty
+    tl.store(v_cache_ptr + vc_at, tl.load(v_ptr + v_at, mask=kv_ok).to(vc_ty), mask=kv_ok)
+    tl.store(v_cache_ptr + vc_at + HALF, tl.load(v_ptr + v_at + HALF, mask=kv_ok).to(vc_ty), mask=kv_ok)
+
+
+def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset):
+    """q: (B, T, Hq, D); k, v: (B, T, Hkv, D); cos, sin: (B, T, D) fp32; k_cache, v_cache: (max_batch,
+    max_seq_len, Hkv, D); slots, cache_start: (B,) int64; write_offset: int -> q rotated (B, T, Hq, D).
+
+    Same contract as `reference.apply_rope_and_write_kv`, fused into one launch: program (b, t) reads
+    the token's angles once, rotates its Hq query heads (returned) and Hkv key heads in fp32 (rounded
+    to the input dtype, then to the cache's) and writes the keys and values straight into their cache
+    slot, read from ``cache_start`` on the device. The last dimension of every tensor must be contiguous.
+    """
+    B, T, Hq, D = q.shape
+    Hkv = k.shape[2]
+    for name, x in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("k_cache", k_cache),
+                    ("v_cache", v_cache)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name}'s last dimension must be contiguous, got strides {x.stride()}")
+    q_out = torch.empty(B, T, Hq, D, dtype=q.dtype, device=q.device)
+    if B == 0 or T == 0:
+        return q_out
+    half = D // 2
+    apply_rope_and_write_kv_kernel[(B * T,)](
+        q, k, v, cos, sin, k_cache, v_cache, q_out, slots, cache_start,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), cos.stride(0), cos.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2), T, write_offset,
+        NUM_Q_HEADS=Hq, NUM_KV_HEADS=Hkv, HALF=half, BLOCK_H=triton.next_power_of_2(max(Hq, Hkv)),
+        BLOCK_HALF=triton.next_power_of_2(half))
+    return q_out

@@ -2,7 +2,8 @@
 
 `fast` exposes the same op names with the same signatures.
 """
-from .attention import tree_attention
+from .attention import apply_rope_and_write_kv, tree_attention
+from .draft import softmax_topk
 from .kv import commit_kv_cache
 from .logprobs import compute_spec_v2_logprobs
 from .sampling import softmax_with_temperature, top_k_renorm_prob, top_p_renorm_prob
@@ -20,7 +21,7 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient", "verify_tree_greedy",
+__all__ = ["softmax_topk", "select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient", "verify_tree_greedy",
            "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs", "softmax_with_temperature",
-           "top_k_renorm_prob", "top_p_renorm_prob", "tree_attention", "commit_kv_cache", "EagleWorkerV2",
-           "MultiLayerEagleWorkerV2", "TargetOnlyWorker"]
+           "top_k_renorm_prob", "top_p_renorm_prob", "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache",
+           "EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"]

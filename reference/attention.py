@@ -4,6 +4,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.models.layers import apply_rope
+
+
+def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset):
+    """q: (B, T, Hq, D); k, v: (B, T, Hkv, D); cos, sin: (B, T, D) fp32; k_cache, v_cache: (max_batch,
+    max_seq_len, Hkv, D); slots, cache_start: (B,) int64; write_offset: int -> q rotated (B, T, Hq, D).
+
+    Rotates q and k by their positions' angles (rotate-half layout, fp32, cast back to the input dtype)
+    and writes the rotated k and v of token t at cache row slots[b], slot cache_start[b] + write_offset + t.
+    """
+    B, T = q.shape[:2]
+    cols = cache_start[:, None] + write_offset + torch.arange(T, device=q.device)
+    k_cache[slots[:, None], cols] = apply_rope(k, cos, sin).to(k_cache.dtype)
+    v_cache[slots[:, None], cols] = v.to(v_cache.dtype)
+    return apply_rope(q, cos, sin)
+
 
 def build_attention_mask(cache_start, num_new: int, write_offset: int, tree_mask, attn_len: int):
     """cache_start: (B,) int64, tree_mask: (B, T, write_offset + T) bool or None -> (B, T, attn_len) bool.

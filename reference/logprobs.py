@@ -7,31 +7,21 @@ workers both call it, the engine slices what it returns, and ``fast.compute_spec
 
 from __future__ import annotations
 
-
 import torch
 
+from specdec.logprob_packing import (
+    PADDED_LOGPROB,
+    PADDED_TOP_LOGPROB_IDX,
+    accepted_rows,
+    request_temperatures,
+    requested_token_ids,
+    set_logprob_outputs,
+)
 from specdec.op_checks import check_logprob_args
 
 __all__ = ["PADDED_LOGPROB", "PADDED_TOP_LOGPROB_IDX", "compute_spec_v2_logprobs"]
 
-#: Value written at a padded accept slot (``accept_index == -1``) in ``next_token_logprobs``,
-#: in the top-logprob values and in the token-id logprob values. A real logprob is 0.0 only
-#: when a token has probability 1; the engine never emits a padded slot (it slices every
-#: step's output by ``accept_lens``), so the value is only ever seen by callers that look past
-#: ``accept_lens``, and it is the same whatever the other requests hold.
-PADDED_LOGPROB = 0.0
-#: Index written in the top-logprob indices of a padded accept slot (never a real token id).
-PADDED_TOP_LOGPROB_IDX = -1
-
 _FP32_MIN = torch.finfo(torch.float32).min
-
-
-def _to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host-to-device copy that does not wait for the stream (pinned + non_blocking on CUDA;
-    a pageable blocking copy would synchronise the stream)."""
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def compute_spec_v2_logprobs(
@@ -101,25 +91,16 @@ def compute_spec_v2_logprobs(
         batch, logits_output, predict, accept_index, speculative_num_steps, scale
     )
     logits = logits_output.next_token_logits
-    device = logits.device
     T = S + 1
     R = B * T
 
     with torch.no_grad():
-        # --- which row each (request, slot) reads: padded slots fall back to the request's own row
-        acc = accept_index.to(torch.long)
-        valid = acc >= 0  # [B, T]
-        own = acc[:, :1]
-        own = torch.where(own >= 0, own, torch.arange(B, device=device).unsqueeze(1) * W)
-        rows = torch.where(valid, acc, own).reshape(R)
-        valid = valid.reshape(R)
+        rows, valid = accepted_rows(accept_index, W)
 
         # --- fp32 log-softmax of the gathered rows (divided by the request's temperature)
         x = logits.index_select(0, rows).to(torch.float32)  # [R, V]
         if scale:
-            t = temperatures.reshape(B).to(torch.float32)
-            t = torch.where(t > 0, t, torch.ones_like(t))  # NaN > 0 is False too
-            x = x / t.unsqueeze(1).expand(B, T).reshape(R, 1)
+            x = x / request_temperatures(temperatures).unsqueeze(1).expand(B, T).reshape(R, 1)
         m = x.amax(dim=-1, keepdim=True)
         m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # all-masked row: shift by 0
         shifted = x - m
@@ -128,54 +109,25 @@ def compute_spec_v2_logprobs(
         logprobs = (shifted - lse).clamp(min=_FP32_MIN)  # [R, V] fp32
         del x, shifted
 
-        zero = torch.zeros((), dtype=torch.float32, device=device)
+        pad = torch.full((), PADDED_LOGPROB, dtype=torch.float32, device=logits.device)
 
-        # --- logprob of the chosen token
         tok = predict.to(torch.long).index_select(0, rows)
         lp = logprobs.gather(1, tok.unsqueeze(1)).squeeze(1)
-        lp = torch.where(valid, lp, zero)
-        logits_output.next_token_logprobs = lp.reshape(B, T)
+        lp = torch.where(valid, lp, pad).reshape(B, T)
 
-        # --- top logprobs
+        top_val = top_idx = None
         k_max = max(top_nums, default=0)
         if k_max > 0:
             top_val, top_idx = torch.topk(logprobs, k_max, dim=-1, largest=True, sorted=True)
-            top_val = torch.where(valid.unsqueeze(1), top_val, zero)
-            top_idx = torch.where(
-                valid.unsqueeze(1),
-                top_idx,
-                torch.full((), PADDED_TOP_LOGPROB_IDX, dtype=torch.long, device=device),
-            )
-            vals, idxs = [], []
-            for b in range(B):
-                k = top_nums[b]
-                for j in range(T):
-                    r = b * T + j
-                    vals.append(top_val[r, :k])
-                    idxs.append(top_idx[r, :k])
-            logits_output.next_token_top_logprobs_val = vals
-            logits_output.next_token_top_logprobs_idx = idxs
-        else:
-            logits_output.next_token_top_logprobs_val = None
-            logits_output.next_token_top_logprobs_idx = None
+            top_val = torch.where(valid.unsqueeze(1), top_val, pad)
+            pad_idx = torch.full((), PADDED_TOP_LOGPROB_IDX, dtype=torch.long, device=logits.device)
+            top_idx = torch.where(valid.unsqueeze(1), top_idx, pad_idx)
 
-        # --- logprobs of requested token ids (ragged across requests)
-        lens = [len(ids) for ids in ids_per_req]
-        L = max(lens, default=0)
-        if L > 0:
-            padded_ids = [ids + [0] * (L - len(ids)) for ids in ids_per_req]
-            ids_t = _to_device_async(torch.tensor(padded_ids, dtype=torch.long), device)
-            tid_val = logprobs.gather(1, ids_t.unsqueeze(1).expand(B, T, L).reshape(R, L))  # [R, L]
-            tid_val = torch.where(valid.unsqueeze(1), tid_val, zero)
-            vals, idxs = [], []
-            for b in range(B):
-                for j in range(T):
-                    vals.append(tid_val[b * T + j, : lens[b]])
-                    idxs.append(list(ids_per_req[b]))
-            logits_output.next_token_token_ids_logprobs_val = vals
-            logits_output.next_token_token_ids_logprobs_idx = idxs
-        else:
-            logits_output.next_token_token_ids_logprobs_val = None
-            logits_output.next_token_token_ids_logprobs_idx = None
+        tid_val = None
+        ids = requested_token_ids(ids_per_req, logits.device)  # [B, L]
+        if ids is not None:
+            L = ids.shape[1]
+            tid_val = logprobs.gather(1, ids.unsqueeze(1).expand(B, T, L).reshape(R, L))  # [R, L]
+            tid_val = torch.where(valid.unsqueeze(1), tid_val, pad)
 
-    return logits_output
+    return set_logprob_outputs(logits_output, lp, top_val, top_idx, top_nums, tid_val, ids_per_req)

@@ -12,6 +12,7 @@ import torch
 #: Every op a worker reaches through its ops module (`reference` or `fast`): a module can run the
 #: workers only when it has all of them, with the reference's signatures.
 WORKER_OPS = (
+    "softmax_topk",
     "select_top_k_tokens",
     "organize_draft_results",
     "build_tree_kernel_efficient",
@@ -21,6 +22,7 @@ WORKER_OPS = (
     "softmax_with_temperature",
     "top_k_renorm_prob",
     "top_p_renorm_prob",
+    "apply_rope_and_write_kv",
     "tree_attention",
     "commit_kv_cache",
 )
@@ -300,10 +302,7 @@ def check_commit_kv_args(kv, slots, seq_lens, accept_index, num_draft_tokens) ->
         check_tensor(name, t)
         check_integer_dtype(name, t)
         check_shape(name, t, (B,), "one entry per request of accept_index")
-    W = check_int("num_draft_tokens", num_draft_tokens, 1)
-    if S1 > W:
-        raise ValueError(f"accept_index has {S1} slots per request but a tree of num_draft_tokens={W} "
-                         f"nodes has at most {W} nodes on a path")
+    check_int("num_draft_tokens", num_draft_tokens, 1)
     for name, t in (("slots", slots), ("seq_lens", seq_lens), ("accept_index", accept_index)):
         if t.device != kv.device:
             raise ValueError(f"{name} is on {t.device} but kv is on {kv.device}")
@@ -344,4 +343,17 @@ def check_renorm_prob_args(probs, param_name: str, param, integer: bool) -> tupl
     """probs: (N, V) float32; `param` (top_ks or top_ps): (N,), integer or floating point -> (N, V)."""
     N, V = check_rows("probs", probs, fp32_only=True)
     check_row_params(param_name, param, N, probs.device, integer)
+    return N, V
+
+
+def check_softmax_topk_args(logits, topk) -> tuple[int, int]:
+    """`softmax_topk`'s arguments -> (N, V)."""
+    check_tensor("logits", logits)
+    check_float_dtype("logits", logits)
+    if logits.dim() != 2 or logits.shape[1] < 1:
+        raise ValueError(f"logits must have shape (N, V) with V >= 1, got {tuple(logits.shape)}")
+    N, V = logits.shape
+    check_int("topk", topk, 1)
+    if topk > V:
+        raise ValueError(f"topk={topk} exceeds the vocabulary size V={V}")
     return N, V

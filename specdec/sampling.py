@@ -29,38 +29,33 @@ class SamplingTensors:
     def _set_flags(self, params: list[SamplingParams]) -> None:
         self.all_greedy = all(p.is_greedy for p in params)
         self.any_greedy = any(p.is_greedy for p in params)
-        self.any_filter = any(p.top_k != -1 or p.top_p < 1.0 for p in params if not p.is_greedy)
+        sampled = [p for p in params if not p.is_greedy]
+        self.any_top_k = any(p.top_k != -1 for p in sampled)
+        self.any_top_p = any(p.top_p < 1.0 for p in sampled)
 
     def filter(self, keep: torch.Tensor, params: list[SamplingParams]) -> None:
         for name in ("temperatures", "top_ks", "top_ps", "is_greedy"):
             setattr(self, name, getattr(self, name)[keep])
         self._set_flags(params)
 
-    def probs(self, logits, nodes_per_request: int = 1):
-        """logits: (B * nodes_per_request, V), request-major -> the target's probabilities (fp32)."""
+    def probs(self, logits, ops, nodes_per_request: int = 1):
+        """logits: (B * nodes_per_request, V), request-major -> the target's probabilities (N, V) fp32.
+
+        softmax(logits / T), then top-k, then top-p over the renormalised top-k probabilities (the
+        order of SGLang's verify), each through the ops module `ops`. A filter no request asked for
+        is skipped: either costs more than the softmax.
+        """
         n = nodes_per_request
-        temperatures = self.temperatures if n == 1 else self.temperatures.repeat_interleave(n)
-        if not self.any_filter:  # the sort of the top-k / top-p filter costs more than the softmax
-            return torch.softmax(logits.float() / temperatures[:, None], dim=-1)
-        top_ks = self.top_ks if n == 1 else self.top_ks.repeat_interleave(n)
-        top_ps = self.top_ps if n == 1 else self.top_ps.repeat_interleave(n)
-        return target_probs(logits, temperatures, top_ks, top_ps)
 
+        def per_row(t):
+            return t if n == 1 else t.repeat_interleave(n)
 
-def target_probs(logits, temperatures, top_ks, top_ps):
-    """logits: (N, V); temperatures, top_ps: (N,) fp32; top_ks: (N,) int64 -> probs (N, V) fp32.
-
-    softmax(logits / T), then SGLang's top-k / top-p filter on the sorted probabilities (a token is
-    kept when its rank < top_k and the mass strictly before it is <= top_p), renormalised.
-    """
-    probs = torch.softmax(logits.float() / temperatures[:, None], dim=-1)
-    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
-    mass_before = sorted_p.cumsum(-1) - sorted_p
-    rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-    drop = (rank >= top_ks[:, None]) | (mass_before > top_ps[:, None])
-    sorted_p = sorted_p.masked_fill(drop, 0.0)
-    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return filtered / filtered.sum(-1, keepdim=True)
+        probs = ops.softmax_with_temperature(logits, per_row(self.temperatures))
+        if self.any_top_k:
+            probs = ops.top_k_renorm_prob(probs, per_row(self.top_ks))
+        if self.any_top_p:
+            probs = ops.top_p_renorm_prob(probs, per_row(self.top_ps))
+        return probs
 
 
 def sample_from_probs(probs, uniforms):

@@ -36,6 +36,13 @@ TOLERANCES: dict[tuple[str, torch.dtype], tuple[float, float, str]] = {
                        "one ulp, and on a GPU the probabilities meet V on the tensor cores in bf16: two ulps"),
     ("attention", torch.float16): (
         1e-3, 2 ** -9, "as bf16 with fp16's 11-bit mantissa: two ulps"),
+    ("rope", torch.float32): (
+        1e-6, 1e-6, "x*cos - y*sin in fp32; a compiled kernel may contract it into one FMA (one ulp)"),
+    ("rope", torch.bfloat16): (
+        0.0, 2 ** -7, "one bf16 ulp (2^-7 relative at most): an FMA's fp32 ulp can flip the final rounding, and "
+                      "Triton's CPU interpreter rounds fp32 -> bf16 by truncation"),
+    ("rope", torch.float16): (
+        0.0, 2 ** -10, "an FMA's ulp of fp32 difference can flip the final fp16 rounding: one fp16 ulp"),
     ("kv", torch.float32): (0.0, 0.0, "a commit moves values: bit-equal"),
     ("kv", torch.bfloat16): (0.0, 0.0, "a commit moves values: bit-equal"),
     ("kv", torch.float16): (0.0, 0.0, "a commit moves values: bit-equal"),

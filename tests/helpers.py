@@ -45,22 +45,24 @@ def chi_square_pvalue(counts, probs) -> float:
 
 
 def softmax_filtered(logits, temperature=1.0, top_k=-1, top_p=1.0) -> list[float]:
-    """Independent float64 Python: softmax(logits / T), keep rank < top_k and mass-before <= top_p,
-    renormalise (SGLang's filter)."""
+    """Independent float64 Python: softmax(logits / T), then top-k, then top-p over the renormalised
+    top-k probabilities (SGLang's verify order). Both filters decide by value, so ties share one
+    decision: top-k keeps v iff fewer than top_k tokens are strictly more probable; top-p keeps v iff
+    the mass strictly more probable than v is <= top_p (top_p >= 1 keeps all)."""
     xs = [float(x) / temperature for x in logits]
     m = max(xs)
     ex = [math.exp(x - m) for x in xs]
     z = sum(ex)
     p = [e / z for e in ex]
-    order = sorted(range(len(p)), key=lambda i: (-p[i], i))
-    keep, before = set(), 0.0
-    for rank, i in enumerate(order):
-        if (top_k == -1 or rank < top_k) and before <= top_p:
-            keep.add(i)
-        before += p[i]
-    q = [p[i] if i in keep else 0.0 for i in range(len(p))]
-    s = sum(q)
-    return [x / s for x in q]
+    if top_k != -1:
+        p = [q if sum(r > q for r in p) < top_k else 0.0 for q in p]
+        z = sum(p)
+        p = [q / z for q in p]
+    if top_p < 1.0:
+        p = [q if sum(r for r in p if r > q) <= top_p else 0.0 for q in p]
+        z = sum(p)
+        p = [q / z for q in p]
+    return p
 
 
 def bigram_target(seed=0, vocab_size=64, hidden_size=32, num_hidden_layers=2, **kw):

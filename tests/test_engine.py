@@ -97,7 +97,10 @@ def test_stop_tokens_and_max_new_tokens(target):
     assert free.finish_reason == "length" and len(free.token_ids) == 10
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.6, -1, 1.0), (1.0, 3, 1.0), (1.2, -1, 0.7)])
+# (1.0, 5, 0.6): top-p over the renormalised top-5 keeps 3 tokens; over the original probabilities
+# (the other order, or one joint filter) it would keep 5.
+@pytest.mark.parametrize("temperature, top_k, top_p",
+                         [(1.0, -1, 1.0), (0.6, -1, 1.0), (1.0, 3, 1.0), (1.2, -1, 0.7), (1.0, 5, 0.6)])
 def test_first_token_is_distributed_as_the_filtered_softmax(temperature, top_k, top_p):
     """Chi-square goodness of fit of N sampled first tokens against softmax(logits / T) after the
     top-k / top-p filter (exact, float64); false-failure rate FALSE_FAILURE_RATE per case."""

@@ -86,3 +86,30 @@ def test_pack_tree_mask_bits():
     assert bits.shape == (2, 3, 3) and bits.dtype == torch.int32
     unpacked = ((bits.long().unsqueeze(-1) >> torch.arange(32)) & 1).flatten(-2)[..., :70].bool()
     assert torch.equal(unpacked, mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("Hq,Hkv,D,T,write_offset", [(4, 2, 64, 3, 0), (8, 2, 128, 1, 5), (2, 2, 40, 6, 2),
+                                                    (4, 1, 64, 16, 0)])
+def test_rope_and_kv_write_equal_the_reference(Hq, Hkv, D, T, write_offset, dtype):
+    from fast.attention import apply_rope_and_write_kv
+    from specdec.models.layers import rope_cos_sin
+
+    gen = torch.Generator().manual_seed(D + T)
+    B, max_batch, max_seq = 3, 4, 40
+    q = torch.randn(B, T, Hq, D, generator=gen).to(dtype)
+    k = torch.randn(B, T, Hkv, D, generator=gen).to(dtype)
+    v = torch.randn(B, T, Hkv, D, generator=gen).to(dtype)
+    slots = torch.tensor([3, 0, 2])
+    cache_start = torch.tensor([0, 7, 21])
+    positions = cache_start[:, None] + write_offset + torch.arange(T) + torch.tensor([[0], [3], [1]])
+    cos, sin = rope_cos_sin(positions, D, 10000.0)
+    caches = [torch.randn(max_batch, max_seq, Hkv, D, generator=gen).to(dtype) for _ in range(2)]
+    ref_k, ref_v, fast_k, fast_v = (c.clone() for c in caches + caches)
+    ref_q = reference.apply_rope_and_write_kv(q, k, v, cos, sin, ref_k, ref_v, slots, cache_start, write_offset)
+    with no_host_sync():
+        fast_q = apply_rope_and_write_kv(q, k, v, cos, sin, fast_k, fast_v, slots, cache_start, write_offset)
+    assert_equivalent(ref_q, fast_q, "rope", dtype, "q")
+    assert_equivalent(ref_k, fast_k, "rope", dtype, "k_cache")
+    assert torch.equal(ref_v, fast_v)
+    assert not torch.equal(ref_k, caches[0])  # something was written

@@ -4,6 +4,8 @@ import json
 import pytest
 import torch
 
+import reference
+
 from specdec.kv_cache import KVCache
 from specdec.models import (AttentionMetadata, EagleDraftHead, LlamaConfig, LlamaForCausalLM, MTPDraftModel,
                             random_eagle_head, random_llama, random_mtp)
@@ -17,7 +19,7 @@ MODELS = [
 
 
 def _meta(slots, start, attn_len, **kw):
-    return AttentionMetadata(slots, start, attn_len=attn_len, **kw)
+    return AttentionMetadata(slots, start, attn_len=attn_len, ops=reference, **kw)
 
 
 @pytest.mark.parametrize("kw", MODELS)

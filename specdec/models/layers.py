@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from reference.attention import tree_attention
 
 
 @dataclass
@@ -18,16 +16,17 @@ class AttentionMetadata:
     slots: (B,) int64 cache rows; cache_start: (B,) int64 committed length; the T new tokens are
     written at cache_start + write_offset + t and see the committed prefix plus the in-flight slots
     selected by tree_mask (B, T, write_offset + T) (causal when None). attn_len: host-side upper
-    bound on cache_start + write_offset + T. attention: the op (reference or fast) with the
-    signature of `reference.attention.tree_attention`.
+    bound on cache_start + write_offset + T. ops: the ops module (`reference` or `fast`) whose
+    `apply_rope_and_write_kv` and `tree_attention` every layer calls; there is no default, so a
+    forgotten argument is an error, never a silent reference path.
     """
 
     slots: torch.Tensor
     cache_start: torch.Tensor
     attn_len: int
+    ops: ModuleType
     write_offset: int = 0
     tree_mask: torch.Tensor | None = None
-    attention: Callable = tree_attention
 
 
 class RMSNorm(nn.Module):
@@ -71,23 +70,23 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache=None, meta: AttentionMetadata | None = None):
         B, T, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(B, T, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim), cos, sin)
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         scale = self.head_dim ** -0.5
         if kv_cache is None:
             # Training / cache-free path: plain causal attention over the T tokens.
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             rep = self.num_heads // self.num_kv_heads
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.repeat_interleave(rep, 2).transpose(1, 2),
                 v.repeat_interleave(rep, 2).transpose(1, 2), is_causal=True, scale=scale).transpose(1, 2)
         else:
             k_cache, v_cache = kv_cache
-            cols = meta.cache_start[:, None] + meta.write_offset + torch.arange(T, device=x.device)
-            k_cache[meta.slots[:, None], cols] = k.to(k_cache.dtype)
-            v_cache[meta.slots[:, None], cols] = v.to(v_cache.dtype)
-            out = meta.attention(q, k_cache, v_cache, meta.slots, meta.cache_start, meta.write_offset,
-                                 meta.tree_mask, meta.attn_len, scale)
+            q = meta.ops.apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, meta.slots, meta.cache_start,
+                                                 meta.write_offset)
+            out = meta.ops.tree_attention(q, k_cache, v_cache, meta.slots, meta.cache_start, meta.write_offset,
+                                          meta.tree_mask, meta.attn_len, scale)
         return self.o_proj(out.reshape(B, T, -1))
 
 

@@ -112,7 +112,7 @@ class WorkerBase:
         ids = ids.to(self.device)
         positions = torch.arange(T, device=self.device).expand(len(prompts), T)
         meta = AttentionMetadata(self.slots, torch.zeros_like(self.seq_lens), attn_len=T,
-                                 attention=self.ops.tree_attention)
+                                 ops=self.ops)
         logits, hidden = self.target(ids, positions, self.cache, meta)
         return logits, hidden, ids, positions
 
@@ -121,7 +121,7 @@ class WorkerBase:
         greedy = logits.argmax(-1)
         if self.sampling.all_greedy:
             return greedy
-        sampled = sample_from_probs(self.sampling.probs(logits), uniforms)
+        sampled = sample_from_probs(self.sampling.probs(logits, self.ops), uniforms)
         return torch.where(self.sampling.is_greedy, greedy, sampled)
 
     def compute_logprobs(self, logits_output, predict, accept_index, num_steps):
@@ -163,7 +163,7 @@ class TargetOnlyWorker(WorkerBase):
     def decode_step(self) -> StepOutput:
         uniforms = self.rng.uniforms(1, self.device)[:, 0]
         meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + 1,
-                                 attention=self.ops.tree_attention)
+                                 ops=self.ops)
         logits, _ = self.target(self.last_tokens[:, None], self.seq_lens[:, None], self.cache, meta)
         logits = logits[:, 0]
         tokens = self.sample_tokens(logits, uniforms)
@@ -205,13 +205,13 @@ class SpeculativeWorkerBase(WorkerBase):
         """
         B, W, S = candidates.shape[0], self.num_draft_tokens, self.num_steps
         meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + W,
-                                 tree_mask=tree_mask, attention=self.ops.tree_attention)
+                                 tree_mask=tree_mask, ops=self.ops)
         logits, hidden = self.target(candidates, positions, self.cache, meta)
         target_predict = logits.argmax(-1)
         s = self.sampling
         if not s.all_greedy:
             uniforms = self.rng.uniforms(W + 1, self.device)
-            probs = s.probs(logits.view(B * W, -1), W).view(B, W, -1)
+            probs = s.probs(logits.view(B * W, -1), self.ops, W).view(B, W, -1)
             sampled = self.ops.tree_speculative_sampling_target_only(
                 candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
                 uniforms[:, :W].contiguous(), uniforms[:, W].contiguous(), probs, S)

@@ -26,9 +26,6 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         return super().state_tensors() + ["topk_p", "topk_index", "draft_hidden"]
 
     # ---- stages ------------------------------------------------------------------------------
-    def draft_topk(self, logits):
-        """Deterministic draft: the K most probable tokens (probabilities from the untempered softmax)."""
-        return torch.softmax(logits.float(), dim=-1).topk(self.topk, dim=-1)
 
     def prefill(self, prompts, params, seed) -> StepOutput:
         self.start(prompts, params, seed)
@@ -41,15 +38,15 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         # Draft extend over the prompt shifted left by one, the sampled token appended at n-1.
         shifted = torch.cat([ids[:, 1:], ids[:, :1]], dim=1).scatter(1, last[:, None], tokens[:, None])
         meta = AttentionMetadata(self.slots, torch.zeros_like(self.seq_lens), attn_len=T,
-                                 attention=self.ops.tree_attention)
+                                 ops=self.ops)
         d_logits, d_hidden = self.draft(shifted, hidden, positions, self.draft_cache, meta)
         rows = torch.arange(B, device=self.device)
         self._set_next_root_children(d_logits[rows, last], d_hidden[rows, last])
         return self.single_token_output(logits_last, tokens)
 
     def _set_next_root_children(self, logits, hidden):
-        topk = self.draft_topk(logits)
-        self.topk_p, self.topk_index, self.draft_hidden = topk.values, topk.indices, hidden
+        self.topk_p, self.topk_index = self.ops.softmax_topk(logits, self.topk)
+        self.draft_hidden = hidden
 
     def draft_forward(self):
         """S draft steps of select_top_k_tokens + draft forward -> the lists organize_draft_results takes."""
@@ -75,11 +72,11 @@ class EagleWorkerV2(SpeculativeWorkerBase):
                 ancestry = ancestry.gather(1, parent_frontier[:, :, None].expand(B, K, n_inflight)) | mine
             meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + (i + 1) * K,
                                      write_offset=i * K, tree_mask=ancestry[:, :, :(i + 1) * K].contiguous(),
-                                     attention=self.ops.tree_attention)
+                                     ops=self.ops)
             positions = (self.seq_lens + i)[:, None].expand(B, K)
             logits, hidden = self.draft(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
-            topk = self.draft_topk(logits.view(B * K, -1))
-            topk_p, topk_index, hidden = topk.values, topk.indices, hidden.reshape(B * K, -1)
+            topk_p, topk_index = self.ops.softmax_topk(logits.view(B * K, -1), K)
+            hidden = hidden.reshape(B * K, -1)
         return score_list, token_list, parents_list
 
     def draft_extend(self, step: StepOutput, target_hidden):
@@ -91,7 +88,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         hidden = target_hidden[nodes]
         positions = self.seq_lens[:, None] + torch.arange(S + 1, device=self.device)
         meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + S + 1,
-                                 attention=self.ops.tree_attention)
+                                 ops=self.ops)
         logits, d_hidden = self.draft(ids, hidden, positions, self.draft_cache, meta)
         last = (step.accept_lens - 1).long()
         rows = torch.arange(B, device=self.device)

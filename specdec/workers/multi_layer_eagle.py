@@ -64,7 +64,7 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         """
         B, S = start.shape[0], self.num_steps
         positions = start[:, None] + torch.arange(T, device=self.device)
-        meta = AttentionMetadata(self.slots, start, attn_len=attn_len, attention=self.ops.tree_attention)
+        meta = AttentionMetadata(self.slots, start, attn_len=attn_len, ops=self.ops)
         rows = torch.arange(B, device=self.device)
         at_last = last - start
         hidden = hidden0
@@ -72,7 +72,7 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         for k in range(S):
             ids = self.stream.gather(1, positions + k + 1)
             logits, out = self.draft.forward_layer(k, ids, hidden, positions, self.draft_cache, meta)
-            guess = logits[rows, at_last].argmax(-1)
+            guess = self.ops.softmax_topk(logits[rows, at_last], 1)[1][:, 0]
             self.stream.scatter_(1, (last + k + 2)[:, None], guess[:, None])
             guesses.append(guess)
             if self.draft.chain_hidden_states:

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import reference
+
 from ..models import EagleDraftHead, LlamaConfig, LlamaForCausalLM, MTPDraftModel
 from ..models.draft_common import draft_config_like
 from ..models.io import save_dir
@@ -287,8 +289,8 @@ def eagle_unrolled(head: EagleDraftHead, hidden: torch.Tensor, input_ids: torch.
         k_cache = zk if j == 0 else torch.cat([prev_k, zk], dim=1)
         v_cache = zv if j == 0 else torch.cat([prev_v, zv], dim=1)
         mask = None if j == 0 else ttt_mask(T, j, dev)[None].expand(B, T, (j + 1) * T)
-        meta = AttentionMetadata(slots=slots, cache_start=start, attn_len=(j + 1) * T, write_offset=j * T,
-                                 tree_mask=mask)
+        meta = AttentionMetadata(slots=slots, cache_start=start, attn_len=(j + 1) * T, ops=reference,
+                                 write_offset=j * T, tree_mask=mask)
         # EagleDraftHead.forward, spelled out: its cached path is inference-only (no graph), and here the
         # decoder layer must attend, with gradients, to the keys that earlier passes left in the cache.
         # tests/test_zoo.py checks that this equals step-by-step calls of the head.

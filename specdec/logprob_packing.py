@@ -1,0 +1,104 @@
+"""What ``reference.compute_spec_v2_logprobs`` and ``fast.compute_spec_v2_logprobs`` share besides the checks.
+
+Both paths map (request, slot) to a logits row the same way, sanitise temperatures the same way, send the
+requested token ids to the device the same way and pack their [R, ...] results into SGLang's per-row
+lists with the same function, so the two differ only in how they compute the numbers. This is a leaf
+module: it imports neither ``reference`` nor ``fast``. Nothing here reads a tensor's values on the host.
+
+Shapes: B requests, T = S+1 accept slots per request, R = B*T output rows (row r = b*T + j), V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "PADDED_LOGPROB",
+    "PADDED_TOP_LOGPROB_IDX",
+    "accepted_rows",
+    "request_temperatures",
+    "requested_token_ids",
+    "set_logprob_outputs",
+]
+
+#: Value written at a padded accept slot (``accept_index == -1``) in ``next_token_logprobs``,
+#: in the top-logprob values and in the token-id logprob values. A real logprob is 0.0 only
+#: when a token has probability 1; the engine never emits a padded slot (it slices every
+#: step's output by ``accept_lens``), so the value is only ever seen by callers that look past
+#: ``accept_lens``, and it is the same whatever the other requests hold.
+PADDED_LOGPROB = 0.0
+#: Index written in the top-logprob indices of a padded accept slot (never a real token id).
+PADDED_TOP_LOGPROB_IDX = -1
+
+
+def accepted_rows(accept_index: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``accept_index`` [B, T] int, ``num_nodes`` W -> ``rows`` [R] int64, ``valid`` [R] bool.
+
+    ``rows[b*T + j]`` is the logits row that slot (b, j) reads. A padded slot (-1) gets its own
+    request's slot-0 row (``b*W`` if that is padded too), never another request's, so it is always
+    a valid index; ``valid`` is False there and the caller overwrites the slot's outputs."""
+    B = accept_index.shape[0]
+    acc = accept_index.to(torch.long)
+    valid = acc >= 0
+    own = acc[:, :1]
+    own = torch.where(own >= 0, own, torch.arange(B, device=acc.device).unsqueeze(1) * num_nodes)
+    return torch.where(valid, acc, own).reshape(-1), valid.reshape(-1)
+
+
+def request_temperatures(temperatures: torch.Tensor) -> torch.Tensor:
+    """``temperatures`` [B, 1] float -> [B] fp32, a non-positive or NaN temperature replaced by 1.0
+    (SGLang's temperature for a greedy request)."""
+    t = temperatures.reshape(-1).to(torch.float32)
+    return torch.where(t > 0, t, torch.ones_like(t))  # NaN > 0 is False too
+
+
+def requested_token_ids(ids_per_req: list[list[int]], device: torch.device) -> torch.Tensor | None:
+    """``ids_per_req`` B lists of token ids -> [B, L] int64 on ``device`` (L = the longest list, shorter
+    lists padded with token 0, whose results are sliced away), or None when no request asked.
+
+    The copy does not wait for the stream: pinned memory and ``non_blocking`` on CUDA (a pageable copy
+    would synchronise)."""
+    L = max((len(ids) for ids in ids_per_req), default=0)
+    if L == 0:
+        return None
+    ids = torch.tensor([ids + [0] * (L - len(ids)) for ids in ids_per_req], dtype=torch.long)
+    if device.type == "cuda":
+        return ids.pin_memory().to(device, non_blocking=True)
+    return ids.to(device)
+
+
+def set_logprob_outputs(
+    logits_output,
+    next_token_logprobs: torch.Tensor,
+    top_val: torch.Tensor | None,
+    top_idx: torch.Tensor | None,
+    top_nums: list[int],
+    token_ids_val: torch.Tensor | None,
+    ids_per_req: list[list[int]],
+):
+    """Set the five output fields of ``logits_output`` in SGLang's per-row list layout.
+
+    ``next_token_logprobs`` [B, T] fp32; ``top_val`` / ``top_idx`` [R, k] (any k >= max(top_nums);
+    None when every ``top_nums`` is 0); ``token_ids_val`` [R, L] (None when no request asked).
+    Entry r of a top list is a 1-D view of row r cut to ``top_nums[b]``; token-id val entry r is a
+    view of row r cut to request b's number of ids, idx entry r a new ``list[int]`` of those ids."""
+    B = len(top_nums)
+    T = next_token_logprobs.shape[1]
+    logits_output.next_token_logprobs = next_token_logprobs
+    if top_val is None:
+        logits_output.next_token_top_logprobs_val = None
+        logits_output.next_token_top_logprobs_idx = None
+    else:
+        k_per_row = [k for k in top_nums for _ in range(T)]
+        logits_output.next_token_top_logprobs_val = [v[:k] for v, k in zip(top_val.unbind(0), k_per_row)]
+        logits_output.next_token_top_logprobs_idx = [i[:k] for i, k in zip(top_idx.unbind(0), k_per_row)]
+    if token_ids_val is None:
+        logits_output.next_token_token_ids_logprobs_val = None
+        logits_output.next_token_token_ids_logprobs_idx = None
+    else:
+        n_per_row = [len(ids_per_req[b]) for b in range(B) for _ in range(T)]
+        logits_output.next_token_token_ids_logprobs_val = [
+            v[:n] for v, n in zip(token_ids_val.unbind(0), n_per_row)
+        ]
+        logits_output.next_token_token_ids_logprobs_idx = [list(ids_per_req[b]) for b in range(B) for _ in range(T)]
+    return logits_output

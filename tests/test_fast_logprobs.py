@@ -1,0 +1,367 @@
+"""``fast.logprobs.compute_spec_v2_logprobs`` (fused Triton) against ``reference.logprobs.compute_spec_v2_logprobs``.
+
+Every comparison goes through ``tests.equivalence.assert_equivalent`` (floats by the "logprob" row of the
+table, integers bit-equal), except the top-k ids where values tie: the reference's ``torch.topk`` lists tied
+ids in an unspecified order, the kernel smaller id first. There each fast id must carry, in the reference's
+own full logprob row, exactly the value the reference lists at that position (which forces the very same id
+wherever the value is not tied), and a row's ids must be distinct. The float64 oracle of
+``tests/test_logprobs.py`` also runs on the fast op. Under ``TRITON_INTERPRET=1`` the kernels run on CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+
+import pytest
+import torch
+
+import fast.logprobs as fast_logprobs
+from reference.logprobs import compute_spec_v2_logprobs as reference_op
+from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from tests.equivalence import assert_equivalent, no_host_sync, tolerance
+from tests.test_logprobs import make_case
+
+fast_op = fast_logprobs.compute_spec_v2_logprobs
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+DTYPE_IDS = ["fp32", "bf16", "fp16"]
+FMIN = torch.finfo(torch.float32).min
+NEG_INF = float("-inf")
+
+#: Worst |fast - reference| seen per logits dtype over this module's comparisons (reported by the last test).
+MAX_ERR: dict[torch.dtype, float] = {}
+
+
+def _record_err(ref, fast, dtype):
+    ref_t = [ref] if isinstance(ref, torch.Tensor) else list(ref or [])
+    fast_t = [fast] if isinstance(fast, torch.Tensor) else list(fast or [])
+    for r, f in zip(ref_t, fast_t):
+        if r.numel():
+            both_min = (r == FMIN) & (f == FMIN)
+            err = torch.where(both_min, 0.0, (r.double() - f.double()).abs()).max().item()
+            MAX_ERR[dtype] = max(MAX_ERR.get(dtype, 0.0), err)
+
+
+def _full_reference_rows(batch, logits, predict, accept_index, S, original):
+    """The reference's logprob of every token of every output row, [R, V] (ids asked for all of V)."""
+    V = logits.shape[1]
+    everything = copy.copy(batch)
+    everything.top_logprobs_nums = [0] * accept_index.shape[0]
+    everything.token_ids_logprobs = [list(range(V))] * accept_index.shape[0]
+    out = reference_op(everything, LogitsOutput(logits), predict, accept_index, S, return_original_logprob=original)
+    return torch.stack(out.next_token_token_ids_logprobs_val)
+
+
+def _assert_top_ids_match(ref_vals, ref_idxs, fast_idxs, full_rows):
+    """Tie-aware id comparison (see the module docstring)."""
+    assert len(ref_idxs) == len(fast_idxs)
+    for r, (rv, ri, fi) in enumerate(zip(ref_vals, ref_idxs, fast_idxs)):
+        assert fi.dtype == ri.dtype == torch.int64 and fi.shape == ri.shape, (r, fi, ri)
+        if ri.numel() == 0:
+            continue
+        if (ri < 0).all():  # padded slot: the padded index everywhere, in both
+            assert_equivalent(ri, fi, "logprob", where=f"top_idx[{r}]")
+            continue
+        assert (fi >= 0).all() and fi.unique().numel() == fi.numel(), (r, fi)
+        carried = full_rows[r][fi]
+        assert torch.equal(carried, rv), f"row {r}: fast ids {fi.tolist()} carry {carried.tolist()}, want {rv.tolist()}"
+
+
+def compare(batch, logits, predict, accept_index, S, *, original=False, dtype=None, ids_bit_equal=False):
+    """Run both ops on the same inputs and assert equivalence of every output field."""
+    dtype = dtype or logits.dtype
+    ref = reference_op(batch, LogitsOutput(logits), predict, accept_index, S, return_original_logprob=original)
+    out = LogitsOutput(logits)
+    assert fast_op(batch, out, predict, accept_index, S, return_original_logprob=original) is out
+
+    assert_equivalent(ref.next_token_logprobs, out.next_token_logprobs, "logprob", dtype, "next_token_logprobs")
+    _record_err(ref.next_token_logprobs, out.next_token_logprobs, dtype)
+    fields = ("next_token_top_logprobs_val", "next_token_token_ids_logprobs_val", "next_token_token_ids_logprobs_idx")
+    for name in fields:
+        assert_equivalent(getattr(ref, name), getattr(out, name), "logprob", dtype, name)
+    _record_err(ref.next_token_top_logprobs_val, out.next_token_top_logprobs_val, dtype)
+    _record_err(ref.next_token_token_ids_logprobs_val, out.next_token_token_ids_logprobs_val, dtype)
+    if ref.next_token_top_logprobs_idx is None:
+        assert out.next_token_top_logprobs_idx is None
+    elif ids_bit_equal:
+        assert_equivalent(ref.next_token_top_logprobs_idx, out.next_token_top_logprobs_idx, "logprob", dtype)
+    else:
+        full = _full_reference_rows(batch, logits, predict, accept_index, S, original)
+        _assert_top_ids_match(ref.next_token_top_logprobs_val, ref.next_token_top_logprobs_idx,
+                              out.next_token_top_logprobs_idx, full)
+    return ref, out
+
+
+@pytest.fixture
+def force_splits(monkeypatch):
+    """``force_splits(n)``: from now on the public op launches with n vocabulary splits."""
+    launch = fast_logprobs.compute_spec_v2_logprobs_launch
+
+    def force(n):
+        monkeypatch.setattr(fast_logprobs, "compute_spec_v2_logprobs_launch", functools.partial(launch, _num_splits=n))
+
+    return force
+
+
+def _batch(temps, top_nums, token_ids, greedy=False, seq_len=5):
+    B = len(temps)
+    return SpecBatch(
+        seq_lens=torch.full((B,), seq_len),
+        sampling_info=SamplingInfo(torch.tensor(temps, dtype=torch.float32).reshape(B, 1), greedy),
+        top_logprobs_nums=list(top_nums),
+        token_ids_logprobs=list(token_ids),
+    )
+
+
+def _chain_case(B, S, W, V, seed=0, dtype=torch.float32, scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B * W, V, generator=g) * scale).to(dtype)
+    acc = torch.tensor([[b * W + j for j in range(S + 1)] for b in range(B)], dtype=torch.int32)
+    predict = torch.randint(0, V, (B * W,), generator=g, dtype=torch.int32)
+    return logits, predict, acc
+
+
+# ----------------------------------------------------------------------------- random and awkward inputs
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_random_batches_match_reference(dtype):
+    # make_case mixes greedy and sampled requests, padded and permuted accept rows, -inf tokens and fully
+    # masked rows, top_logprobs_num in {0, 1, 5, 20} and ragged / None / duplicate token id lists.
+    for seed in range(6):
+        batch, lo, predict, acc, S = make_case(seed, dtype)
+        compare(batch, lo.next_token_logits, predict, acc, S, original=seed % 3 == 2)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 5])
+def test_forced_vocabulary_splits_match_reference(force_splits, splits):
+    # V = 45 over 3 splits is 16 + 16 + 13 columns; 5 splits leave the last two programs without a column.
+    force_splits(splits)
+    logits, predict, acc = _chain_case(B=2, S=2, W=3, V=45, seed=splits)
+    logits[1, :20] = NEG_INF  # a split that sees only -inf
+    logits[4] = NEG_INF  # a fully masked row
+    acc[1, 2] = -1
+    batch = _batch([0.7, 1.3], [5, 1], [[44, 0, 44], None])
+    compare(batch, logits, predict, acc, 2)
+
+
+def test_more_splits_than_tiles_with_full_top_k(force_splits):
+    force_splits(7)  # V = 20: one 16-wide tile per split, so splits 2..6 are empty
+    logits, predict, acc = _chain_case(B=1, S=1, W=2, V=20, seed=3)
+    compare(_batch([0.5], [20], [[3]]), logits, predict, acc, 1)
+
+
+def test_distinct_values_give_bit_equal_ids(force_splits):
+    force_splits(3)
+    logits, predict, acc = _chain_case(B=3, S=1, W=2, V=200, seed=4)  # continuous fp32: no ties
+    batch = _batch([0.4, 1.0, 2.5], [20, 3, 1], [None, None, None])
+    compare(batch, logits, predict, acc, 1, ids_bit_equal=True)
+
+
+def test_vocabulary_of_one():
+    logits, predict, acc = _chain_case(B=2, S=1, W=2, V=1)
+    logits[3, 0] = NEG_INF
+    compare(_batch([0.5, 2.0], [1, 0], [[0, 0], None]), logits, predict, acc, 1)
+
+
+@pytest.mark.parametrize("splits", [None, 1])
+def test_large_vocabulary(force_splits, splits):
+    # V > 2^17 on two rows: the default heuristic splits the row over 32 programs; 1 forces a single pass.
+    if splits is not None:
+        force_splits(splits)
+    V = 2**17 + 37
+    logits, predict, acc = _chain_case(B=1, S=1, W=2, V=V, seed=5, dtype=torch.bfloat16, scale=4.0)
+    logits[0, V - 1] = 30.0  # the winner in the last, partial tile
+    compare(_batch([0.8], [5], [[V - 1, 0, 77777]]), logits, predict, acc, 1)
+
+
+def test_split_heuristic():
+    split = fast_logprobs._num_vocab_splits
+    assert split(2, 151936, 132) > 8  # decode: two rows, a large vocabulary
+    assert split(2, 151936, 132) * 4 * fast_logprobs._BLOCK_V <= 151936 + 4 * fast_logprobs._BLOCK_V
+    assert split(256, 151936, 132) == 1  # the rows alone fill the GPU
+    assert split(2, 48, 132) == 1  # nothing worth splitting
+    assert 1 <= split(1, 2**18, 132) <= fast_logprobs._MAX_SPLITS
+
+
+def test_single_row_target_only():
+    logits, predict, acc = _chain_case(B=1, S=0, W=1, V=33)
+    compare(_batch([0.9], [4], [[32, 1]]), logits, predict, acc, 0)
+
+
+def test_tree_at_maximum_size():
+    # topk 4, 3 steps: W = 1 + K + (S-1)K^2 = 37 nodes per request; accepted nodes anywhere in the tree.
+    B, S, W, V = 2, 3, 37, 64
+    logits, predict, _ = _chain_case(B=B, S=S, W=W, V=V, seed=6)
+    acc = torch.tensor([[0, 4, 17, 36], [W + 0, W + 36, -1, -1]], dtype=torch.int64)
+    compare(_batch([0.6, 1.4], [3, 8], [[63], [1, 2, 3]]), logits, predict, acc, S)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_masked_tokens_and_fully_masked_rows(dtype):
+    B, S, W, V = 2, 1, 2, 8
+    logits = torch.randn(B * W, V)
+    logits[:, 3] = NEG_INF
+    logits[1] = NEG_INF
+    logits = logits.to(dtype)
+    predict = torch.tensor([3, 5, 0, 3])
+    acc = torch.tensor([[0, 1], [2, 3]])
+    ref, out = compare(_batch([0.3, 1.5], [V, 2], [[3, 0], [3]]), logits, predict, acc, S)
+    assert out.next_token_logprobs[0, 1].item() == FMIN  # every token of a fully masked row
+    assert out.next_token_top_logprobs_val[1].tolist() == [FMIN] * V
+    assert out.next_token_top_logprobs_idx[0][-1].item() == 3  # the masked token sorts last
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_ties_in_top_k(force_splits, splits):
+    # Integer-valued logits over V = 48: each value is shared by about ten tokens, ties straddle every cut.
+    force_splits(splits)
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randint(-2, 3, (6, 48), generator=g).float()
+    logits[5, :] = 1.0  # one row entirely tied
+    predict = torch.randint(0, 48, (6,), generator=g)
+    acc = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    compare(_batch([1.0, 0.5], [20, 7], [[0], None]), logits, predict, acc, 2)
+
+
+@pytest.mark.parametrize("top_nums", [[0, 0], [1, 1], [20, 0], [33, 5], [64, 0]], ids=str)
+def test_top_logprobs_num_around_the_cap(top_nums):
+    # <= TOP_K_CAP (32): the kernel's running top-k; above it: torch.topk over the raw rows + the kernel's lse.
+    logits, predict, acc = _chain_case(B=2, S=1, W=3, V=64, seed=8)
+    logits[2, ::3] = NEG_INF
+    acc[1, 1] = -1
+    compare(_batch([0.7, 1.9], top_nums, [None, [5]]), logits, predict, acc, 1)
+    assert fast_logprobs.TOP_K_CAP >= 20
+
+
+def test_token_ids_ragged_none_and_duplicates():
+    logits, predict, acc = _chain_case(B=4, S=1, W=2, V=70, seed=9)
+    ids = [[69, 2, 69, 0], None, [], [5] * 40]  # 40 ids: more than one block of the ids loop
+    ref, out = compare(_batch([1.0, 0.2, 3.0, 0.7], [0, 0, 0, 0], ids), logits, predict, acc, 1)
+    assert out.next_token_token_ids_logprobs_idx == [[69, 2, 69, 0]] * 2 + [[]] * 4 + [[5] * 40] * 2
+    out.next_token_token_ids_logprobs_idx[0].append(1)  # a fresh list per row
+    assert out.next_token_token_ids_logprobs_idx[1] == [69, 2, 69, 0]
+
+
+@pytest.mark.parametrize("sentinel", [1e4, float("nan"), float("inf")])
+def test_padded_slots_never_read_another_requests_row(sentinel):
+    B, S, W, V = 3, 3, 4, 12
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(B * W, V, generator=g)
+    logits[-1] = 0.0
+    logits[-1, 7] = sentinel  # the last request's last row: what SGLang reads at a padded slot
+    predict = torch.full((B * W,), 7)
+    acc = torch.tensor([[0, 2, -1, -1], [4, -1, -1, -1], [8, 9, 10, -1]])
+    batch = _batch([0.7, 1.0, 1.3], [3, 0, 2], [[7, 1], None, [7]])
+    ref, out = compare(batch, logits, predict, acc, S)
+    T = S + 1
+    assert torch.isfinite(out.next_token_logprobs).all()
+    assert out.next_token_logprobs[1, 1:].tolist() == [0.0] * 3
+    assert out.next_token_top_logprobs_idx[0 * T + 2].tolist() == [-1] * 3
+    assert out.next_token_token_ids_logprobs_val[0 * T + 3].tolist() == [0.0, 0.0]
+
+    logits2 = logits.clone()
+    logits2[2 * W:] = torch.randn(W, V, generator=g) * 50
+    out2 = LogitsOutput(logits2)
+    fast_op(batch, out2, predict, acc, S)
+    assert torch.equal(out2.next_token_logprobs[:2], out.next_token_logprobs[:2])
+    for r in range(2 * T):
+        assert torch.equal(out2.next_token_top_logprobs_val[r], out.next_token_top_logprobs_val[r])
+        assert torch.equal(out2.next_token_token_ids_logprobs_val[r], out.next_token_token_ids_logprobs_val[r])
+
+
+def test_slot_zero_padded_reads_own_request_only():
+    logits, predict, acc = _chain_case(B=2, S=1, W=2, V=16, seed=10)
+    acc[1] = torch.tensor([-1, -1])
+    logits[2:] = float("nan")  # the request's own rows: never emitted, never leak into request 0
+    ref, out = compare(_batch([0.5, 1.0], [2, 2], [[1], [1]]), logits, predict, acc, 1)
+    assert out.next_token_logprobs[1].tolist() == [0.0, 0.0]
+
+
+def test_temperature_follows_request_not_row_position():
+    # Request b's accepted rows live in block (b+1) % B, in a permuted order.
+    B, S, W, V = 3, 2, 4, 16
+    logits, predict, _ = _chain_case(B=B, S=S, W=W, V=V, seed=11)
+    acc = torch.tensor([[((b + 1) % B) * W + n for n in (0, 2, 1)] for b in range(B)], dtype=torch.int32)
+    batch = _batch([0.2, 1.0, 1.9], [3, 3, 3], [[1], [1], [1]])
+    ref, out = compare(batch, logits, predict, acc, S)
+    wrong = _batch([1.9, 0.2, 1.0], [3, 3, 3], [[1], [1], [1]])  # the temperatures of row // W
+    wrong_out = reference_op(wrong, LogitsOutput(logits), predict, acc, S)
+    assert (wrong_out.next_token_logprobs - out.next_token_logprobs).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("mode", ["all_greedy", "original", "nonpositive_temperature"])
+def test_unscaled_modes(mode):
+    logits, predict, acc = _chain_case(B=3, S=1, W=2, V=40, seed=12)
+    temps = [0.0, -1.0, float("nan")] if mode == "nonpositive_temperature" else [0.3, 2.0, 0.5]
+    batch = _batch(temps, [4, 0, 2], [[1, 39], None, [0]], greedy=mode == "all_greedy")
+    ref, out = compare(batch, logits, predict, acc, 1, original=mode == "original")
+    rows = acc.reshape(-1).long()
+    want = torch.log_softmax(logits.double(), -1)[rows, predict.long()[rows]]
+    atol, _ = tolerance("logprob", torch.float32)
+    assert torch.allclose(out.next_token_logprobs.reshape(-1).double(), want, atol=atol, rtol=0)
+
+
+def test_empty_batch():
+    lo = LogitsOutput(torch.zeros(0, 10))
+    batch = _batch([], [], [])
+    fast_op(batch, lo, torch.zeros(0, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long), 2)
+    assert tuple(lo.next_token_logprobs.shape) == (0, 3)
+    assert lo.next_token_top_logprobs_val is None and lo.next_token_token_ids_logprobs_val is None
+
+
+def test_non_contiguous_logits():
+    base = torch.randn(6, 50)
+    logits = base[:, :37]  # row stride 50
+    predict = torch.randint(0, 37, (6,))
+    acc = torch.tensor([[0, 1, 2], [3, 5, -1]])
+    compare(_batch([0.5, 1.5], [3, 3], [[36], None]), logits, predict, acc, 2)
+
+
+# ----------------------------------------------------------------------------- contract and the checks themselves
+
+
+def test_no_host_sync(force_splits):
+    batch, lo, predict, acc, S = make_case(11, torch.float32, B=3, S=3, W=5, V=23)
+    batch.top_logprobs_nums = [5, 0, 20]
+    batch.token_ids_logprobs = [[1, 2], None, [0]]
+    with no_host_sync():
+        fast_op(batch, lo, predict, acc, S)
+    force_splits(2)
+    batch.top_logprobs_nums = [23, 0, 0]  # above the cap: the torch.topk fallback
+    with no_host_sync():
+        fast_op(batch, LogitsOutput(lo.next_token_logits), predict, acc, S)
+    with pytest.raises(AssertionError, match="host sync"), no_host_sync():  # the guard itself works
+        lo.next_token_logprobs.sum().item()
+
+
+def test_signature_and_docstring_match_the_reference():
+    assert inspect.signature(fast_op) == inspect.signature(reference_op)
+    doc = fast_op.__doc__
+    assert doc.lstrip().startswith("Logprobs of the accepted path")
+    assert "Shape contract" in doc.split("\n\n")[1]
+
+
+def test_comparison_can_fail():
+    logits, predict, acc = _chain_case(B=2, S=1, W=2, V=30, seed=13)
+    batch = _batch([0.5, 1.5], [4, 4], [[1], None])
+    ref, out = compare(batch, logits, predict, acc, 1)
+    atol, _ = tolerance("logprob", torch.float32)
+    bumped = out.next_token_logprobs.clone()
+    bumped[1, 0] += 2 * atol
+    with pytest.raises(AssertionError):
+        assert_equivalent(ref.next_token_logprobs, bumped, "logprob", torch.float32)
+    full = _full_reference_rows(batch, logits, predict, acc, 1, False)
+    swapped = [i.clone() for i in out.next_token_top_logprobs_idx]
+    swapped[0][[0, 1]] = swapped[0][[1, 0]]
+    with pytest.raises(AssertionError):
+        _assert_top_ids_match(ref.next_token_top_logprobs_val, ref.next_token_top_logprobs_idx, swapped, full)
+
+
+def test_measured_error_is_within_the_table():
+    # Runs last in this module: every comparison above recorded its worst |fast - reference|.
+    for dtype, err in MAX_ERR.items():
+        atol, _ = tolerance("logprob", dtype)
+        assert err <= atol, (dtype, err)
+    print("max |fast - reference| per logits dtype:", {str(d): f"{e:.2e}" for d, e in MAX_ERR.items()})
