@@ -158,10 +158,10 @@ class Engine:
         try:
             step = worker.prefill(prompts, params, seed)
             while True:
-                accept_lens = step.accept_lens.tolist()  # the one host sync per step
-                done = self._emit(step, accept_lens, active, params, outs, is_decode=steps > 0)
+                host = HostStep.read(step)  # the one device-to-host transfer of the step
+                done = self._emit(host, active, params, outs, is_decode=steps > 0)
                 if steps > 0:
-                    worker.advance_host_lengths(accept_lens)
+                    worker.sync_lengths(host.accept_lens)
                 keep = [i for i, r in enumerate(active) if r not in done]
                 if not keep:
                     break
@@ -181,34 +181,22 @@ class Engine:
         return outs
 
     @staticmethod
-    def _emit(step, accept_lens, active, params, outs, is_decode: bool) -> set[int]:
+    def _emit(host: "HostStep", active, params, outs, is_decode: bool) -> set[int]:
         """Append each active request's accepted tokens (cut at a stop token / max_new_tokens) and its
         logprobs; return the request indices that finished."""
-        tokens = step.emitted_tokens().tolist()
-        lo = step.logits_output
-        width = step.accept_index.shape[1]
-        lp = lo.next_token_logprobs.tolist() if lo.next_token_logprobs is not None else None
         done = set()
         for b, r in enumerate(active):
             o, sp = outs[r], params[r]
+            n = host.accept_lens[b]
             if is_decode:
-                o.accept_lens.append(accept_lens[b])
-            for j in range(accept_lens[b]):
-                tok = tokens[b][j]
+                o.accept_lens.append(n)
+            for j in range(n):
+                tok = host.tokens[b][j]
                 o.token_ids.append(tok)
                 if sp.return_logprob:
-                    row = b * width + j
-                    o.logprobs.append(lp[b][j])
-                    if lo.next_token_top_logprobs_val is not None:
-                        o.top_logprobs.append(list(zip(lo.next_token_top_logprobs_val[row].tolist(),
-                                                       lo.next_token_top_logprobs_idx[row].tolist())))
-                    else:
-                        o.top_logprobs.append([])
-                    if lo.next_token_token_ids_logprobs_val is not None:
-                        o.token_ids_logprobs.append(list(zip(lo.next_token_token_ids_logprobs_val[row].tolist(),
-                                                             list(lo.next_token_token_ids_logprobs_idx[row]))))
-                    else:
-                        o.token_ids_logprobs.append([])
+                    o.logprobs.append(host.logprobs[b][j])
+                    o.top_logprobs.append(host.top_logprobs(b, j, sp.top_logprobs_num))
+                    o.token_ids_logprobs.append(host.token_ids_logprobs(b, j))
                 if tok in sp.stop_token_ids:
                     o.finish_reason = "stop"
                     done.add(r)
@@ -218,6 +206,67 @@ class Engine:
                     done.add(r)
                     break
         return done
+
+
+@dataclass
+class HostStep:
+    """One step's output on the host, read from the device in a single transfer.
+
+    accept_lens: B ints; tokens: B lists of T = S+1 ints (slot j valid for j < accept_lens[b]);
+    logprobs: B lists of T floats (None when nobody asked); the top-k and token-id logprobs as dense
+    rows (row b*T + j), sliced per request by `top_logprobs` / `token_ids_logprobs`."""
+
+    accept_lens: list[int]
+    tokens: list[list[int]]
+    logprobs: list[list[float]] | None
+    top_val: list[list[float]] | None
+    top_idx: list[list[float]] | None
+    token_ids_val: list[list[float]] | None
+    token_ids_idx: list[list[int]] | None
+    width: int
+
+    @classmethod
+    def read(cls, step) -> "HostStep":
+        """Pack every field the engine emits into one float64 buffer (token ids < 2^53 are exact) and copy
+        it to the host once; slice it there."""
+        lo = step.logits_output
+        B, T = step.accept_index.shape
+        parts = [step.accept_lens, step.emitted_tokens()]
+        fields = [lo.next_token_logprobs, lo.top_logprobs_val_rows, lo.top_logprobs_idx_rows,
+                  lo.token_ids_logprobs_val_rows]
+        parts += [f for f in fields if f is not None]
+        flat = torch.cat([p.reshape(-1).to(torch.float64) for p in parts]).tolist()
+        pos = 0
+
+        def take(rows, cols, as_int=False):
+            nonlocal pos
+            out = [flat[pos + i * cols: pos + (i + 1) * cols] for i in range(rows)]
+            pos += rows * cols
+            return [[int(x) for x in row] for row in out] if as_int else out
+
+        accept_lens = take(1, B, as_int=True)[0]
+        tokens = take(B, T, as_int=True)
+        logprobs = take(B, T) if lo.next_token_logprobs is not None else None
+        top_val = take(*lo.top_logprobs_val_rows.shape) if lo.top_logprobs_val_rows is not None else None
+        top_idx = (take(*lo.top_logprobs_idx_rows.shape, as_int=True) if lo.top_logprobs_idx_rows is not None
+                   else None)
+        tid = lo.token_ids_logprobs_val_rows
+        token_ids_val = take(*tid.shape) if tid is not None else None
+        return cls(accept_lens, tokens, logprobs, top_val, top_idx, token_ids_val,
+                   lo.next_token_token_ids_logprobs_idx, T)
+
+    def top_logprobs(self, b: int, j: int, k: int) -> list[tuple[float, int]]:
+        if self.top_val is None:
+            return []
+        row = b * self.width + j
+        return list(zip(self.top_val[row][:k], self.top_idx[row][:k]))
+
+    def token_ids_logprobs(self, b: int, j: int) -> list[tuple[float, int]]:
+        if self.token_ids_val is None:
+            return []
+        row = b * self.width + j
+        ids = self.token_ids_idx[row]
+        return list(zip(self.token_ids_val[row][:len(ids)], list(ids)))
 
 
 def _fast_missing_ops() -> list[str]:

@@ -81,10 +81,15 @@ def set_logprob_outputs(
     ``next_token_logprobs`` [B, T] fp32; ``top_val`` / ``top_idx`` [R, k] (any k >= max(top_nums);
     None when every ``top_nums`` is 0); ``token_ids_val`` [R, L] (None when no request asked).
     Entry r of a top list is a 1-D view of row r cut to ``top_nums[b]``; token-id val entry r is a
-    view of row r cut to request b's number of ids, idx entry r a new ``list[int]`` of those ids."""
+    view of row r cut to request b's number of ids, idx entry r a new ``list[int]`` of those ids. The
+    dense tensors themselves are left in ``top_logprobs_val_rows`` / ``top_logprobs_idx_rows`` /
+    ``token_ids_logprobs_val_rows`` (for a caller that wants them in one piece)."""
     B = len(top_nums)
     T = next_token_logprobs.shape[1]
     logits_output.next_token_logprobs = next_token_logprobs
+    logits_output.top_logprobs_val_rows = top_val
+    logits_output.top_logprobs_idx_rows = top_idx
+    logits_output.token_ids_logprobs_val_rows = token_ids_val
     if top_val is None:
         logits_output.next_token_top_logprobs_val = None
         logits_output.next_token_top_logprobs_idx = None

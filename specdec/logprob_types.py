@@ -56,6 +56,11 @@ class LogitsOutput:
     - ``next_token_token_ids_logprobs_val`` / ``_idx``: lists of length R; val entries are
       1-D fp32 tensors, idx entries the requested ids as ``list[int]`` (empty for a request
       that asked for none); None when no request asked.
+
+    Beside SGLang's per-row lists, the helper leaves the dense tensors those lists are views of
+    (``top_logprobs_val_rows`` / ``_idx_rows`` [R, k >= every top_logprobs_num], and
+    ``token_ids_logprobs_val_rows`` [R, L]; None when nobody asked): the engine copies them to the
+    host in one transfer instead of one per row.
     """
 
     next_token_logits: torch.Tensor
@@ -65,3 +70,6 @@ class LogitsOutput:
     next_token_top_logprobs_idx: list | None = None
     next_token_token_ids_logprobs_val: list | None = None
     next_token_token_ids_logprobs_idx: list | None = None
+    top_logprobs_val_rows: torch.Tensor | None = None
+    top_logprobs_idx_rows: torch.Tensor | None = None
+    token_ids_logprobs_val_rows: torch.Tensor | None = None

@@ -1,9 +1,10 @@
 """What every worker shares: request state, target forward, sampling, verify, commit and logprobs.
 
 A worker binds an ops module (`reference` or `fast`); the algorithms are written once here and in
-the two speculative workers. One decode step has fixed shapes and makes no host sync; the engine
-reads `accept_lens` after the step and tells the worker (`advance_host_lengths`) so the next step's
-attention span is a host-side bound.
+the two speculative workers. One decode step has fixed shapes and makes no host sync. Correctness
+never depends on the host's copy of the lengths: the device holds the exact lengths, the worker keeps
+a host upper bound that grows by the most a step can add, and a caller that has read a step's
+`accept_lens` may tighten it (`sync_lengths`); a stale bound costs attention compute only.
 """
 from __future__ import annotations
 
@@ -37,6 +38,19 @@ class StepOutput:
         return self.predict[self.accept_index.clamp_min(0).long()]
 
 
+class RequestState:
+    """The per-request tensors of a worker (leading dim B), in one object: `filter` indexes them all.
+
+    Created empty in the worker's constructor and filled at prefill; anything a worker keeps per
+    request lives here, so dropping finished requests cannot miss one."""
+
+    def filter(self, keep: torch.Tensor) -> None:
+        """Keep the requests at batch positions `keep` ((B',) int64, on the state's device)."""
+        for name, value in list(vars(self).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value[keep])
+
+
 class WorkerBase:
     """Target-side machinery; subclasses add drafting. `ops` is the `reference` or `fast` module."""
 
@@ -49,6 +63,9 @@ class WorkerBase:
         self.cache = KVCache.for_model(target.config, target.config.num_hidden_layers, max_batch, max_seq_len,
                                        target.dtype, self.device)
         self.slot_list: list[int] = []
+        self.state = RequestState()
+        self.seq_lens_host: list[int] = []  # per request, an upper bound on the committed target length
+        self._unsynced_steps = 0
 
     # ---- request lifecycle -------------------------------------------------------------------
     @property
@@ -65,12 +82,13 @@ class WorkerBase:
         self.slot_list = self.cache.alloc(B)
         for c in self.caches()[1:]:
             c.alloc(B)  # every cache hands out the same rows: one slot id per request
-        self.slots = torch.tensor(self.slot_list, dtype=torch.int64, device=self.device)
+        self.state = RequestState()
+        self.state.slots = torch.tensor(self.slot_list, dtype=torch.int64, device=self.device)
         self.sampling = SamplingTensors(self.params, self.vocab_size, self.device)
         self.rng = RequestRNG(seed, B)
-        self.prompt_lens_host = [len(p) for p in prompts]
-        self.seq_lens_host = list(self.prompt_lens_host)  # committed target length, exact after each sync
-        self.seq_lens = torch.tensor(self.seq_lens_host, dtype=torch.int64, device=self.device)
+        self.seq_lens_host = [len(p) for p in prompts]
+        self._unsynced_steps = 0
+        self.state.seq_lens = torch.tensor(self.seq_lens_host, dtype=torch.int64, device=self.device)
 
     def finish(self) -> None:
         for c in self.caches():
@@ -86,33 +104,53 @@ class WorkerBase:
         self.slot_list = [self.slot_list[i] for i in keep]
         self.params = [self.params[i] for i in keep]
         self.seq_lens_host = [self.seq_lens_host[i] for i in keep]
-        self.prompt_lens_host = [self.prompt_lens_host[i] for i in keep]
         idx = torch.tensor(keep, dtype=torch.int64, device=self.device)
         self.sampling.filter(idx, self.params)
         self.rng.filter(keep)
-        self.slots = self.slots[idx]
-        for name in self.state_tensors():
-            setattr(self, name, getattr(self, name)[idx])
+        self.state.filter(idx)
 
-    def state_tensors(self) -> list[str]:
-        """Names of per-request tensors (leading dim B) that `filter` must index."""
-        return ["seq_lens"]
+    # ---- the host's bound on the lengths -----------------------------------------------------
+    @property
+    def max_step_tokens(self) -> int:
+        """The most tokens one decode step can commit for a request."""
+        return 1
 
-    def advance_host_lengths(self, accept_lens: list[int]) -> None:
-        self.seq_lens_host = [n + a for n, a in zip(self.seq_lens_host, accept_lens)]
+    @property
+    def len_bound(self) -> int:
+        """Host upper bound on every request's committed target length (exact after a sync)."""
+        return max(self.seq_lens_host, default=0)
+
+    def attn_len(self, extra: int) -> int:
+        """The host bound on a forward's key span: committed length + `extra` in-flight slots, capped
+        at the cache's capacity (no request can exceed it)."""
+        return min(self.len_bound + extra, self.cache.max_seq_len)
+
+    def _grow_length_bound(self) -> None:
+        """After a decode step: every request may have committed up to `max_step_tokens` more."""
+        self.seq_lens_host = [n + self.max_step_tokens for n in self.seq_lens_host]
+        self._unsynced_steps += 1
+
+    def sync_lengths(self, accept_lens: list[int]) -> None:
+        """Tighten the host bound with a step's `accept_lens`, read by the caller, oldest unsynced step
+        first. Optional: a worker driven without it is just as correct, only its attention spans grow."""
+        if self._unsynced_steps == 0:
+            raise ValueError("sync_lengths: every decode step's lengths were already synced")
+        if len(accept_lens) != len(self.seq_lens_host):
+            raise ValueError(f"sync_lengths: got {len(accept_lens)} lengths for {len(self.seq_lens_host)} requests")
+        self.seq_lens_host = [n - self.max_step_tokens + a for n, a in zip(self.seq_lens_host, accept_lens)]
+        self._unsynced_steps -= 1
 
     # ---- shared stages -----------------------------------------------------------------------
     def prefill_target(self, prompts: list[list[int]]):
         """Target forward over the ragged prompts (right-padded) -> logits (B, T, V), hidden (B, T, H),
         and the (B, T) token/position tensors used."""
-        T = max(self.prompt_lens_host)
+        T = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), T, dtype=torch.int64)
         for b, p in enumerate(prompts):
             ids[b, :len(p)] = torch.tensor(p)
         ids = ids.to(self.device)
         positions = torch.arange(T, device=self.device).expand(len(prompts), T)
-        meta = AttentionMetadata(self.slots, torch.zeros_like(self.seq_lens), attn_len=T,
-                                 ops=self.ops)
+        meta = AttentionMetadata(self.state.slots, torch.zeros_like(self.state.seq_lens), attn_len=T, ops=self.ops)
         logits, hidden = self.target(ids, positions, self.cache, meta)
         return logits, hidden, ids, positions
 
@@ -129,7 +167,7 @@ class WorkerBase:
         if not any(p.return_logprob for p in self.params):
             return logits_output
         batch = SpecBatch(
-            seq_lens=self.seq_lens,
+            seq_lens=self.state.seq_lens,
             sampling_info=SamplingInfo(self.sampling.temperatures[:, None], self.sampling.all_greedy),
             top_logprobs_nums=[p.top_logprobs_num if p.return_logprob else 0 for p in self.params],
             token_ids_logprobs=[p.token_ids_logprob if p.return_logprob else None for p in self.params],
@@ -151,24 +189,22 @@ class TargetOnlyWorker(WorkerBase):
     def prefill(self, prompts, params, seed) -> StepOutput:
         self.start(prompts, params, seed)
         logits, _, _, _ = self.prefill_target(prompts)
-        last = (self.seq_lens - 1)[:, None, None].expand(-1, 1, logits.shape[-1])
+        st = self.state
+        last = (st.seq_lens - 1)[:, None, None].expand(-1, 1, logits.shape[-1])
         logits = logits.gather(1, last)[:, 0]
-        tokens = self.sample_tokens(logits, self.rng.uniforms(1, self.device)[:, 0])
-        self.last_tokens = tokens
-        return self.single_token_output(logits, tokens)
-
-    def state_tensors(self):
-        return super().state_tensors() + ["last_tokens"]
+        st.last_tokens = self.sample_tokens(logits, self.rng.uniforms(1, self.device)[:, 0])
+        return self.single_token_output(logits, st.last_tokens)
 
     def decode_step(self) -> StepOutput:
+        st = self.state
         uniforms = self.rng.uniforms(1, self.device)[:, 0]
-        meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + 1,
-                                 ops=self.ops)
-        logits, _ = self.target(self.last_tokens[:, None], self.seq_lens[:, None], self.cache, meta)
+        meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(1), ops=self.ops)
+        logits, _ = self.target(st.last_tokens[:, None], st.seq_lens[:, None], self.cache, meta)
         logits = logits[:, 0]
         tokens = self.sample_tokens(logits, uniforms)
-        self.seq_lens = self.seq_lens + 1
-        self.last_tokens = tokens
+        st.seq_lens = st.seq_lens + 1
+        st.last_tokens = tokens
+        self._grow_length_bound()
         return self.single_token_output(logits, tokens)
 
 
@@ -191,8 +227,9 @@ class SpeculativeWorkerBase(WorkerBase):
     def kv_margin(self) -> int:
         return self.spec.kv_margin
 
-    def state_tensors(self):
-        return super().state_tensors() + ["last_tokens"]
+    @property
+    def max_step_tokens(self) -> int:
+        return self.num_steps + 1
 
     def verify(self, candidates, tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling):
         """Target forward over the W tree nodes, verify (greedy or sampling, per request), KV commit,
@@ -204,8 +241,8 @@ class SpeculativeWorkerBase(WorkerBase):
         caller, whose draft extend still needs the old committed length.
         """
         B, W, S = candidates.shape[0], self.num_draft_tokens, self.num_steps
-        meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + W,
-                                 tree_mask=tree_mask, ops=self.ops)
+        st = self.state
+        meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(W), tree_mask=tree_mask, ops=self.ops)
         logits, hidden = self.target(candidates, positions, self.cache, meta)
         target_predict = logits.argmax(-1)
         s = self.sampling
@@ -227,10 +264,10 @@ class SpeculativeWorkerBase(WorkerBase):
             predict = torch.where(g.repeat_interleave(W), greedy[0], sampled[0])
             accept_index = torch.where(g[:, None], greedy[1], sampled[1])
             accept_length = torch.where(g, greedy[2], sampled[2])
-        self.cache.commit(self.ops, self.slots, self.seq_lens, accept_index, W)
+        self.cache.commit(self.ops, st.slots, st.seq_lens, accept_index, W)
         logits_output = LogitsOutput(next_token_logits=logits.view(B * W, -1), hidden_states=hidden.view(B * W, -1))
         logits_output = self.compute_logprobs(logits_output, predict, accept_index, S)
         accept_lens = accept_length + 1
-        self.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
+        st.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
         step = StepOutput(predict, accept_index, accept_lens, logits_output)
         return step, hidden.view(B * W, -1)

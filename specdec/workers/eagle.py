@@ -22,36 +22,35 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     def caches(self):
         return [self.cache, self.draft_cache]
 
-    def state_tensors(self):
-        return super().state_tensors() + ["topk_p", "topk_index", "draft_hidden"]
-
     # ---- stages ------------------------------------------------------------------------------
 
     def prefill(self, prompts, params, seed) -> StepOutput:
         self.start(prompts, params, seed)
         logits, hidden, ids, positions = self.prefill_target(prompts)
-        last = (self.seq_lens - 1)
+        st = self.state
+        last = (st.seq_lens - 1)
         B, T = ids.shape
         logits_last = logits[torch.arange(B, device=self.device), last]
         tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
-        self.last_tokens = tokens
+        st.last_tokens = tokens
         # Draft extend over the prompt shifted left by one, the sampled token appended at n-1.
         shifted = torch.cat([ids[:, 1:], ids[:, :1]], dim=1).scatter(1, last[:, None], tokens[:, None])
-        meta = AttentionMetadata(self.slots, torch.zeros_like(self.seq_lens), attn_len=T,
-                                 ops=self.ops)
+        meta = AttentionMetadata(st.slots, torch.zeros_like(st.seq_lens), attn_len=T, ops=self.ops)
         d_logits, d_hidden = self.draft(shifted, hidden, positions, self.draft_cache, meta)
         rows = torch.arange(B, device=self.device)
         self._set_next_root_children(d_logits[rows, last], d_hidden[rows, last])
         return self.single_token_output(logits_last, tokens)
 
     def _set_next_root_children(self, logits, hidden):
-        self.topk_p, self.topk_index = self.ops.softmax_topk(logits, self.topk)
-        self.draft_hidden = hidden
+        st = self.state
+        st.topk_p, st.topk_index = self.ops.softmax_topk(logits, self.topk)
+        st.draft_hidden = hidden
 
     def draft_forward(self):
         """S draft steps of select_top_k_tokens + draft forward -> the lists organize_draft_results takes."""
-        B, K, S = self.seq_lens.shape[0], self.topk, self.num_steps
-        topk_p, topk_index, hidden, scores = self.topk_p, self.topk_index, self.draft_hidden, None
+        st = self.state
+        B, K, S = st.seq_lens.shape[0], self.topk, self.num_steps
+        topk_p, topk_index, hidden, scores = st.topk_p, st.topk_index, st.draft_hidden, None
         score_list, token_list, parents_list = [], [], []
         own = self._own_slot
         n_inflight = own.shape[0]
@@ -70,10 +69,9 @@ class EagleWorkerV2(SpeculativeWorkerBase):
             else:
                 parent_frontier = (parents - (K * K * (i - 1) + K)) // K  # (B, K) index into last frontier
                 ancestry = ancestry.gather(1, parent_frontier[:, :, None].expand(B, K, n_inflight)) | mine
-            meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + (i + 1) * K,
-                                     write_offset=i * K, tree_mask=ancestry[:, :, :(i + 1) * K].contiguous(),
-                                     ops=self.ops)
-            positions = (self.seq_lens + i)[:, None].expand(B, K)
+            meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len((i + 1) * K), ops=self.ops,
+                                     write_offset=i * K, tree_mask=ancestry[:, :, :(i + 1) * K].contiguous())
+            positions = (st.seq_lens + i)[:, None].expand(B, K)
             logits, hidden = self.draft(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
             topk_p, topk_index = self.ops.softmax_topk(logits.view(B * K, -1), K)
             hidden = hidden.reshape(B * K, -1)
@@ -82,29 +80,31 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     def draft_extend(self, step: StepOutput, target_hidden):
         """Draft forward over the accepted path (padded to S+1): (h[n_j], predict[n_j]) at position n+j.
         Its output at n+a gives the next root's top-K children."""
-        B, S = self.seq_lens.shape[0], self.num_steps
+        st = self.state
+        B, S = st.seq_lens.shape[0], self.num_steps
         nodes = step.accept_index.clamp_min(0).long()  # padded slots reuse the root: garbage past n+a
         ids = step.predict.long()[nodes]
         hidden = target_hidden[nodes]
-        positions = self.seq_lens[:, None] + torch.arange(S + 1, device=self.device)
-        meta = AttentionMetadata(self.slots, self.seq_lens, attn_len=max(self.seq_lens_host) + S + 1,
-                                 ops=self.ops)
+        positions = st.seq_lens[:, None] + torch.arange(S + 1, device=self.device)
+        meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(S + 1), ops=self.ops)
         logits, d_hidden = self.draft(ids, hidden, positions, self.draft_cache, meta)
         last = (step.accept_lens - 1).long()
         rows = torch.arange(B, device=self.device)
         self._set_next_root_children(logits[rows, last], d_hidden[rows, last])
 
     def decode_step(self) -> StepOutput:
-        B, W = self.seq_lens.shape[0], self.num_draft_tokens
+        st = self.state
+        B, W = st.seq_lens.shape[0], self.num_draft_tokens
         score_list, token_list, parents_list = self.draft_forward()
         parent_list, top_scores_index, draft_tokens = self.ops.organize_draft_results(
             score_list, token_list, parents_list, W)
         (tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling,
          flat_tokens) = self.ops.build_tree_kernel_efficient(
-            self.last_tokens, parent_list, top_scores_index, draft_tokens, self.seq_lens, self.topk,
+            st.last_tokens, parent_list, top_scores_index, draft_tokens, st.seq_lens, self.topk,
             self.num_steps, W)
         step, target_hidden = self.verify(flat_tokens.view(B, W), tree_mask, positions.view(B, W), retrieve_index,
                                           retrieve_next_token, retrieve_next_sibling)
         self.draft_extend(step, target_hidden)
-        self.seq_lens = self.seq_lens + step.accept_lens
+        st.seq_lens = st.seq_lens + step.accept_lens
+        self._grow_length_bound()
         return step

@@ -46,14 +46,12 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
     def caches(self):
         return [self.cache, self.draft_cache]
 
-    def state_tensors(self):
-        return super().state_tensors() + ["stream", "hidden_ring", "draft_tokens"]
-
     # ---- stages ------------------------------------------------------------------------------
     def _write_ring(self, positions, hidden):
         """positions: (B, T) int64; hidden: (B, T, H)."""
+        ring = self.state.hidden_ring
         slots = (positions % self.ring_size)[:, :, None].expand_as(hidden)
-        self.hidden_ring.scatter_(1, slots, hidden.to(self.hidden_ring.dtype))
+        ring.scatter_(1, slots, hidden.to(ring.dtype))
 
     def draft_extend(self, start, last, T: int, hidden0, attn_len: int):
         """Run the S layers over positions start .. start+T-1 (valid up to `last`, per request),
@@ -62,46 +60,49 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         start, last: (B,) int64; hidden0: (B, T, H), the target's hidden states at those positions.
         Sets draft_tokens (B, S): d_1..d_S, the chain after the token at last + 1.
         """
+        st = self.state
         B, S = start.shape[0], self.num_steps
         positions = start[:, None] + torch.arange(T, device=self.device)
-        meta = AttentionMetadata(self.slots, start, attn_len=attn_len, ops=self.ops)
+        meta = AttentionMetadata(st.slots, start, attn_len=attn_len, ops=self.ops)
         rows = torch.arange(B, device=self.device)
         at_last = last - start
         hidden = hidden0
         guesses = []
         for k in range(S):
-            ids = self.stream.gather(1, positions + k + 1)
+            ids = st.stream.gather(1, positions + k + 1)
             logits, out = self.draft.forward_layer(k, ids, hidden, positions, self.draft_cache, meta)
             guess = self.ops.softmax_topk(logits[rows, at_last], 1)[1][:, 0]
-            self.stream.scatter_(1, (last + k + 2)[:, None], guess[:, None])
+            st.stream.scatter_(1, (last + k + 2)[:, None], guess[:, None])
             guesses.append(guess)
             if self.draft.chain_hidden_states:
                 hidden = out
-        self.draft_tokens = torch.stack(guesses, dim=1)
+        st.draft_tokens = torch.stack(guesses, dim=1)
 
     def prefill(self, prompts, params, seed) -> StepOutput:
         self.start(prompts, params, seed)
         logits, hidden, ids, positions = self.prefill_target(prompts)
+        st = self.state
         B, T = ids.shape
         rows = torch.arange(B, device=self.device)
-        last = self.seq_lens - 1
+        last = st.seq_lens - 1
         logits_last = logits[rows, last]
         tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
-        self.last_tokens = tokens
-        self.stream = torch.zeros(B, self.stream_len, dtype=torch.int64, device=self.device)
-        self.stream[:, :T] = ids
-        self.stream.scatter_(1, self.seq_lens[:, None], tokens[:, None])
-        self.hidden_ring = torch.zeros(B, self.ring_size, hidden.shape[-1], dtype=hidden.dtype, device=self.device)
+        st.last_tokens = tokens
+        st.stream = torch.zeros(B, self.stream_len, dtype=torch.int64, device=self.device)
+        st.stream[:, :T] = ids
+        st.stream.scatter_(1, st.seq_lens[:, None], tokens[:, None])
+        st.hidden_ring = torch.zeros(B, self.ring_size, hidden.shape[-1], dtype=hidden.dtype, device=self.device)
         R = min(self.ring_size, T)
-        recent = (self.seq_lens[:, None] - R + torch.arange(R, device=self.device)).clamp_min(0)
+        recent = (st.seq_lens[:, None] - R + torch.arange(R, device=self.device)).clamp_min(0)
         self._write_ring(recent, hidden.gather(1, recent[:, :, None].expand(-1, -1, hidden.shape[-1])))
-        self.draft_extend(torch.zeros_like(self.seq_lens), last, T, hidden, attn_len=T)
+        self.draft_extend(torch.zeros_like(st.seq_lens), last, T, hidden, attn_len=T)
         return self.single_token_output(logits_last, tokens)
 
     def decode_step(self) -> StepOutput:
-        B, S, W = self.seq_lens.shape[0], self.num_steps, self.num_draft_tokens
-        n = self.seq_lens
-        candidates = torch.cat([self.last_tokens[:, None], self.draft_tokens], dim=1)
+        st = self.state
+        B, S, W = st.seq_lens.shape[0], self.num_steps, self.num_draft_tokens
+        n = st.seq_lens
+        candidates = torch.cat([st.last_tokens[:, None], st.draft_tokens], dim=1)
         positions = n[:, None] + torch.arange(W, device=self.device)
         step, target_hidden = self.verify(candidates, self._chain_mask.expand(B, W, W), positions,
                                           self._chain_retrieve_index[:B], self._chain_next_token[:B],
@@ -110,13 +111,14 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         j = torch.arange(S + 1, device=self.device)
         # Accepted tokens and the bonus go to positions n+1 .. n+a+1, hidden states to n .. n+a
         # (padded slots write garbage past the committed length, overwritten before being read).
-        self.stream.scatter_(1, n[:, None] + 1 + j, step.predict.long()[nodes])
+        st.stream.scatter_(1, n[:, None] + 1 + j, step.predict.long()[nodes])
         self._write_ring(n[:, None] + j, target_hidden[nodes])
         start = (n - S + 1).clamp_min(0)
         window = start[:, None] + torch.arange(2 * S, device=self.device)
-        ring_index = (window % self.ring_size)[:, :, None].expand(-1, -1, self.hidden_ring.shape[-1])
-        hidden0 = self.hidden_ring.gather(1, ring_index)
+        ring_index = (window % self.ring_size)[:, :, None].expand(-1, -1, st.hidden_ring.shape[-1])
+        hidden0 = st.hidden_ring.gather(1, ring_index)
         last = n + step.accept_lens - 1
-        self.draft_extend(start, last, 2 * S, hidden0, attn_len=max(max(self.seq_lens_host) + S + 1, 2 * S))
-        self.seq_lens = n + step.accept_lens
+        self.draft_extend(start, last, 2 * S, hidden0, attn_len=max(self.attn_len(S + 1), 2 * S))
+        st.seq_lens = n + step.accept_lens
+        self._grow_length_bound()
         return step
