@@ -45,10 +45,13 @@ class Engine:
 
     draft=None is plain target-only decoding. An `EagleDraftHead` draft runs EagleWorkerV2; an
     `MTPDraftModel` runs MultiLayerEagleWorkerV2. impl="auto" is fast on CUDA, reference elsewhere.
+    cuda_graphs (default: on with the fast path on CUDA) replays each decode step as a CUDA graph, one
+    per batch-size bucket (1, 2, 4, ..., max_batch), the batch padded to its bucket.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, impl: str = "auto",
-                 max_batch: int = 16, max_seq_len: int | None = None, return_original_logprob: bool = False):
+                 max_batch: int = 16, max_seq_len: int | None = None, return_original_logprob: bool = False,
+                 cuda_graphs: bool | None = None):
         if impl not in ("auto", "reference", "fast"):
             raise ValueError(f"impl must be 'auto', 'reference' or 'fast', got {impl!r}")
         if not isinstance(max_batch, int) or max_batch < 1:
@@ -63,6 +66,18 @@ class Engine:
         self.impl = self._resolve_impl(impl, target.device)
         ops = self._ops_module(self.impl)
         self.worker = self._make_worker(ops, max_batch, max_seq_len, return_original_logprob)
+        on_cuda = torch.device(target.device).type == "cuda"
+        if cuda_graphs is None:
+            cuda_graphs = on_cuda and self.impl == "fast"
+        if cuda_graphs and not (on_cuda and self.impl == "fast"):
+            raise ValueError(f"cuda_graphs=True needs impl='fast' on a CUDA device, got impl={self.impl!r} on "
+                             f"{target.device}")
+        self.cuda_graphs = bool(cuda_graphs)
+        if self.cuda_graphs:
+            from .workers.graphs import DecodeGraphs
+            self._decode = DecodeGraphs(self.worker, capture=True).decode_step
+        else:
+            self._decode = self.worker.decode_step
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
         self.last_stats: GenerateStats | None = None
@@ -168,7 +183,7 @@ class Engine:
                 if len(keep) < len(active):
                     worker.filter(keep)
                     active = [active[i] for i in keep]
-                step = worker.decode_step()
+                step = self._decode()
                 steps += 1
         finally:
             worker.finish()

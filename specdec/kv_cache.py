@@ -5,21 +5,23 @@ import torch
 
 
 class KVCache:
-    """Per layer, k and v of shape (max_batch, max_seq_len, num_kv_heads, head_dim).
+    """Per layer, k and v of shape (max_batch + 1, max_seq_len, num_kv_heads, head_dim) (the last row: scratch).
 
     A request owns one row (its slot) from `alloc` until `free`; rows are reused. Writes happen in
     the model's attention at given positions; `commit` moves an accepted path's KV to contiguous
-    positions after a tree verify.
+    positions after a tree verify. One extra row, `scratch_slot`, is never handed out: the padded rows
+    of a batch replayed at a larger size (CUDA graphs) write there.
     """
 
     def __init__(self, num_layers, max_batch, max_seq_len, num_kv_heads, head_dim, dtype=torch.float32,
                  device="cpu"):
         # One buffer for every layer's k and v, so a commit is one op over all of them.
-        self.kv = torch.zeros((2, num_layers, max_batch, max_seq_len, num_kv_heads, head_dim), dtype=dtype,
+        self.kv = torch.zeros((2, num_layers, max_batch + 1, max_seq_len, num_kv_heads, head_dim), dtype=dtype,
                               device=device)
         self.k = [self.kv[0, i] for i in range(num_layers)]
         self.v = [self.kv[1, i] for i in range(num_layers)]
         self.max_batch = max_batch
+        self.scratch_slot = max_batch
         self.max_seq_len = max_seq_len
         self._free = list(range(max_batch))
 

@@ -1,4 +1,5 @@
 """EagleWorkerV2 and MultiLayerEagleWorkerV2 against plain target-only decoding."""
+import importlib
 import itertools
 import random
 
@@ -8,6 +9,7 @@ import torch
 import reference
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_llama, random_mtp
+from specdec.op_checks import missing_ops
 from tests.equivalence import no_host_sync
 from tests.helpers import (FALSE_FAILURE_RATE, LOGPROB_ATOL, always_wrong_eagle, always_wrong_mtp, bigram_target,
                            chi_square_pvalue, near_bigram_target, perfect_eagle, perfect_mtp, softmax_filtered)
@@ -486,3 +488,114 @@ def test_stop_token_inside_an_accepted_window(kind):
     assert_same_as_baseline(
         Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=96).generate(prompts, odd),
         Engine(target, max_seq_len=96).generate(prompts, odd))
+
+
+@pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp"])
+def test_padded_static_buffer_steps_equal_eager_steps(kind):
+    """The CUDA-graph plumbing without a GPU: every step runs through a bucket's static buffers (batch
+    padded with copies of request 0 on the scratch cache row, state copied in and out), as a replay
+    would; requests leave mid-way so buckets change; tokens and logprobs equal plain eager steps."""
+    from specdec.workers.graphs import DecodeGraphs, batch_buckets
+
+    assert batch_buckets(6) == [1, 2, 4, 6] and batch_buckets(1) == [1] and batch_buckets(8) == [1, 2, 4, 8]
+    target = near_bigram_target(seed=6, mix=0.4)
+    draft, spec = _worker_kinds(target)[kind]
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [3, 3, 3, 3], [2, 7]]
+    params = [_lp(max_new=6 + 5 * i, temperature=0.9 * (i % 2), top_k=-1 if i < 3 else 4) for i in range(5)]
+    eager = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96)
+    base = eager.generate(prompts, params, seed=3)
+    padded = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96)
+    graphs = DecodeGraphs(padded.worker, capture=False)
+    padded._decode = graphs.decode_step
+    outs = padded.generate(prompts, params, seed=3)
+    assert_same_as_baseline(outs, base)  # padding changes matmul blocking: logprobs within the table
+    assert {key[0] for key in graphs.entries} >= {4, 6}  # 5 requests padded to 6, then fewer to 4 ...
+    # padded rows duplicate request 0 on the scratch row: on a GPU two programs moving the same row's KV
+    # in a commit would race, so they must never share a real request's row
+    scratch = padded.worker.cache.scratch_slot
+    assert all(int(e.inputs["state.slots"][-1]) == scratch for k, e in graphs.entries.items() if k[0] == 6)
+    assert padded.worker.cache.num_free == 6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp"])
+def test_cuda_graph_replay_equals_eager(kind):
+    """On a GPU: every bucket captured and replayed gives the tokens of eager fast decoding."""
+    target = near_bigram_target(seed=6, mix=0.4).cuda()
+    draft, spec = _worker_kinds(target)[kind]
+    draft = draft.cuda() if draft is not None else None
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [3, 3, 3, 3], [2, 7]]
+    params = [_lp(max_new=6 + 5 * i) for i in range(5)]
+    eager = Engine(target, draft, spec, impl="fast", max_batch=6, max_seq_len=96, cuda_graphs=False)
+    graphed = Engine(target, draft, spec, impl="fast", max_batch=6, max_seq_len=96, cuda_graphs=True)
+    for a, b in zip(graphed.generate(prompts, params), eager.generate(prompts, params)):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-4
+
+
+class _RecordingOps:
+    """An ops module that records, per call, the op's name and the shapes / dtypes of its tensor
+    arguments, and its Python arguments (tree_attention's host bound attn_len excepted: the fast kernel
+    does not read it)."""
+
+    def __init__(self, ops):
+        self._ops = ops
+        self.calls = []
+
+    def __getattr__(self, name):
+        fn = getattr(self._ops, name)
+
+        def recorded(*args, **kwargs):
+            shown = list(args)
+            if name == "tree_attention":
+                shown[7] = "attn_len"
+            self.calls.append((name, _describe(shown), _describe(kwargs)))
+            return fn(*args, **kwargs)
+
+        return recorded
+
+
+def _describe(x):
+    if isinstance(x, torch.Tensor):
+        return ("tensor", tuple(x.shape), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return tuple(_describe(v) for v in x)
+    if isinstance(x, dict):
+        return tuple((k, _describe(v)) for k, v in sorted(x.items()))
+    if hasattr(x, "__dict__") and not callable(x):
+        return (type(x).__name__, _describe(vars(x)))
+    return x
+
+
+def _unbound_worker(kind, target, ops, **kw):
+    from specdec.workers.base import TargetOnlyWorker
+    from specdec.workers.eagle import EagleWorkerV2
+    from specdec.workers.multi_layer_eagle import MultiLayerEagleWorkerV2
+    draft, spec = _worker_kinds(target)[kind]
+    if kind == "target-only":
+        return TargetOnlyWorker(target, ops, **kw)
+    cls = EagleWorkerV2 if kind == "eagle" else MultiLayerEagleWorkerV2
+    return cls(target, draft, spec, ops, **kw)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp"])
+def test_decode_steps_have_identical_op_shapes(kind, impl):
+    """Consecutive decode steps call the same ops with the same tensor shapes and Python values (what a
+    CUDA graph needs), whatever was accepted, with greedy and sampled requests and logprobs."""
+    ops = _RecordingOps(importlib.import_module(impl))
+    if impl == "fast" and missing_ops(ops._ops):
+        pytest.skip(f"fast lacks {missing_ops(ops._ops)}")
+    w = _unbound_worker(kind, near_bigram_target(seed=3, mix=0.5), ops, max_batch=2, max_seq_len=96)
+    w.prefill([[1, 2, 3], [4, 5]], [_lp(temperature=0.7, top_k=5, top_p=0.9), _lp(max_new=30)], seed=0)
+    per_step = []
+    accepted = set()
+    for _ in range(4):
+        ops.calls = []
+        step = w.decode_step()
+        accepted.update(step.accept_lens.tolist())
+        per_step.append(ops.calls)
+    assert len(per_step[0]) > 3
+    assert all(calls == per_step[0] for calls in per_step[1:])
+    if kind != "target-only":
+        assert len(accepted) > 1  # the steps accepted different lengths

@@ -109,6 +109,43 @@ class WorkerBase:
         self.rng.filter(keep)
         self.state.filter(idx)
 
+    # ---- one decode step: host prologue, device body (capturable), host epilogue --------------
+    def decode_step(self) -> StepOutput:
+        """One decode step for every request in the batch."""
+        self.prepare_decode()
+        return self.finish_decode(self.decode_body())
+
+    @property
+    def uniforms_per_step(self) -> int:
+        """Uniform samples a decode step consumes per request."""
+        return 1
+
+    @property
+    def logprob_steps(self) -> int:
+        """``speculative_num_steps`` of this worker's logprob call (0: one token per step)."""
+        return 0
+
+    def prepare_decode(self) -> None:
+        """Host side, before the body: the step's randomness, drawn from the per-request generators, goes
+        into ``state.uniforms`` (B, uniforms_per_step); the body reads nothing else from the host."""
+        n = self.uniforms_per_step
+        if n:
+            self.state.uniforms = self.rng.uniforms(n, self.device)
+        elif hasattr(self.state, "uniforms"):
+            del self.state.uniforms  # an all-greedy batch reads none: keep the state's shape honest
+
+    def decode_body(self) -> StepOutput:
+        """The device part of a step: reads only `state`, the sampling tensors, the caches and the
+        worker's constants; fixed shapes for a batch size; no host sync. Logprobs are not filled here."""
+        raise NotImplementedError
+
+    def finish_decode(self, step: StepOutput) -> StepOutput:
+        """Host side, after the body: logprobs through the shared helper, and the length bound grows."""
+        step.logits_output = self.compute_logprobs(step.logits_output, step.predict, step.accept_index,
+                                                   self.logprob_steps)
+        self._grow_length_bound()
+        return step
+
     # ---- the host's bound on the lengths -----------------------------------------------------
     @property
     def max_step_tokens(self) -> int:
@@ -195,17 +232,18 @@ class TargetOnlyWorker(WorkerBase):
         st.last_tokens = self.sample_tokens(logits, self.rng.uniforms(1, self.device)[:, 0])
         return self.single_token_output(logits, st.last_tokens)
 
-    def decode_step(self) -> StepOutput:
+    def decode_body(self) -> StepOutput:
         st = self.state
-        uniforms = self.rng.uniforms(1, self.device)[:, 0]
+        B = st.seq_lens.shape[0]
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(1), ops=self.ops)
         logits, _ = self.target(st.last_tokens[:, None], st.seq_lens[:, None], self.cache, meta)
         logits = logits[:, 0]
-        tokens = self.sample_tokens(logits, uniforms)
+        tokens = self.sample_tokens(logits, st.uniforms[:, 0])
         st.seq_lens = st.seq_lens + 1
         st.last_tokens = tokens
-        self._grow_length_bound()
-        return self.single_token_output(logits, tokens)
+        accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
+        return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
+                          LogitsOutput(next_token_logits=logits))
 
 
 class SpeculativeWorkerBase(WorkerBase):
@@ -231,9 +269,17 @@ class SpeculativeWorkerBase(WorkerBase):
     def max_step_tokens(self) -> int:
         return self.num_steps + 1
 
+    @property
+    def uniforms_per_step(self) -> int:
+        # a coin per tree node and one for the bonus token, drawn only when some request samples
+        return 0 if self.sampling.all_greedy else self.num_draft_tokens + 1
+
+    @property
+    def logprob_steps(self) -> int:
+        return self.num_steps
+
     def verify(self, candidates, tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling):
-        """Target forward over the W tree nodes, verify (greedy or sampling, per request), KV commit,
-        logprobs.
+        """Target forward over the W tree nodes, verify (greedy or sampling, per request), KV commit.
 
         candidates: (B, W) int64, node 0 = the root (last verified token); tree_mask: (B, W, W) bool;
         positions: (B, W) int64; retrieve_*: (B, W). Returns the StepOutput and the target hidden
@@ -247,7 +293,7 @@ class SpeculativeWorkerBase(WorkerBase):
         target_predict = logits.argmax(-1)
         s = self.sampling
         if not s.all_greedy:
-            uniforms = self.rng.uniforms(W + 1, self.device)
+            uniforms = st.uniforms
             probs = s.probs(logits.view(B * W, -1), self.ops, W).view(B, W, -1)
             sampled = self.ops.tree_speculative_sampling_target_only(
                 candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
@@ -266,7 +312,6 @@ class SpeculativeWorkerBase(WorkerBase):
             accept_length = torch.where(g, greedy[2], sampled[2])
         self.cache.commit(self.ops, st.slots, st.seq_lens, accept_index, W)
         logits_output = LogitsOutput(next_token_logits=logits.view(B * W, -1), hidden_states=hidden.view(B * W, -1))
-        logits_output = self.compute_logprobs(logits_output, predict, accept_index, S)
         accept_lens = accept_length + 1
         st.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
         step = StepOutput(predict, accept_index, accept_lens, logits_output)

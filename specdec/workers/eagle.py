@@ -92,7 +92,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         rows = torch.arange(B, device=self.device)
         self._set_next_root_children(logits[rows, last], d_hidden[rows, last])
 
-    def decode_step(self) -> StepOutput:
+    def decode_body(self) -> StepOutput:
         st = self.state
         B, W = st.seq_lens.shape[0], self.num_draft_tokens
         score_list, token_list, parents_list = self.draft_forward()
@@ -106,5 +106,4 @@ class EagleWorkerV2(SpeculativeWorkerBase):
                                           retrieve_next_token, retrieve_next_sibling)
         self.draft_extend(step, target_hidden)
         st.seq_lens = st.seq_lens + step.accept_lens
-        self._grow_length_bound()
         return step

@@ -98,7 +98,7 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         self.draft_extend(torch.zeros_like(st.seq_lens), last, T, hidden, attn_len=T)
         return self.single_token_output(logits_last, tokens)
 
-    def decode_step(self) -> StepOutput:
+    def decode_body(self) -> StepOutput:
         st = self.state
         B, S, W = st.seq_lens.shape[0], self.num_steps, self.num_draft_tokens
         n = st.seq_lens
@@ -120,5 +120,4 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         last = n + step.accept_lens - 1
         self.draft_extend(start, last, 2 * S, hidden0, attn_len=max(self.attn_len(S + 1), 2 * S))
         st.seq_lens = n + step.accept_lens
-        self._grow_length_bound()
         return step

@@ -1,0 +1,146 @@
+"""A worker's decode step replayed as a CUDA graph, one graph per batch-size bucket.
+
+The body of a step (`decode_body`) reads only the worker's per-request state, its sampling tensors,
+the caches and constants, has the same shapes at every step for a batch size and makes no host sync,
+so it can be captured once and replayed. The batch is padded to the next bucket (1, 2, 4, ..., up to
+`max_batch`): padded rows repeat request 0 on the caches' scratch row, and their results are dropped.
+Before each replay the live state is copied into the graph's static inputs; after it, the outputs are
+copied back. Logprobs and the host's length bound stay outside the graph (`finish_decode`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..logprob_types import LogitsOutput
+from .base import RequestState, StepOutput
+
+_SAMPLING_TENSORS = ("temperatures", "top_ks", "top_ps", "is_greedy")
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """The padded batch sizes: powers of two below `max_batch`, and `max_batch` itself."""
+    buckets, b = [], 1
+    while b < max_batch:
+        buckets.append(b)
+        b *= 2
+    return buckets + [max_batch]
+
+
+@dataclass
+class _Entry:
+    """One bucket's static buffers: `inputs` the body reads, `outputs` it leaves (state and step)."""
+
+    bucket: int
+    inputs: dict[str, torch.Tensor]
+    sampling: object
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    step: StepOutput | None = None
+    graph: object = None
+
+
+class DecodeGraphs:
+    """Runs `worker.decode_step` through padded static buffers, as one CUDA graph per (bucket, sampling
+    flags) when `capture` is True, or eagerly through the same buffers when False (which tests the
+    padding and the state plumbing on any device)."""
+
+    def __init__(self, worker, capture: bool = True):
+        if capture and torch.device(worker.device).type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the worker runs on {worker.device}")
+        self.worker = worker
+        self.capture = capture
+        self.buckets = batch_buckets(worker.cache.max_batch)
+        self.entries: dict[tuple, _Entry] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def decode_step(self) -> StepOutput:
+        w = self.worker
+        w.prepare_decode()
+        B = w.state.seq_lens.shape[0]
+        bucket = next(b for b in self.buckets if b >= B)
+        s = w.sampling
+        key = (bucket, s.all_greedy, s.any_greedy, s.any_top_k, s.any_top_p)
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = self._new_entry(bucket)
+        self._load(entry, B)
+        if self.capture:
+            entry.graph.replay()
+        else:
+            self._run_body(entry)
+        return w.finish_decode(self._unload(entry, B))
+
+    # ---- static buffers ------------------------------------------------------------------------
+    def _live_tensors(self) -> dict[str, torch.Tensor]:
+        w = self.worker
+        live = {f"state.{k}": v for k, v in vars(w.state).items() if isinstance(v, torch.Tensor)}
+        live.update({f"sampling.{k}": getattr(w.sampling, k) for k in _SAMPLING_TENSORS})
+        return live
+
+    def _new_entry(self, bucket: int) -> _Entry:
+        inputs = {k: torch.empty((bucket,) + tuple(v.shape[1:]), dtype=v.dtype, device=v.device)
+                  for k, v in self._live_tensors().items()}
+        sampling = type(self.worker.sampling).__new__(type(self.worker.sampling))
+        vars(sampling).update(vars(self.worker.sampling))
+        entry = _Entry(bucket, inputs, sampling)
+        if self.capture:
+            self._capture(entry)
+        return entry
+
+    def _load(self, entry: _Entry, B: int) -> None:
+        """Live state -> static inputs; padded rows repeat request 0 on the scratch cache row."""
+        for name, live in self._live_tensors().items():
+            dst = entry.inputs[name]
+            dst[:B].copy_(live)
+            if entry.bucket > B:
+                dst[B:].copy_(live[:1].expand((entry.bucket - B,) + tuple(live.shape[1:])))
+        if entry.bucket > B:
+            entry.inputs["state.slots"][B:].fill_(self.worker.cache.scratch_slot)
+
+    def _unload(self, entry: _Entry, B: int) -> StepOutput:
+        """Static outputs -> live state (copies: the next replay overwrites the outputs); the step sliced."""
+        state = self.worker.state
+        for name, out in entry.outputs.items():
+            setattr(state, name, out[:B].clone())
+        step = entry.step
+        W = step.predict.shape[0] // entry.bucket
+        lo = step.logits_output
+        return StepOutput(step.predict[:B * W].clone(), step.accept_index[:B].clone(), step.accept_lens[:B].clone(),
+                          LogitsOutput(next_token_logits=lo.next_token_logits[:B * W].clone(),
+                                       hidden_states=None if lo.hidden_states is None
+                                       else lo.hidden_states[:B * W].clone()))
+
+    # ---- the body on static buffers ------------------------------------------------------------
+    def _run_body(self, entry: _Entry) -> None:
+        """Run `decode_body` with the worker pointed at the entry's inputs; record its outputs."""
+        w = self.worker
+        live_state, live_sampling = w.state, w.sampling
+        static = RequestState()
+        for name, t in entry.inputs.items():
+            kind, attr = name.split(".", 1)
+            setattr(static if kind == "state" else entry.sampling, attr, t)
+        w.state, w.sampling = static, entry.sampling
+        try:
+            entry.step = w.decode_body()
+        finally:
+            w.state, w.sampling = live_state, live_sampling
+        entry.outputs = {k: v for k, v in vars(static).items() if isinstance(v, torch.Tensor)}
+
+    def _capture(self, entry: _Entry) -> None:
+        """Warm up on a side stream (Triton compiles, cuBLAS allocates), then capture the body once.
+        The warm-up writes only cache slots past each request's committed length (and the draft window
+        that every step recomputes), so it leaves nothing the real replay depends on."""
+        B = self.worker.state.seq_lens.shape[0]
+        self._load(entry, B)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._load(entry, B)
+                self._run_body(entry)
+        torch.cuda.current_stream().wait_stream(side)
+        self._load(entry, B)
+        entry.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(entry.graph, pool=self.pool):
+            self._run_body(entry)
