@@ -10,6 +10,27 @@ from .draft import softmax_topk
 from .kv import commit_kv_cache
 from .logprobs import compute_spec_v2_logprobs
 from .sampling import softmax_with_temperature, top_k_renorm_prob, top_p_renorm_prob
+from .tree import build_tree_kernel_efficient, organize_draft_results, select_top_k_tokens
+from .verify import tree_speculative_sampling_target_only, verify_tree_greedy
 
-__all__ = ["softmax_topk", "compute_spec_v2_logprobs", "softmax_with_temperature", "top_k_renorm_prob",
-           "top_p_renorm_prob", "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache"]
+
+
+def __getattr__(name):
+    # Worker classes bound to these ops, through the same one-worker-per-algorithm code as `reference`'s.
+    if name in ("EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"):
+        import sys
+
+        from specdec.op_checks import missing_ops
+        from specdec.workers import bind
+        module = sys.modules[__name__]
+        missing = missing_ops(module)
+        if missing:
+            raise AttributeError(f"fast.{name} needs every worker op; fast lacks {', '.join(missing)}")
+        return bind(name, module)
+    raise AttributeError(name)
+
+
+__all__ = ["softmax_topk", "select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient",
+           "verify_tree_greedy", "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs",
+           "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob", "apply_rope_and_write_kv",
+           "tree_attention", "commit_kv_cache", "EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"]

@@ -90,6 +90,10 @@ def select_top_k_tokens(
     descending sort instead of ``torch.topk``, whose tie order is unspecified), so the result is
     deterministic and identical on every device. Path scores are products of probabilities
     ``<= 1``; a child's fp32 score never exceeds its parent's.
+
+    Fast path: ``fast`` re-exports this torch op unchanged rather than writing a Triton kernel. It is
+    an O(B*K^2) sort of a few hundred elements, one small launch, and the decode step is replayed as
+    a CUDA graph, where launch overhead vanishes.
     """
     check_int("i", i, 0)
     check_int("topk", topk, 1)
@@ -167,6 +171,10 @@ def organize_draft_results(
     candidate index (stable descending sort). A child's score is ``parent_score * p`` with
     ``p <= 1``, hence ``<= parent_score`` exactly in floating point, and a parent's candidate index is
     always lower than its children's, so a selected node's parent is always selected.
+
+    Fast path: ``fast`` re-exports this torch op unchanged rather than writing a Triton kernel. It is
+    an O(B*K^2) sort of a few hundred elements, one small launch, and the decode step is replayed as
+    a CUDA graph, where launch overhead vanishes.
     """
     check_int("num_draft_token", num_draft_token, 2)
     S = len(score_list)
