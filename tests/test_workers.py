@@ -347,13 +347,13 @@ SLOW_SAMPLING_CASES = [(d, s, t, k, p) for d in ("eagle", "mtp", "mtp_chain")
                        for t, k, p in [(1.0, -1, 1.0), (0.5, -1, 1.0), (1.0, 3, 1.0), (1.0, -1, 0.8)]]
 
 
-def _sampling_case(kind, spec, temperature, top_k, top_p, N):
+def _sampling_case(kind, spec, temperature, top_k, top_p, N, impl="reference"):
     V = 6
     target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
     draft = perfect_eagle(target) if kind == "eagle" else perfect_mtp(target, spec.num_steps, kind == "mtp_chain")
     prompt, n_tokens = [1, 2], 3
     exact = _exact_joint(target, prompt, n_tokens, temperature, top_k, top_p)
-    engine = Engine(target, draft=draft, spec=spec, impl="reference", max_batch=N, max_seq_len=12)
+    engine = Engine(target, draft=draft, spec=spec, impl=impl, max_batch=N, max_seq_len=12)
     outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=n_tokens, temperature=temperature,
                                                         top_k=top_k, top_p=top_p), seed=2024)
     cells = list(exact)
