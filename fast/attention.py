@@ -12,8 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-#: Keys per inner iteration.
+#: Keys per inner iteration (bf16 / fp16 on the tensor cores; IEEE fp32 tiles live in registers, so smaller).
 _BLOCK_N = 32
+_BLOCK_N_FP32 = 16
 #: Programs a launch aims for before it splits the key range of each (request, KV head) over several
 #: programs (flash-decoding); a fixed nominal count, so the split depends on shapes only.
 _TARGET_PROGRAMS = 264
@@ -154,11 +155,13 @@ def _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset
     B, T, Hq, D = q.shape
     _, max_seq, Hkv, _ = k_cache.shape
     group = Hq // Hkv
-    block_m = min(64, max(16, triton.next_power_of_2(T * group)))
+    fp32_dot = q.dtype == torch.float32 or _INTERPRETED
+    block_m = min(32 if fp32_dot and D > 64 else 64, max(16, triton.next_power_of_2(T * group)))
     m_tiles = triton.cdiv(T * group, block_m)
     if num_splits is None:
         num_splits = _num_splits(B * Hkv, m_tiles, max_seq)
-    split_len = triton.cdiv(triton.cdiv(max_seq, num_splits), _BLOCK_N) * _BLOCK_N
+    block_n = _BLOCK_N_FP32 if fp32_dot else _BLOCK_N
+    split_len = triton.cdiv(triton.cdiv(max_seq, num_splits), block_n) * block_n
     device = q.device
     part_acc = torch.empty(B * Hq * T * num_splits, D, dtype=torch.float32, device=device)
     part_max = torch.empty(B * Hq * T * num_splits, dtype=torch.float32, device=device)
@@ -178,7 +181,10 @@ def _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         T, write_offset, num_words, split_len, num_splits, scale * 1.4426950408889634,
         HEAD_DIM=D, GROUP=group, NUM_KV_HEADS=Hkv, HAS_TREE=tree_mask is not None, BLOCK_M=block_m,
-        BLOCK_N=_BLOCK_N, BLOCK_D=block_d, FP32_DOT=q.dtype == torch.float32 or _INTERPRETED)
+        BLOCK_N=block_n, BLOCK_D=block_d, FP32_DOT=fp32_dot,
+        # IEEE fp32 products run on the FMA units with whole tiles in registers: 8 warps and 16-key blocks
+        # keep them from spilling (tests/gpu_compile_check.py reports registers and spills for sm_90)
+        num_warps=8 if fp32_dot else 4)
     out = torch.empty(B, T, Hq, D, dtype=q.dtype, device=device)
     tree_attention_merge_kernel[(B * Hq * T,)](
         part_acc, part_max, part_sum, out, out.stride(0), out.stride(1), out.stride(2), Hq, T, num_splits,
