@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from torch.overrides import TorchFunctionMode
 
 import fast
 import reference
@@ -54,3 +55,59 @@ def test_engine_names_every_missing_fast_op():
 def test_reference_never_imports_triton():
     code = "import sys, reference, specdec, specdec.workers; assert 'triton' not in sys.modules, 'triton imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _TorchCalls(TorchFunctionMode):
+    """Names of the torch functions an op calls itself (not Triton's interpreter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        frame, inside_triton = sys._getframe(1), False
+        while frame is not None and not inside_triton:
+            inside_triton = "/triton/" in frame.f_code.co_filename
+            frame = frame.f_back
+        if not inside_triton:
+            self.names.add(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+#: Torch calls that launch no device work (allocation, metadata, views, contiguous() of contiguous input).
+NO_LAUNCH = {"__get__", "contiguous", "dim", "empty", "view", "numel", "stride", "size", "is_contiguous"}
+
+
+def test_tree_build_verify_and_commit_are_single_launches(monkeypatch):
+    """One Triton launch each, and no torch op beside it that would launch device work."""
+    import triton.runtime.interpreter as interpreter
+    import torch
+
+    from tests.test_tree_ops import DraftedTree
+
+    launches = []
+    run = interpreter.GridExecutor.__call__
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__",
+                        lambda self, *a, **k: launches.append(self.fn.__name__) or run(self, *a, **k))
+    tree = DraftedTree(B=2, K=4, S=3, W=12, V=50, seed=0)
+    bonus, seq_lens = torch.tensor([1, 2]), torch.tensor([5, 6])
+    build_args = (bonus, tree.parent_list, tree.top_scores_index, tree.draft_tokens, seq_lens, 4, 3, 12)
+    _, _, ri, nt, ns, flat = fast.build_tree_kernel_efficient(*build_args)
+    cand = flat.view(2, 12).contiguous()
+    probs = torch.softmax(torch.randn(2, 12, 50), -1)
+    u, u_final = torch.rand(2, 12), torch.rand(2)
+    kv = torch.zeros(4, 3, 64, 2, 8)
+    accept = torch.tensor([[0, 1, -1], [12, 14, 15]], dtype=torch.int32)
+    slots = torch.tensor([0, 2])
+    for name, call in [
+        ("build_tree_kernel_efficient_kernel", lambda: fast.build_tree_kernel_efficient(*build_args)),
+        ("verify_tree_greedy_kernel", lambda: fast.verify_tree_greedy(cand, ri, nt, ns, cand, 3)),
+        ("tree_speculative_sampling_target_only_kernel",
+         lambda: fast.tree_speculative_sampling_target_only(cand, ri, nt, ns, u, u_final, probs, 3)),
+        ("commit_kv_cache_kernel", lambda: fast.commit_kv_cache(kv, slots, seq_lens, accept, 12)),
+    ]:
+        launches.clear()
+        with _TorchCalls() as calls:
+            call()
+        assert launches == [name]
+        assert calls.names <= NO_LAUNCH, calls.names - NO_LAUNCH
