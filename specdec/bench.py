@@ -147,7 +147,7 @@ def main_bench(args) -> int:
     drafts = {"eagle": bundle.eagle, "mtp": bundle.mtp, "mtp_chain": bundle.mtp_chain}
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
     path = run_benchmark(bundle.target, drafts, DEFAULT_CASES, prompts,
-                         [int(b) for b in args.batch_sizes.split(",")],
+                         [int(b) for b in (args.batch_sizes or "1,4").split(",")],
                          [float(t) for t in args.temperatures.split(",")], args.max_new_tokens,
                          model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
                          tag="acceptance")

@@ -16,12 +16,15 @@ def main(argv=None) -> int:
     sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo train --help`", add_help=False)
     bench = sub.add_parser("bench", help="acceptance and tokens/s of every worker against target-only; "
                                          "writes a CSV to results/ and its plot")
-    bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels"],
+    bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e"],
                        help="acceptance: every worker against target-only on the shipped models (default); "
                             "kernels: every op of the decode step, reference / fast / torch.compile, against "
-                            "the copy bandwidth (the full B x S+1 x V sweep on CUDA, a corner of it on CPU)")
+                            "the copy bandwidth (the full B x S+1 x V sweep on CUDA, a corner of it on CPU); "
+                            "e2e: every worker, reference / fast / fast + CUDA graphs, tokens/s and the phases "
+                            "of a step, on the shipped model and (CUDA) a random 1.2B Llama")
     bench.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
-    bench.add_argument("--batch-sizes", default="1,4")
+    bench.add_argument("--batch-sizes", default=None,
+                       help="comma-separated batch sizes (default: 1,4 for acceptance, 1,8,32 for e2e)")
     bench.add_argument("--temperatures", default="0,0.7")
     bench.add_argument("--num-prompts", type=int, default=16)
     bench.add_argument("--prompt-len", type=int, default=96)
@@ -41,6 +44,9 @@ def main(argv=None) -> int:
         if args.suite == "kernels":
             from .bench_kernels import main_kernels
             return main_kernels(args) or 0
+        if args.suite == "e2e":
+            from .bench_e2e import main_e2e
+            return main_e2e(args) or 0
         from .bench import main_bench
         return main_bench(args) or 0
     if args.command == "demo":

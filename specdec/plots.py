@@ -92,3 +92,54 @@ def plot_kernels(df: pd.DataFrame, out_png):
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return out_png
+
+
+def plot_e2e(df: pd.DataFrame, out_png):
+    """Top row, one panel per model: tokens/s against batch size, colour = worker, line style = impl, error
+    bars p20-p80 of the repeats. Bottom row: the time of one decode step split into its phases (eager rows
+    at the smallest batch size, one bar per worker and impl)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = df.copy()
+    df["impl_run"] = df["impl"] + df["cuda_graphs"].map(lambda g: " + graphs" if str(g) == "True" else "")
+    models = list(dict.fromkeys(df["model"]))
+    workers = list(dict.fromkeys(df["worker"]))
+    colours = {w: f"C{i}" for i, w in enumerate(workers)}
+    styles = {"reference": "-", "fast": "--", "fast + graphs": ":"}
+    phases = ["draft_ms", "verify_forward_ms", "verify_ms", "logprobs_ms", "draft_extend_ms"]
+    fig, axes = plt.subplots(2, len(models), figsize=(7 * len(models), 9), squeeze=False)
+    for c, model in enumerate(models):
+        sub = df[df["model"] == model]
+        ax = axes[0][c]
+        for (worker, impl), g in sub.groupby(["worker", "impl_run"], sort=False):
+            g = g.sort_values("batch_size")
+            err = [g["tokens_per_s"] - g["tokens_per_s_p20"], g["tokens_per_s_p80"] - g["tokens_per_s"]]
+            ax.errorbar(g["batch_size"], g["tokens_per_s"], yerr=err, color=colours[worker],
+                        linestyle=styles.get(impl, "-"), marker="o", capsize=3, label=f"{worker}, {impl}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("tokens / s (all requests)")
+        ax.set_title(f"{model} ({sub['dtype'].iloc[0]}, {sub['params_m'].iloc[0]:.0f}M parameters)")
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        eager = sub[(sub["cuda_graphs"].astype(str) != "True") & (sub["batch_size"] == sub["batch_size"].min())]
+        ax = axes[1][c]
+        labels = [f"{w}\n{i}" for w, i in zip(eager["worker"], eager["impl_run"])]
+        bottom = [0.0] * len(eager)
+        for k, phase in enumerate(phases):
+            vals = pd.to_numeric(eager[phase], errors="coerce").fillna(0.0).tolist()
+            ax.bar(range(len(eager)), vals, bottom=bottom, color=f"C{k}", label=phase.removesuffix("_ms"))
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xticks(range(len(eager)), labels, rotation=60, ha="right", fontsize="x-small")
+        ax.set_ylabel("ms per decode step")
+        ax.set_title(f"phases of one decode step, batch size {eager['batch_size'].min()}")
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    first = df.iloc[0]
+    fig.suptitle(f"end to end, greedy, {first['max_new_tokens']} new tokens, on {first['device']}, "
+                 f"commit {first['commit']}")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png

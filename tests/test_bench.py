@@ -50,3 +50,29 @@ def test_kernel_benchmark_csv_schema_and_plot(tmp_path):
         assert float(r["copy_gbps"]) > 0 and r["timer"] == "process_cpu_time"
     png = plot_kernels(load_results(tmp_path), tmp_path / "kernels.png")
     assert png.stat().st_size > 10_000
+
+
+def test_e2e_benchmark_csv_schema_phases_and_plot(tmp_path, monkeypatch):
+    """The e2e suite on tiny random models: one CSV in the documented schema, phase times per step that
+    add up to at most the step, tokens equal to the reference's, and the plot."""
+    from specdec import bench_e2e
+    from specdec.plots import plot_e2e
+
+    target = near_bigram_target(seed=1, mix=0.2)
+    tiny = bench_e2e.E2EModel("tiny", target, {"eagle": perfect_eagle(target), "mtp": perfect_mtp(target, 3, False)},
+                              [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3]])
+    monkeypatch.setattr(bench_e2e, "shipped_model", lambda *a, **k: tiny)
+    path = bench_e2e.run_e2e_benchmark("cpu", batch_sizes=(1, 2), max_new_tokens=8, prompt_len=4, repeats=2,
+                                       out_dir=tmp_path, progress=lambda s: None)
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[0].keys()) == bench_e2e.COLUMNS
+    assert len(rows) == 4 * 2 and {r["impl"] for r in rows} == {"reference"}
+    assert {r["worker"] for r in rows} == {"target-only", "EAGLE tree S5 K4 W16", "EAGLE chain S3", "MTP MiMo S3"}
+    for r in rows:
+        assert r["same_tokens_as_reference"] == "True"
+        phases = [float(r[f"{p}_ms"]) for p in bench_e2e.PHASES if r[f"{p}_ms"]]
+        assert phases and sum(phases) <= float(r["step_ms"]) * 1.05
+        if r["worker"] != "target-only":
+            assert float(r["draft_extend_ms"]) > 0 and float(r["mean_accept_len"]) > 1
+    png = plot_e2e(load_results(tmp_path), tmp_path / "e2e.png")
+    assert png.stat().st_size > 10_000

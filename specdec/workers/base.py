@@ -8,6 +8,8 @@ a host upper bound that grows by the most a step can add, and a caller that has 
 """
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +40,41 @@ class StepOutput:
         return self.predict[self.accept_index.clamp_min(0).long()]
 
 
+class PhaseTimer:
+    """Wall time per phase of a decode step, for benchmarks: CUDA events on a GPU (read once, after the
+    run, by `totals`), perf_counter elsewhere. A worker's `timer` is None unless a benchmark sets one."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.marks: list[tuple[str, object, object]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+        else:
+            start = time.perf_counter()
+            yield
+            end = time.perf_counter()
+        self.marks.append((name, start, end))
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase, summed over everything timed since the last call."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for name, start, end in self.marks:
+            out[name] = out.get(name, 0.0) + (start.elapsed_time(end) / 1e3 if self.cuda else end - start)
+        self.marks = []
+        return out
+
+
+_NO_PHASE = contextlib.nullcontext()
+
+
 class RequestState:
     """The per-request tensors of a worker (leading dim B), in one object: `filter` indexes them all.
 
@@ -64,6 +101,7 @@ class WorkerBase:
                                        target.dtype, self.device)
         self.slot_list: list[int] = []
         self.state = RequestState()
+        self.timer: PhaseTimer | None = None
         self.seq_lens_host: list[int] = []  # per request, an upper bound on the committed target length
         self._unsynced_steps = 0
 
@@ -109,6 +147,10 @@ class WorkerBase:
         self.rng.filter(keep)
         self.state.filter(idx)
 
+    def phase(self, name: str):
+        """Times the block as phase `name` when a benchmark set `timer`; otherwise does nothing."""
+        return _NO_PHASE if self.timer is None else self.timer(name)
+
     # ---- one decode step: host prologue, device body (capturable), host epilogue --------------
     def decode_step(self) -> StepOutput:
         """One decode step for every request in the batch."""
@@ -141,8 +183,9 @@ class WorkerBase:
 
     def finish_decode(self, step: StepOutput) -> StepOutput:
         """Host side, after the body: logprobs through the shared helper, and the length bound grows."""
-        step.logits_output = self.compute_logprobs(step.logits_output, step.predict, step.accept_index,
-                                                   self.logprob_steps)
+        with self.phase("logprobs"):
+            step.logits_output = self.compute_logprobs(step.logits_output, step.predict, step.accept_index,
+                                                       self.logprob_steps)
         self._grow_length_bound()
         return step
 
@@ -236,9 +279,11 @@ class TargetOnlyWorker(WorkerBase):
         st = self.state
         B = st.seq_lens.shape[0]
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(1), ops=self.ops)
-        logits, _ = self.target(st.last_tokens[:, None], st.seq_lens[:, None], self.cache, meta)
+        with self.phase("verify_forward"):
+            logits, _ = self.target(st.last_tokens[:, None], st.seq_lens[:, None], self.cache, meta)
         logits = logits[:, 0]
-        tokens = self.sample_tokens(logits, st.uniforms[:, 0])
+        with self.phase("verify"):
+            tokens = self.sample_tokens(logits, st.uniforms[:, 0])
         st.seq_lens = st.seq_lens + 1
         st.last_tokens = tokens
         accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
@@ -286,10 +331,19 @@ class SpeculativeWorkerBase(WorkerBase):
         states (B*W, H) of every node. Sets last_tokens to the bonus token; seq_lens is left to the
         caller, whose draft extend still needs the old committed length.
         """
-        B, W, S = candidates.shape[0], self.num_draft_tokens, self.num_steps
+        B, W = candidates.shape[0], self.num_draft_tokens
         st = self.state
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(W), tree_mask=tree_mask, ops=self.ops)
-        logits, hidden = self.target(candidates, positions, self.cache, meta)
+        with self.phase("verify_forward"):
+            logits, hidden = self.target(candidates, positions, self.cache, meta)
+        with self.phase("verify"):
+            step = self._verify_and_commit(logits, candidates, retrieve_index, retrieve_next_token,
+                                           retrieve_next_sibling)
+        return step, hidden.view(B * W, -1)
+
+    def _verify_and_commit(self, logits, candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling):
+        B, W, S = candidates.shape[0], self.num_draft_tokens, self.num_steps
+        st = self.state
         target_predict = logits.argmax(-1)
         s = self.sampling
         if not s.all_greedy:
@@ -311,8 +365,6 @@ class SpeculativeWorkerBase(WorkerBase):
             accept_index = torch.where(g[:, None], greedy[1], sampled[1])
             accept_length = torch.where(g, greedy[2], sampled[2])
         self.cache.commit(self.ops, st.slots, st.seq_lens, accept_index, W)
-        logits_output = LogitsOutput(next_token_logits=logits.view(B * W, -1), hidden_states=hidden.view(B * W, -1))
         accept_lens = accept_length + 1
         st.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
-        step = StepOutput(predict, accept_index, accept_lens, logits_output)
-        return step, hidden.view(B * W, -1)
+        return StepOutput(predict, accept_index, accept_lens, LogitsOutput(next_token_logits=logits.view(B * W, -1)))

@@ -95,15 +95,17 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     def decode_body(self) -> StepOutput:
         st = self.state
         B, W = st.seq_lens.shape[0], self.num_draft_tokens
-        score_list, token_list, parents_list = self.draft_forward()
-        parent_list, top_scores_index, draft_tokens = self.ops.organize_draft_results(
-            score_list, token_list, parents_list, W)
-        (tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling,
-         flat_tokens) = self.ops.build_tree_kernel_efficient(
-            st.last_tokens, parent_list, top_scores_index, draft_tokens, st.seq_lens, self.topk,
-            self.num_steps, W)
+        with self.phase("draft"):
+            score_list, token_list, parents_list = self.draft_forward()
+            parent_list, top_scores_index, draft_tokens = self.ops.organize_draft_results(
+                score_list, token_list, parents_list, W)
+            (tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+             flat_tokens) = self.ops.build_tree_kernel_efficient(
+                st.last_tokens, parent_list, top_scores_index, draft_tokens, st.seq_lens, self.topk,
+                self.num_steps, W)
         step, target_hidden = self.verify(flat_tokens.view(B, W), tree_mask, positions.view(B, W), retrieve_index,
                                           retrieve_next_token, retrieve_next_sibling)
-        self.draft_extend(step, target_hidden)
+        with self.phase("draft_extend"):
+            self.draft_extend(step, target_hidden)
         st.seq_lens = st.seq_lens + step.accept_lens
         return step

@@ -100,13 +100,22 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
 
     def decode_body(self) -> StepOutput:
         st = self.state
-        B, S, W = st.seq_lens.shape[0], self.num_steps, self.num_draft_tokens
+        B, W = st.seq_lens.shape[0], self.num_draft_tokens
         n = st.seq_lens
         candidates = torch.cat([st.last_tokens[:, None], st.draft_tokens], dim=1)
         positions = n[:, None] + torch.arange(W, device=self.device)
         step, target_hidden = self.verify(candidates, self._chain_mask.expand(B, W, W), positions,
                                           self._chain_retrieve_index[:B], self._chain_next_token[:B],
                                           self._chain_next_sibling[:B])
+        with self.phase("draft_extend"):
+            self._extend_after(step, target_hidden)
+        st.seq_lens = n + step.accept_lens
+        return step
+
+    def _extend_after(self, step: StepOutput, target_hidden):
+        """Rotate the accepted tokens and target hidden states in, then rerun the S layers over the window."""
+        st = self.state
+        S, n = self.num_steps, st.seq_lens
         nodes = step.accept_index.clamp_min(0).long()
         j = torch.arange(S + 1, device=self.device)
         # Accepted tokens and the bonus go to positions n+1 .. n+a+1, hidden states to n .. n+a
@@ -119,5 +128,3 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         hidden0 = st.hidden_ring.gather(1, ring_index)
         last = n + step.accept_lens - 1
         self.draft_extend(start, last, 2 * S, hidden0, attn_len=max(self.attn_len(S + 1), 2 * S))
-        st.seq_lens = n + step.accept_lens
-        return step

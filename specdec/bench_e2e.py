@@ -1,0 +1,181 @@
+"""`specdec bench --suite e2e`: every worker end to end, reference / fast / fast + CUDA graphs, with the
+time of one decode step split into its phases.
+
+One tidy CSV per run (`results/e2e-<run_id>.csv`, schema in results/README.md). Models: the shipped
+`stdlib-byte-6l` (trained drafts) and, on a GPU, a random-weight Llama of about 1.2B parameters with
+V = 128,256 (bf16; random drafts, so about one token per step: the rows measure each path's cost, not
+acceptance). Greedy decoding; every impl's tokens are checked against the reference's.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import Engine, SamplingParams, SpecConfig
+from .workers.base import PhaseTimer
+
+COLUMNS = ["suite", "run_id", "timestamp", "commit", "device", "torch", "triton", "threads", "load_avg", "model",
+           "params_m", "dtype", "worker", "num_steps", "topk", "num_draft_tokens", "impl", "cuda_graphs",
+           "batch_size", "prompt_len", "max_new_tokens", "repeats", "decode_steps", "tokens", "tokens_per_s",
+           "tokens_per_s_p20", "tokens_per_s_p80", "mean_accept_len", "speedup_vs_reference",
+           "same_tokens_as_reference", "step_ms", "draft_ms", "verify_forward_ms", "verify_ms", "logprobs_ms",
+           "draft_extend_ms"]
+PHASES = ("draft", "verify_forward", "verify", "logprobs", "draft_extend")
+#: (impl, cuda_graphs) in the order measured; graphs only where there is CUDA.
+IMPLS = (("reference", False), ("fast", False), ("fast", True))
+
+
+@dataclass
+class E2EModel:
+    name: str
+    target: object
+    drafts: dict  # worker kind -> draft model
+    prompts: list[list[int]]
+
+
+def worker_label(kind: str, spec: SpecConfig | None) -> str:
+    """One name per worker configuration, used in every CSV and plot: `EAGLE tree S5 K4 W16`,
+    `EAGLE chain S3`, `MTP MiMo S3`, `MTP Step-3.5 S3`, `target-only`."""
+    if spec is None:
+        return "target-only"
+    if kind == "eagle":
+        if spec.topk == 1:
+            return f"EAGLE chain S{spec.num_steps}"
+        return f"EAGLE tree S{spec.num_steps} K{spec.topk} W{spec.num_draft_tokens}"
+    return f"MTP {'MiMo' if kind == 'mtp' else 'Step-3.5'} S{spec.num_steps}"
+
+
+CASES = [("target-only", None), ("eagle", SpecConfig(5, 4, 16)), ("eagle", SpecConfig(3, 1)), ("mtp", SpecConfig(3))]
+
+
+def shipped_model(num_prompts: int, prompt_len: int, device, dtype=torch.float32) -> E2EModel:
+    from . import zoo
+    from .zoo.corpus import heldout_prompts
+
+    b = zoo.load()
+    cast = dict(device=device, dtype=dtype)
+    return E2EModel(b.name, b.target.to(**cast), {"eagle": b.eagle.to(**cast), "mtp": b.mtp.to(**cast)},
+                    heldout_prompts(num_prompts, prompt_len, seed=0))
+
+
+def random_1b_model(num_prompts: int, prompt_len: int, device, dtype=torch.bfloat16) -> E2EModel:
+    """Llama-3.2-1B-like shapes (hidden 2048, 16 layers, 32 heads / 8 KV heads, MLP 8192, V 128,256)."""
+    from .models import random_eagle_head, random_llama, random_mtp
+
+    target = random_llama(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                          num_attention_heads=32, num_key_value_heads=8, seed=0, dtype=dtype, device=device,
+                          max_position_embeddings=4096)
+    gen = torch.Generator().manual_seed(1)
+    prompts = torch.randint(128256, (num_prompts, prompt_len), generator=gen).tolist()
+    return E2EModel("random-llama-1.2b", target, {"eagle": random_eagle_head(target), "mtp": random_mtp(target, 3)},
+                    prompts)
+
+
+def _measure(engine: Engine, batches, params, repeats: int, phases: bool):
+    """Median and p20/p80 tokens/s over `repeats` passes over all batches (after a warm-up pass), the
+    outputs, and the mean phase times per decode step of the last pass."""
+    engine.generate(batches[0], params)  # warm-up: Triton compiles, graphs are captured
+    worker = engine.worker
+    rates, outs, steps, tokens, phase_s = [], None, 0, 0, {}
+    for _ in range(repeats):
+        worker.timer = PhaseTimer(worker.device) if phases else None
+        outs, steps, tokens, wall = [], 0, 0, 0.0
+        for batch in batches:
+            t0 = time.perf_counter()
+            outs += engine.generate(batch, params)
+            wall += time.perf_counter() - t0
+            steps += engine.last_stats.num_decode_steps
+            tokens += engine.last_stats.num_tokens
+        rates.append(tokens / wall)
+        if phases:
+            phase_s = worker.timer.totals()
+    worker.timer = None
+    rates.sort()
+    pick = lambda q: rates[min(len(rates) - 1, round(q * (len(rates) - 1)))]  # noqa: E731
+    return statistics.median(rates), pick(0.2), pick(0.8), outs, steps, tokens, phase_s
+
+
+def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_new_tokens=64, prompt_len=96,
+                      repeats=3, out_dir="results", progress=print) -> Path:
+    """Measure every worker x impl x batch size on every model; write one CSV; return its path."""
+    from .bench import environment
+
+    device = torch.device(device)
+    on_cuda = device.type == "cuda"
+    if models is None:
+        models = ["shipped"] + (["random-1b"] if on_cuda else [])
+    if not on_cuda:
+        progress("note: no CUDA device: only the reference rows are measured (the fast kernels would run "
+                 "under Triton's interpreter, which is not speed), and the 1.2B model is skipped")
+    env = environment(device)
+    run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    rows = []
+    for model_name in models:
+        n_prompts = max(batch_sizes)
+        m = (shipped_model(n_prompts, prompt_len, device) if model_name == "shipped"
+             else random_1b_model(n_prompts, prompt_len, device))
+        params_m = sum(p.numel() for p in m.target.parameters()) / 1e6
+        sp = SamplingParams(max_new_tokens=max_new_tokens, return_logprob=True)
+        for kind, spec in CASES:
+            for B in batch_sizes:
+                batches = [m.prompts[:B]]
+                ref_tps, ref_outs = None, None
+                for impl, graphs in IMPLS:
+                    if impl == "fast" and not on_cuda:
+                        continue
+                    engine = Engine(m.target, m.drafts.get(kind) if spec else None, spec, impl=impl, max_batch=B,
+                                    max_seq_len=prompt_len + max_new_tokens + 64, cuda_graphs=graphs)
+                    tps, p20, p80, outs, steps, tokens, phase_s = _measure(engine, batches, sp, repeats,
+                                                                             phases=not graphs)
+                    if impl == "reference":
+                        ref_tps, ref_outs = tps, outs
+                    same = all(a.token_ids == b.token_ids for a, b in zip(outs, ref_outs))
+                    acc = [a for o in outs for a in o.accept_lens]
+                    per_step = {k: round(v / steps * 1e3, 4) if steps else "" for k, v in phase_s.items()}
+                    row = dict(suite="e2e", run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"),
+                               **env, threads=torch.get_num_threads(), load_avg=round(os.getloadavg()[0], 2),
+                               model=m.name, params_m=round(params_m, 1),
+                               dtype=str(m.target.dtype).replace("torch.", ""), worker=worker_label(kind, spec),
+                               num_steps=spec.num_steps if spec else 0, topk=spec.topk if spec else 0,
+                               num_draft_tokens=spec.num_draft_tokens if spec else 1, impl=impl, cuda_graphs=graphs,
+                               batch_size=B, prompt_len=prompt_len, max_new_tokens=max_new_tokens, repeats=repeats,
+                               decode_steps=steps, tokens=tokens, tokens_per_s=round(tps, 2),
+                               tokens_per_s_p20=round(p20, 2), tokens_per_s_p80=round(p80, 2),
+                               mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
+                               speedup_vs_reference=round(tps / ref_tps, 4), same_tokens_as_reference=same,
+                               step_ms=round(tokens / tps / steps * 1e3, 4) if steps else "",
+                               **{f"{k}_ms": per_step.get(k, "") for k in PHASES})
+                    rows.append(row)
+                    progress(f"{m.name} {row['worker']:22s} {impl:9s} graphs={graphs!s:5s} B={B:<3d} "
+                             f"{tps:9.1f} tok/s ({p20:.1f}-{p80:.1f}) x{row['speedup_vs_reference']:.2f} "
+                             f"accept {row['mean_accept_len'] or 1:.2f} same={same}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"e2e-{run_id}.csv"
+    import csv
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def main_e2e(args) -> int:
+    """`specdec bench --suite e2e`."""
+    from .plots import load_results, plot_e2e
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sizes = tuple(int(b) for b in args.batch_sizes.split(",")) if args.batch_sizes else (1, 8, 32)
+    path = run_e2e_benchmark(device, batch_sizes=sizes, max_new_tokens=args.max_new_tokens,
+                             repeats=args.repeats, out_dir=args.out)
+    png = plot_e2e(load_results(args.out, path.name), path.with_suffix(".png"))
+    print(f"wrote {path} and {png}")
+    return 0
