@@ -195,11 +195,11 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
     if "compiled" in impls:
         # each shape, list of top-k counts and step count is a new guard: without room for them dynamo
         # stops compiling after 8 variants and silently runs the rest eagerly
-        import torch._dynamo
+        import torch._dynamo.config as dynamo_config
         for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
                      "accumulated_cache_size_limit"):
-            if hasattr(torch._dynamo.config, knob):
-                setattr(torch._dynamo.config, knob, 4096)
+            if hasattr(dynamo_config, knob):
+                setattr(dynamo_config, knob, 4096)
     env = environment(device)
     run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     gen = torch.Generator().manual_seed(0)
