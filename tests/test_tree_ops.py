@@ -751,15 +751,18 @@ def test_sampling_exact_distribution(S):
 
 
 def test_sampling_exact_distribution_random_rows():
-    """Random target rows with exact zeros (unnormalised): the emitted sequences follow the exact law;
-    a child token of probability 0 at the root is never accepted nor emitted first."""
+    """Random target rows with exact zeros: the emitted sequences follow the exact law; a child token of
+    probability 0 at the root is never accepted nor emitted first. (Rows are normalised: the op's accept
+    rule reads probabilities, and the exact law below is sequential sampling from them.)"""
     N, V = 20000, 6
     gen = torch.Generator().manual_seed(99)
     rows = torch.softmax(torch.randn(6, V, generator=gen), -1) * (torch.rand(6, V, generator=gen) > 0.2)
-    rows[0, 1] = 0.0  # node1's token has zero probability at the root: never accepted, never emitted
-    assert (rows.sum(-1) > 0).all()
     cand, ri, nt, ns = _fixed_tree(N)
     cand = cand.clone()
+    assert int(cand[0, 1]) == 1  # node1's token
+    rows[0, 1] = 0.0  # zero probability at the root: never accepted, never emitted
+    rows[:, cand[0, 2:]] += 0.2  # every other node's token is possible, so the walk goes deep
+    rows = rows / rows.sum(-1, keepdim=True)
     target = rows.expand(N, 6, V).contiguous()
     out = tree_speculative_sampling_target_only(
         cand, ri, nt, ns, torch.rand(N, 6, generator=gen), torch.rand(N, generator=gen), target, 2
@@ -771,6 +774,7 @@ def test_sampling_exact_distribution_random_rows():
     exact = _exact_distribution(rows, 2)
     assert set(observed) <= set(exact)
     assert not any(s[0] == 1 for s in seqs)
+    assert int((out[2] > 0).sum()) > N // 10  # draft tokens were accepted: the walk is exercised
     assert _chi_square_pvalue(observed, exact, N) > _P_THRESHOLD
 
 
