@@ -104,12 +104,17 @@ def verify_tree_greedy_kernel(
     tl.store(accept_length_ptr + b, depth.to(tl.int32))
 
 
+def _verify_outputs(B, W, num_steps, device):
+    """Both verifies' outputs, allocated uninitialised: their kernels write every entry."""
+    return (torch.empty(B * W, dtype=torch.int32, device=device),
+            torch.empty(B, num_steps + 1, dtype=torch.int32, device=device),
+            torch.empty(B, dtype=torch.int32, device=device))
+
+
 def _launch_verify_tree_greedy(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
                                target_predict, num_steps, B, W):
     device = candidates.device
-    predict = torch.empty(B * W, dtype=torch.int32, device=device)
-    accept_index = torch.empty(B, num_steps + 1, dtype=torch.int32, device=device)
-    accept_length = torch.empty(B, dtype=torch.int32, device=device)
+    predict, accept_index, accept_length = _verify_outputs(B, W, num_steps, device)
     if B > 0:
         verify_tree_greedy_kernel[(B,)](
             candidates.contiguous(),
@@ -308,9 +313,7 @@ def _launch_tree_speculative_sampling(candidates, retrieve_index, retrieve_next_
                                       uniform_samples, uniform_samples_for_final_sampling, target_probs,
                                       num_steps, threshold_single, threshold_acc, B, W, V, block_v=BLOCK_V):
     device = candidates.device
-    predict = torch.empty(B * W, dtype=torch.int32, device=device)
-    accept_index = torch.empty(B, num_steps + 1, dtype=torch.int32, device=device)
-    accept_length = torch.empty(B, dtype=torch.int32, device=device)
+    predict, accept_index, accept_length = _verify_outputs(B, W, num_steps, device)
     if B > 0:
         tree_speculative_sampling_target_only_kernel[(B,)](
             candidates.contiguous(),

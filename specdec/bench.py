@@ -116,11 +116,16 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                 shape = f"S={spec.num_steps} K={spec.topk} W={spec.num_draft_tokens}" if spec else ""
                 progress(f"T={temperature} B={B} {case.worker:12s} {shape:16s} tok/s {tps:8.1f} "
                          f"accept {row['mean_accept_len'] or 1:.2f} speedup {row['speedup_vs_target_only']:.2f}")
+    return write_csv(rows, COLUMNS, out_dir, f"{tag}-{run_id}.csv")
+
+
+def write_csv(rows: list[dict], columns: list[str], out_dir, name: str) -> Path:
+    """One benchmark run's rows -> `out_dir/name` (the directory is created), in `columns` order."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{tag}-{run_id}.csv"
+    path = out / name
     with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         w.writerows(rows)
     return path

@@ -104,7 +104,7 @@ def _measure(engine: Engine, batches, params, repeats: int, phases: bool):
 def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_new_tokens=64, prompt_len=96,
                       repeats=3, out_dir="results", progress=print) -> Path:
     """Measure every worker x impl x batch size on every model; write one CSV; return its path."""
-    from .bench import environment
+    from .bench import environment, write_csv
 
     device = torch.device(device)
     on_cuda = device.type == "cuda"
@@ -155,15 +155,7 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
                     progress(f"{m.name} {row['worker']:22s} {impl:9s} graphs={graphs!s:5s} B={B:<3d} "
                              f"{tps:9.1f} tok/s ({p20:.1f}-{p80:.1f}) x{row['speedup_vs_reference']:.2f} "
                              f"accept {row['mean_accept_len'] or 1:.2f} same={same}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"e2e-{run_id}.csv"
-    import csv
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    return path
+    return write_csv(rows, COLUMNS, out_dir, f"e2e-{run_id}.csv")
 
 
 def main_e2e(args) -> int:

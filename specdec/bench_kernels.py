@@ -176,7 +176,7 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
     """Measure every op at every shape of the sweep; write one CSV; return its path."""
     import reference
 
-    from .bench import environment
+    from .bench import environment, write_csv
 
     device = torch.device(device)
     sweep = GPU_SWEEP if device.type == "cuda" else CPU_SWEEP
@@ -248,15 +248,7 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
             progress(f"{case.op:38s} {impl:9s} {rows[-1]['dtype']:8s} B={case.batch_size:<4d} S+1={case.num_slots} "
                      f"V={case.vocab_size:<6d} k={case.top_logprobs_num:<2d} {med:10.1f} us  "
                      f"{gbps:7.1f} GB/s ({rows[-1]['frac_of_copy']:.0%} of copy)  [{time.perf_counter() - t0:.1f} s]")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"kernels-{run_id}.csv"
-    import csv
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    return path
+    return write_csv(rows, COLUMNS, out_dir, f"kernels-{run_id}.csv")
 
 
 class _Namespace:
