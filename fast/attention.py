@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.op_checks import check_attention_args, check_rope_kv_args
+
 #: Keys per inner iteration (bf16 / fp16 on the tensor cores; IEEE fp32 tiles live in registers, so smaller).
 _BLOCK_N = 32
 _BLOCK_N_FP32 = 16
@@ -210,10 +212,8 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     not read, and the split count depends on B, T and the cache capacity only, so consecutive decode
     steps launch identical grids. Keys past a request's length are never loaded.
     """
-    B, T, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    if Hq % Hkv:
-        raise ValueError(f"q has {Hq} heads, not a multiple of the cache's {Hkv} KV heads")
+    B, T, Hq, D = check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len,
+                                       scale)
     if B == 0 or T == 0:
         return torch.empty_like(q)
     return _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, scale)
@@ -278,7 +278,7 @@ def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_st
     to the input dtype, then to the cache's) and writes the keys and values straight into their cache
     slot, read from ``cache_start`` on the device. The last dimension of every tensor must be contiguous.
     """
-    B, T, Hq, D = q.shape
+    B, T, Hq, D = check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset)
     Hkv = k.shape[2]
     for name, x in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("k_cache", k_cache),
                     ("v_cache", v_cache)):

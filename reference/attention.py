@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.models.layers import apply_rope
+from specdec.op_checks import check_attention_args, check_rope_kv_args
 
 
 def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset):
@@ -14,7 +15,7 @@ def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_st
     Rotates q and k by their positions' angles (rotate-half layout, fp32, cast back to the input dtype)
     and writes the rotated k and v of token t at cache row slots[b], slot cache_start[b] + write_offset + t.
     """
-    B, T = q.shape[:2]
+    B, T, _, _ = check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset)
     cols = cache_start[:, None] + write_offset + torch.arange(T, device=q.device)
     k_cache[slots[:, None], cols] = apply_rope(k, cos, sin).to(k_cache.dtype)
     v_cache[slots[:, None], cols] = v.to(v_cache.dtype)
@@ -51,7 +52,8 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     (a Python int, so the step makes no host sync). Dense boolean mask + scaled_dot_product_attention,
     computed in fp32 and cast back; grouped-query heads share their KV head without a copy.
     """
-    B, T, Hq, D = q.shape
+    B, T, Hq, D = check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len,
+                                       scale)
     mask = build_attention_mask(cache_start, T, write_offset, tree_mask, attn_len)
     k = k_cache[slots, :attn_len].float().transpose(1, 2)  # (B, Hkv, L, D)
     v = v_cache[slots, :attn_len].float().transpose(1, 2)

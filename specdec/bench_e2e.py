@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,11 +77,11 @@ def random_1b_model(num_prompts: int, prompt_len: int, device, dtype=torch.bfloa
 
 
 def _measure(engine: Engine, batches, params, repeats: int, phases: bool):
-    """Median and p20/p80 tokens/s over `repeats` passes over all batches (after a warm-up pass), the
-    outputs, and the mean phase times per decode step of the last pass."""
+    """Over `repeats` passes over all batches (after a warm-up pass): the median tokens/s, p20 and p80, and
+    from the median pass its outputs, decode steps, tokens, wall time and phase times."""
     engine.generate(batches[0], params)  # warm-up: Triton compiles, graphs are captured
     worker = engine.worker
-    rates, outs, steps, tokens, phase_s = [], None, 0, 0, {}
+    passes = []
     for _ in range(repeats):
         worker.timer = PhaseTimer(worker.device) if phases else None
         outs, steps, tokens, wall = [], 0, 0, 0.0
@@ -92,13 +91,12 @@ def _measure(engine: Engine, batches, params, repeats: int, phases: bool):
             wall += time.perf_counter() - t0
             steps += engine.last_stats.num_decode_steps
             tokens += engine.last_stats.num_tokens
-        rates.append(tokens / wall)
-        if phases:
-            phase_s = worker.timer.totals()
+        passes.append(dict(tps=tokens / wall, outs=outs, steps=steps, tokens=tokens, wall=wall,
+                           phase_s=worker.timer.totals() if phases else {}))
     worker.timer = None
-    rates.sort()
-    pick = lambda q: rates[min(len(rates) - 1, round(q * (len(rates) - 1)))]  # noqa: E731
-    return statistics.median(rates), pick(0.2), pick(0.8), outs, steps, tokens, phase_s
+    passes.sort(key=lambda p: p["tps"])
+    pick = lambda q: passes[min(len(passes) - 1, round(q * (len(passes) - 1)))]  # noqa: E731
+    return pick(0.5), pick(0.2)["tps"], pick(0.8)["tps"]
 
 
 def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_new_tokens=64, prompt_len=96,
@@ -131,8 +129,9 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
                         continue
                     engine = Engine(m.target, m.drafts.get(kind) if spec else None, spec, impl=impl, max_batch=B,
                                     max_seq_len=prompt_len + max_new_tokens + 64, cuda_graphs=graphs)
-                    tps, p20, p80, outs, steps, tokens, phase_s = _measure(engine, batches, sp, repeats,
-                                                                             phases=not graphs)
+                    median, p20, p80 = _measure(engine, batches, sp, repeats, phases=not graphs)
+                    tps, outs, steps, tokens = median["tps"], median["outs"], median["steps"], median["tokens"]
+                    phase_s = median["phase_s"]
                     if impl == "reference":
                         ref_tps, ref_outs = tps, outs
                     same = all(a.token_ids == b.token_ids for a, b in zip(outs, ref_outs))
@@ -149,7 +148,7 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
                                tokens_per_s_p20=round(p20, 2), tokens_per_s_p80=round(p80, 2),
                                mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
                                speedup_vs_reference=round(tps / ref_tps, 4), same_tokens_as_reference=same,
-                               step_ms=round(tokens / tps / steps * 1e3, 4) if steps else "",
+                               step_ms=round(median["wall"] / steps * 1e3, 4) if steps else "",
                                **{f"{k}_ms": per_step.get(k, "") for k in PHASES})
                     rows.append(row)
                     progress(f"{m.name} {row['worker']:22s} {impl:9s} graphs={graphs!s:5s} B={B:<3d} "

@@ -357,3 +357,81 @@ def check_softmax_topk_args(logits, topk) -> tuple[int, int]:
     if topk > V:
         raise ValueError(f"topk={topk} exceeds the vocabulary size V={V}")
     return N, V
+
+
+def _check_cache_pair(k_cache, v_cache, device) -> tuple[int, int, int, int]:
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t)
+        check_float_dtype(name, t)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (max_batch, max_seq_len, Hkv, D), got {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
+    return tuple(k_cache.shape)
+
+
+def _check_rows(B: int, device, **named) -> None:
+    for name, t in named.items():
+        check_tensor(name, t)
+        check_integer_dtype(name, t)
+        check_shape(name, t, (B,), "one entry per request")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but q is on {device}")
+
+
+def check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len, scale):
+    """`tree_attention`'s arguments -> (B, T, Hq, D). Values (slots, lengths) are trusted."""
+    check_tensor("q", q)
+    check_float_dtype("q", q)
+    if q.dim() != 4:
+        raise ValueError(f"q must have shape (B, T, Hq, D), got {tuple(q.shape)}")
+    B, T, Hq, D = q.shape
+    _, max_seq, Hkv, Dk = _check_cache_pair(k_cache, v_cache, q.device)
+    if Dk != D:
+        raise ValueError(f"the cache's head_dim {Dk} differs from q's head_dim {D}")
+    if Hq % Hkv:
+        raise ValueError(f"q has {Hq} heads, not a multiple of the cache's {Hkv} KV heads")
+    _check_rows(B, q.device, slots=slots, cache_start=cache_start)
+    check_int("write_offset", write_offset, 0)
+    check_int("attn_len", attn_len, 1)
+    if write_offset + T > max_seq:
+        raise ValueError(f"write_offset={write_offset} + T={T} new tokens exceed the cache's {max_seq} slots")
+    if attn_len > max_seq:
+        raise ValueError(f"attn_len={attn_len} exceeds the cache's max_seq_len={max_seq}")
+    if tree_mask is not None:
+        check_tensor("tree_mask", tree_mask)
+        if tree_mask.dtype != torch.bool:
+            raise TypeError(f"tree_mask must be a bool tensor, got dtype {tree_mask.dtype}")
+        check_shape("tree_mask", tree_mask, (B, T, write_offset + T), "(B, T, write_offset + T)")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(f"scale must be a positive float, got {scale!r}")
+    return B, T, Hq, D
+
+
+def check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset):
+    """`apply_rope_and_write_kv`'s arguments -> (B, T, Hq, D). Values (slots, lengths) are trusted."""
+    check_tensor("q", q)
+    check_float_dtype("q", q)
+    if q.dim() != 4:
+        raise ValueError(f"q must have shape (B, T, Hq, D), got {tuple(q.shape)}")
+    B, T, Hq, D = q.shape
+    if D % 2:
+        raise ValueError(f"head_dim must be even for rotary embeddings, got {D}")
+    _, max_seq, Hkv, Dk = _check_cache_pair(k_cache, v_cache, q.device)
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(name, t)
+        check_float_dtype(name, t)
+        check_shape(name, t, (B, T, Hkv, D), "(B, T, Hkv, D) with the cache's Hkv and q's D")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(name, t)
+        check_float_dtype(name, t)
+        check_shape(name, t, (B, T, D), "(B, T, D)")
+    if Dk != D:
+        raise ValueError(f"the cache's head_dim {Dk} differs from q's head_dim {D}")
+    _check_rows(B, q.device, slots=slots, cache_start=cache_start)
+    check_int("write_offset", write_offset, 0)
+    if write_offset + T > max_seq:
+        raise ValueError(f"write_offset={write_offset} + T={T} new tokens exceed the cache's {max_seq} slots")
+    return B, T, Hq, D

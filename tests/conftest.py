@@ -1,3 +1,4 @@
+import functools
 import os
 
 import torch
@@ -7,3 +8,85 @@ import torch
 # (importing torch does not import it).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _to(x, device, moved):
+    """x with its CPU tensors (also inside lists, tuples and duck-typed objects) on `device`; records
+    (original, moved) pairs so in-place writes can be copied back."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "cpu":
+            y = x.to(device)
+            moved.append((x, y))
+            return y
+        return x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to(v, device, moved) for v in x)
+    if hasattr(x, "__dict__") and not callable(x) and not isinstance(x, type):
+        for k, v in list(vars(x).items()):
+            setattr(x, k, _to(v, device, moved))
+        return x
+    return x
+
+
+def _back(x):
+    if isinstance(x, torch.Tensor):
+        return x.to("cpu")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_back(v) for v in x)
+    if hasattr(x, "__dict__") and not callable(x) and not isinstance(x, type):
+        for k, v in list(vars(x).items()):
+            setattr(x, k, _back(v))
+        return x
+    return x
+
+
+class _copies_allowed:
+    """The shim's own host <-> device copies are not the op's: tests.equivalence.no_host_sync's CUDA sync
+    check is paused around them."""
+
+    def __enter__(self):
+        self.mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(0)
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode(self.mode)
+
+
+def _on_cuda(op):
+    """A fast op that tests may call with CPU tensors: on a GPU they run compiled on the device, every
+    CPU input (and in-place output) is moved there and back, outputs come back to the CPU."""
+    @functools.wraps(op)
+    def shimmed(*args, **kwargs):
+        moved = []
+        with _copies_allowed():
+            args = _to(list(args), "cuda", moved)
+            kwargs = {k: _to(v, "cuda", moved) for k, v in kwargs.items()}
+        if not moved:
+            return op(*args, **kwargs)
+        out = op(*args, **kwargs)
+        with _copies_allowed():
+            for original, on_device in moved:
+                original.copy_(on_device)  # in-place writes (caches, kv) reach the caller's tensors
+            for a in args:
+                if hasattr(a, "__dict__") and not isinstance(a, torch.Tensor):
+                    _back(a)
+            return _back(out)
+
+    shimmed.__wrapped__ = op
+    return shimmed
+
+
+def pytest_configure(config):
+    """On a GPU: every public fast op and launcher accepts CPU tensors (tests build their inputs on the CPU)."""
+    if not torch.cuda.is_available():
+        return
+    import inspect
+
+    import fast
+    from fast import attention, draft, kv, logprobs, sampling, tree, verify
+    for module in (attention, draft, kv, logprobs, sampling, tree, verify):
+        for name, fn in inspect.getmembers(module, inspect.isfunction):
+            if fn.__module__ == module.__name__ and not name.endswith("_kernel") and not name.startswith("__"):
+                setattr(module, name, _on_cuda(fn))
+                if getattr(fast, name, None) is fn:
+                    setattr(fast, name, module.__dict__[name])

@@ -75,7 +75,7 @@ def test_the_grid_does_not_depend_on_lengths():
     """The host bound attn_len is not read: a stale (too small) or loose bound gives the same output."""
     q, kc, vc, slots, start, wo, mask, attn_len, scale = _case(7, T=3)
     ref = tree_attention(q, kc, vc, slots, start, wo, mask, attn_len, scale)
-    for bound in (1, attn_len + 50):
+    for bound in (1, kc.shape[1]):  # far too small, and the whole cache
         assert torch.equal(tree_attention(q, kc, vc, slots, start, wo, mask, bound, scale), ref)
 
 
@@ -113,3 +113,50 @@ def test_rope_and_kv_write_equal_the_reference(Hq, Hkv, D, T, write_offset, dtyp
     assert_equivalent(ref_k, fast_k, "rope", dtype, "k_cache")
     assert torch.equal(ref_v, fast_v)
     assert not torch.equal(ref_k, caches[0])  # something was written
+
+
+@pytest.mark.parametrize("op", [reference.tree_attention, tree_attention])
+def test_attention_bad_input(op):
+    q, kc, vc, slots, start, wo, mask, attn_len, scale = _case(0, T=3, write_offset=2)
+    good = (q, kc, vc, slots, start, wo, mask, attn_len, scale)
+
+    def call(**change):
+        args = dict(zip(["q", "k_cache", "v_cache", "slots", "cache_start", "write_offset", "tree_mask", "attn_len",
+                         "scale"], good))
+        args.update(change)
+        return op(*args.values())
+
+    for change, match in [
+        (dict(q=q[0]), "q must have shape"),
+        (dict(k_cache=kc[..., :32], v_cache=vc[..., :32]), "head_dim 32 differs"),
+        (dict(v_cache=vc[:, :10]), "differ in shape"),
+        (dict(q=q[:, :, :3]), "not a multiple of the cache's 2 KV heads"),
+        (dict(slots=slots[:1]), "slots must have shape"),
+        (dict(cache_start=start.float()), "cache_start must have an integer dtype"),
+        (dict(tree_mask=mask[:, :, :-1]), "tree_mask must have shape"),
+        (dict(tree_mask=mask.int()), "tree_mask must be a bool tensor"),
+        (dict(attn_len=10_000), "attn_len=10000 exceeds"),
+        (dict(write_offset=-1), "write_offset must be >= 0"),
+        (dict(scale=0.0), "scale must be a positive float"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            call(**change)
+
+
+@pytest.mark.parametrize("op", [reference.apply_rope_and_write_kv, "fast"])
+def test_rope_and_kv_write_bad_input(op):
+    from fast.attention import apply_rope_and_write_kv
+    from specdec.models.layers import rope_cos_sin
+    op = apply_rope_and_write_kv if op == "fast" else op
+    q, k = torch.zeros(2, 3, 4, 8), torch.zeros(2, 3, 2, 8)
+    cos, sin = rope_cos_sin(torch.zeros(2, 3, dtype=torch.long), 8, 10000.0)
+    caches = [torch.zeros(4, 16, 2, 8) for _ in range(2)]
+    slots, start = torch.tensor([0, 1]), torch.tensor([0, 2])
+    with pytest.raises(ValueError, match="k must have shape"):
+        op(q, k[:, :, :1], k, cos, sin, *caches, slots, start, 0)
+    with pytest.raises(ValueError, match="cos must have shape"):
+        op(q, k, k, cos[:, :2], sin, *caches, slots, start, 0)
+    with pytest.raises(ValueError, match="exceed the cache's 16 slots"):
+        op(q, k, k, cos, sin, *caches, slots, start, 14)
+    with pytest.raises(ValueError, match="cache_start must have shape"):
+        op(q, k, k, cos, sin, *caches, slots, start[:1], 0)
