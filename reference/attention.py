@@ -50,13 +50,16 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     The new tokens' keys and values must already be in the cache at slots
     cache_start + write_offset + t. `attn_len` is a host-side upper bound on cache_start + write_offset + T
     (a Python int, so the step makes no host sync). Dense boolean mask + scaled_dot_product_attention,
-    computed in fp32 and cast back; grouped-query heads share their KV head without a copy.
+    computed in fp32 and cast back; grouped-query heads share their KV head without a copy. Cache slots
+    past a request's cache_start + write_offset + T are zeroed before use: a stale NaN there would survive
+    the mask (0 x NaN) and poison the output.
     """
     B, T, Hq, D = check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len,
                                        scale)
     mask = build_attention_mask(cache_start, T, write_offset, tree_mask, attn_len)
-    k = k_cache[slots, :attn_len].float().transpose(1, 2)  # (B, Hkv, L, D)
-    v = v_cache[slots, :attn_len].float().transpose(1, 2)
+    live = (torch.arange(attn_len, device=q.device) < (cache_start + write_offset + T)[:, None])[:, None, :, None]
+    k = torch.where(live, k_cache[slots, :attn_len].float().transpose(1, 2), 0.0)  # (B, Hkv, L, D)
+    v = torch.where(live, v_cache[slots, :attn_len].float().transpose(1, 2), 0.0)
     out = F.scaled_dot_product_attention(q.float().transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale,
                                          enable_gqa=Hq != k.shape[1])
     return out.transpose(1, 2).to(q.dtype)

@@ -78,11 +78,12 @@ class RequestRNG:
                            for i in range(num_requests)]
 
     def uniforms(self, n: int, device) -> torch.Tensor:
-        """-> (B, n) fp32 in [0, 1). Drawn on the host; copied without blocking on CUDA."""
+        """-> (B, n) fp32 in [0, 1) on `device`. Drawn on the host; copied without blocking on CUDA."""
         u = torch.stack([torch.rand(n, generator=g) for g in self.generators])
-        if torch.device(device).type == "cuda":
+        device = torch.device(device)
+        if device.type == "cuda":
             return u.pin_memory().to(device, non_blocking=True)
-        return u
+        return u.to(device)
 
     def filter(self, keep: list[int]) -> None:
         self.generators = [self.generators[i] for i in keep]

@@ -183,3 +183,10 @@ def test_the_engine_reads_the_device_once_per_step(kind):
     with _CountHostReads() as reads:
         engine.generate([[1 + i, 2, 3] for i in range(8)], params)
     assert reads.count == engine.last_stats.num_decode_steps + 1  # + the prefill's step
+
+
+def test_uniforms_land_on_any_device():
+    """The per-request uniforms follow the worker's device, whatever it is (meta here; MPS or XPU alike)."""
+    from specdec.sampling import RequestRNG
+    u = RequestRNG(0, 3).uniforms(4, "meta")
+    assert u.device.type == "meta" and u.shape == (3, 4)
