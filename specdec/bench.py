@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import os
 import platform
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,16 +19,27 @@ import torch
 
 from . import Engine, SamplingParams, SpecConfig
 
-COLUMNS = ["run_id", "timestamp", "commit", "device", "torch", "triton", "impl", "dtype", "model", "worker",
-           "num_steps", "topk", "num_draft_tokens", "batch_size", "temperature", "num_prompts", "prompt_len",
-           "max_new_tokens", "decode_steps", "tokens", "wall_s", "tokens_per_s", "mean_accept_len",
-           "speedup_vs_target_only", "same_tokens_as_target_only", "max_logprob_diff"]
+COLUMNS = ["run_id", "timestamp", "commit", "device", "torch", "triton", "threads", "load_avg", "impl", "dtype",
+           "model", "worker", "num_steps", "topk", "num_draft_tokens", "prompt_lookup_num_tokens", "batch_size",
+           "temperature", "num_prompts", "prompt_len", "max_new_tokens", "repeats", "decode_steps", "tokens",
+           "wall_s", "tokens_per_s", "tokens_per_s_p20", "tokens_per_s_p80", "cpu_s", "cpu_tokens_per_s",
+           "mean_accept_len", "speedup_vs_target_only", "cpu_speedup_vs_target_only", "cpu_speedup_vs_hf_target_only",
+           "same_tokens_as_target_only", "max_logprob_diff"]
 
 
 @dataclass
 class BenchCase:
-    worker: str  # "target-only", "eagle", "mtp" (MiMo style) or "mtp_chain" (Step-3.5 style)
+    """worker: "target-only", "eagle", "mtp" (MiMo style), "mtp_chain" (Step-3.5 style), or a peer from
+    Hugging Face transformers: "hf-target-only" (`generate`) and "hf-prompt-lookup" (`generate` with
+    `prompt_lookup_num_tokens=prompt_lookup`; batch size 1 only, as transformers allows)."""
+
+    worker: str
     spec: SpecConfig | None
+    prompt_lookup: int = 0
+
+    @property
+    def is_peer(self) -> bool:
+        return self.worker.startswith("hf-")
 
 
 def environment(device) -> dict:
@@ -48,36 +61,43 @@ def environment(device) -> dict:
     return dict(commit=commit, device=name, torch=torch.__version__, triton=triton_version)
 
 
-def _measure(engines, batches, params, repeats):
-    """Best-of-`repeats` wall time of every engine on every batch, the engines taken round-robin so
-    that a drift of the machine's speed lands on all of them alike. -> per engine: (outs, wall, steps,
-    tokens, accept_lens)."""
-    for engine in engines:  # warm-up
-        engine.generate(batches[0][:1], SamplingParams(max_new_tokens=4))
-    best = [[None] * len(batches) for _ in engines]
+def _measure(runners, batches, params, repeats):
+    """Every runner (an Engine or a peer with its `generate`) on every batch, `repeats` passes, the runners
+    taken round-robin within a pass so that a drift of the machine's speed lands on all of them alike.
+    -> per runner: the passes, each with wall and process-CPU seconds, tokens, steps and outputs."""
+    for runner in runners:  # warm-up
+        runner.generate(batches[0][:1], SamplingParams(max_new_tokens=4))
+    passes = [[] for _ in runners]
     for _ in range(repeats):
-        for e, engine in enumerate(engines):
-            for i, batch in enumerate(batches):
-                outs = engine.generate(batch, params, seed=0)
-                if best[e][i] is None or engine.last_stats.wall_s < best[e][i][1].wall_s:
-                    best[e][i] = (outs, engine.last_stats)
-    results = []
-    for per_batch in best:
-        outs = [o for os_, _ in per_batch for o in os_]
-        results.append((outs, sum(st.wall_s for _, st in per_batch), sum(st.num_decode_steps for _, st in per_batch),
-                        sum(st.num_tokens for _, st in per_batch), [a for o in outs for a in o.accept_lens]))
-    return results
+        for r, runner in enumerate(runners):
+            outs, wall, cpu, steps, tokens = [], 0.0, 0.0, 0, 0
+            for batch in batches:
+                c0 = time.process_time()
+                outs += runner.generate(batch, params, seed=0)
+                cpu += time.process_time() - c0
+                wall += runner.last_stats.wall_s
+                steps += runner.last_stats.num_decode_steps
+                tokens += runner.last_stats.num_tokens
+            passes[r].append(dict(outs=outs, wall=wall, cpu=cpu, steps=steps, tokens=tokens))
+    return passes
+
+
+def _quantile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
 def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[list[int]], batch_sizes, temperatures,
                   max_new_tokens: int, model_name: str, impl="reference", repeats=1, out_dir="results",
-                  tag="bench", progress=print) -> Path:
+                  tag="bench", progress=print, peer_dir=None) -> Path:
     """Measure every case at every batch size and temperature; write one CSV; return its path.
 
     `drafts` maps a case's worker name to its draft model; the first case must be target-only (the
-    baseline of the speedup column). Prompts are taken in order, B at a time, over all of `prompts`
-    (so each batch size decodes the same prompts). Decoding asks for logprobs, as a researcher
-    checking losslessness would.
+    baseline of the speedup columns). Prompts are taken in order, B at a time, over all of `prompts` (so
+    each batch size decodes the same prompts). Decoding asks for logprobs, as a researcher checking
+    losslessness would. Peer cases (transformers, greedy only) load the target from `peer_dir`. Each row
+    holds the median pass (tokens/s by wall time, with p20 / p80 over the passes) and process CPU time
+    (the robust figure on a shared machine, at one thread).
     """
     if not cases or cases[0].worker != "target-only":
         raise ValueError("the first benchmark case must be target-only (the speedup baseline)")
@@ -85,38 +105,71 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
     run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     rows = []
     max_len = max(len(p) for p in prompts) + max_new_tokens + 64
+    peers = {}
     for temperature in temperatures:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, return_logprob=True)
         for B in batch_sizes:
             batches = [prompts[i:i + B] for i in range(0, len(prompts) - B + 1, B)]
-            engines = [Engine(target, drafts.get(c.worker) if c.spec else None, c.spec, impl=impl, max_batch=B,
-                              max_seq_len=max_len) for c in cases]
-            measured = _measure(engines, batches, params, repeats)
-            base_outs, base_wall, _, base_tokens, _ = measured[0]
-            base_tps = base_tokens / base_wall
-            for case, (outs, wall, steps, tokens, acc) in zip(cases, measured):
-                tps = tokens / wall
-                same = all(a.token_ids == b.token_ids for a, b in zip(outs, base_outs))
-                lp = [abs(x - y) for a, b in zip(outs, base_outs) if a.token_ids == b.token_ids
+            if not batches:
+                raise ValueError(f"batch size {B} exceeds the {len(prompts)} prompts")
+            here = [c for c in cases if not c.is_peer or (temperature == 0 and (B == 1 or not c.prompt_lookup))]
+            runners = []
+            for c in here:
+                if c.is_peer:
+                    key = (c.worker, c.prompt_lookup)
+                    if key not in peers:
+                        from .bench_peers import HFGenerate
+                        peers[key] = HFGenerate(peer_dir, prompt_lookup=c.prompt_lookup)
+                    runners.append(peers[key])
+                else:
+                    runners.append(Engine(target, drafts.get(c.worker) if c.spec else None, c.spec, impl=impl,
+                                          max_batch=B, max_seq_len=max_len))
+            measured = _measure(runners, batches, params, repeats)
+            medians = [sorted(ps, key=lambda p: p["tokens"] / p["wall"])[len(ps) // 2] for ps in measured]
+            base, base_cpu = medians[0], medians[0]["tokens"] / medians[0]["cpu"]
+            hf_cpu = next((m["tokens"] / m["cpu"] for c, m in zip(here, medians) if c.worker == "hf-target-only"),
+                          None)
+            for case, ps, med in zip(here, measured, medians):
+                tps_all = [p["tokens"] / p["wall"] for p in ps]
+                tps, cpu_tps = med["tokens"] / med["wall"], med["tokens"] / med["cpu"]
+                outs = med["outs"]
+                same = all(a.token_ids == b.token_ids for a, b in zip(outs, base["outs"]))
+                lp = [abs(x - y) for a, b in zip(outs, base["outs"]) if a.token_ids == b.token_ids and a.logprobs
                       for x, y in zip(a.logprobs, b.logprobs)]
+                acc = [a for o in outs for a in o.accept_lens]
                 spec = case.spec
-                row = dict(run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"), **env, impl=impl,
+                row = dict(run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"), **env,
+                           threads=torch.get_num_threads(), load_avg=round(os.getloadavg()[0], 2),
+                           impl="transformers" if case.is_peer else impl,
                            dtype=str(target.dtype).replace("torch.", ""), model=model_name, worker=case.worker,
                            num_steps=spec.num_steps if spec else 0, topk=spec.topk if spec else 0,
-                           num_draft_tokens=spec.num_draft_tokens if spec else 1, batch_size=B,
-                           temperature=temperature, num_prompts=len(outs),
-                           prompt_len=sum(len(p) for b in batches for p in b) / len(outs),
-                           max_new_tokens=max_new_tokens, decode_steps=steps, tokens=tokens, wall_s=round(wall, 4),
-                           tokens_per_s=round(tps, 2),
+                           num_draft_tokens=spec.num_draft_tokens if spec else 1,
+                           prompt_lookup_num_tokens=case.prompt_lookup, batch_size=B, temperature=temperature,
+                           num_prompts=len(outs), prompt_len=sum(len(p) for b in batches for p in b) / len(outs),
+                           max_new_tokens=max_new_tokens, repeats=repeats,
+                           decode_steps=med["steps"] if not case.is_peer else "", tokens=med["tokens"],
+                           wall_s=round(med["wall"], 4), tokens_per_s=round(tps, 2),
+                           tokens_per_s_p20=round(_quantile(tps_all, 0.2), 2),
+                           tokens_per_s_p80=round(_quantile(tps_all, 0.8), 2),
+                           cpu_s=round(med["cpu"], 4), cpu_tokens_per_s=round(cpu_tps, 2),
                            mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
-                           speedup_vs_target_only=round(tps / base_tps, 4),
+                           speedup_vs_target_only=round(tps / (base["tokens"] / base["wall"]), 4),
+                           cpu_speedup_vs_target_only=round(cpu_tps / base_cpu, 4),
+                           cpu_speedup_vs_hf_target_only=round(cpu_tps / hf_cpu, 4) if hf_cpu else "",
                            same_tokens_as_target_only=same if temperature == 0 else "",
                            max_logprob_diff=f"{max(lp):.2e}" if lp else "")
                 rows.append(row)
-                shape = f"S={spec.num_steps} K={spec.topk} W={spec.num_draft_tokens}" if spec else ""
-                progress(f"T={temperature} B={B} {case.worker:12s} {shape:16s} tok/s {tps:8.1f} "
-                         f"accept {row['mean_accept_len'] or 1:.2f} speedup {row['speedup_vs_target_only']:.2f}")
+                progress(f"T={temperature} B={B} {case_name(case):24s} tok/s {tps:8.1f} cpu-tok/s {cpu_tps:8.1f} "
+                         f"accept {row['mean_accept_len'] or 1:.2f} x{row['cpu_speedup_vs_target_only']:.2f} "
+                         f"same={same}")
     return write_csv(rows, COLUMNS, out_dir, f"{tag}-{run_id}.csv")
+
+
+def case_name(case: BenchCase) -> str:
+    if case.is_peer:
+        return case.worker + (f" {case.prompt_lookup}" if case.prompt_lookup else "")
+    from .bench_e2e import worker_label
+    return worker_label(case.worker, case.spec)
 
 
 def write_csv(rows: list[dict], columns: list[str], out_dir, name: str) -> Path:
@@ -138,6 +191,8 @@ DEFAULT_CASES = [
     BenchCase("mtp", SpecConfig(3)),
     BenchCase("mtp_chain", SpecConfig(3)),
 ]
+PEER_CASES = [BenchCase("hf-target-only", None), BenchCase("hf-prompt-lookup", None, 3),
+              BenchCase("hf-prompt-lookup", None, 10)]
 
 
 def main_bench(args) -> int:
@@ -151,11 +206,17 @@ def main_bench(args) -> int:
     bundle = zoo.load()
     drafts = {"eagle": bundle.eagle, "mtp": bundle.mtp, "mtp_chain": bundle.mtp_chain}
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
-    path = run_benchmark(bundle.target, drafts, DEFAULT_CASES, prompts,
+    cases = list(DEFAULT_CASES)
+    try:
+        import transformers  # noqa: F401
+        cases += PEER_CASES
+    except ImportError:
+        print("note: transformers is not installed (pip install -e '.[bench]'): no peer rows")
+    path = run_benchmark(bundle.target, drafts, cases, prompts,
                          [int(b) for b in (args.batch_sizes or "1,4").split(",")],
                          [float(t) for t in args.temperatures.split(",")], args.max_new_tokens,
                          model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
-                         tag="acceptance")
+                         tag="acceptance", peer_dir=bundle.path / "target")
     png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))
     print(f"wrote {path} and {png}")
     return 0

@@ -16,6 +16,9 @@ def load_results(results_dir="results", pattern="*.csv") -> pd.DataFrame:
 def case_label(row) -> str:
     if row["worker"] == "target-only":
         return "target-only"
+    if str(row["worker"]).startswith("hf-"):
+        lookup = int(row.get("prompt_lookup_num_tokens", 0) or 0)
+        return f"transformers {row['worker'][3:]}" + (f" {lookup}" if lookup else "")
     if row["worker"] == "eagle":
         return f"EAGLE S={row['num_steps']} K={row['topk']} W={row['num_draft_tokens']}"
     style = "MiMo" if row["worker"] == "mtp" else "Step-3.5"

@@ -12,11 +12,22 @@ def test_benchmark_csv_schema_and_plot(tmp_path):
     drafts = {"eagle": perfect_eagle(target), "mtp": perfect_mtp(target, 2, False)}
     cases = [BenchCase("target-only", None), BenchCase("eagle", SpecConfig(2, 2, 4)), BenchCase("mtp", SpecConfig(2))]
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9]]
+    target.save_pretrained(tmp_path / "target")
+    cases += [BenchCase("hf-target-only", None), BenchCase("hf-prompt-lookup", None, 3)]
     path = run_benchmark(target, drafts, cases, prompts, [1, 2], [0.0, 0.8], 6, "tiny", out_dir=tmp_path,
-                         progress=lambda s: None)
+                         progress=lambda s: None, peer_dir=tmp_path / "target", repeats=2)
     rows = list(csv.DictReader(path.open()))
     assert list(rows[0].keys()) == COLUMNS
+    peers = [r for r in rows if r["impl"] == "transformers"]
+    rows = [r for r in rows if r["impl"] != "transformers"]
     assert len(rows) == 3 * 2 * 2
+    # transformers' generate decodes the same greedy tokens from the same directory; prompt lookup at B=1 only
+    assert [(r["worker"], r["batch_size"]) for r in peers] == [("hf-target-only", "1"), ("hf-prompt-lookup", "1"),
+                                                               ("hf-target-only", "2")]
+    assert all(r["same_tokens_as_target_only"] == "True" for r in peers)
+    assert all(float(r["cpu_speedup_vs_hf_target_only"]) > 0 for r in rows if float(r["temperature"]) == 0)
+    for r in rows + peers:
+        assert float(r["tokens_per_s_p20"]) <= float(r["tokens_per_s"]) <= float(r["tokens_per_s_p80"])
     greedy = [r for r in rows if float(r["temperature"]) == 0.0]
     assert all(r["same_tokens_as_target_only"] == "True" for r in greedy)
     assert all(float(r["max_logprob_diff"]) <= 1e-4 for r in greedy)

@@ -1,0 +1,42 @@
+"""Peers from Hugging Face transformers, with the Engine's `generate` interface, for `specdec bench`."""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from .engine import GenerateOutput, GenerateStats
+
+
+class HFGenerate:
+    """`transformers.LlamaForCausalLM.generate` on a target directory (greedy), optionally with prompt-lookup
+    decoding (`prompt_lookup_num_tokens`). Ragged batches are left-padded with an attention mask."""
+
+    def __init__(self, target_dir, prompt_lookup: int = 0):
+        from transformers import LlamaForCausalLM
+
+        self.model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+        self.prompt_lookup = prompt_lookup
+        self.last_stats: GenerateStats | None = None
+
+    @torch.inference_mode()
+    def generate(self, prompts, params, seed: int = 0) -> list[GenerateOutput]:
+        if params.temperature != 0:
+            raise ValueError("the transformers peers run greedy decoding only")
+        B, L = len(prompts), max(len(p) for p in prompts)
+        ids = torch.zeros(B, L, dtype=torch.long)
+        mask = torch.zeros(B, L, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, L - len(p):] = torch.tensor(p)
+            mask[b, L - len(p):] = 1
+        kwargs = dict(max_new_tokens=params.max_new_tokens, min_new_tokens=params.max_new_tokens, do_sample=False,
+                      pad_token_id=0)
+        if self.prompt_lookup:
+            kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup
+        t0 = time.perf_counter()
+        out = self.model.generate(ids, attention_mask=mask, **kwargs)
+        wall = time.perf_counter() - t0
+        outs = [GenerateOutput(out[b, L:L + params.max_new_tokens].tolist(), "length") for b in range(B)]
+        self.last_stats = GenerateStats(B, 0, sum(len(o.token_ids) for o in outs), wall, math.nan)
+        return outs
