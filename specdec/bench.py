@@ -129,7 +129,7 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
             base, base_cpu = medians[0], medians[0]["tokens"] / medians[0]["cpu"]
             hf_cpu = next((m["tokens"] / m["cpu"] for c, m in zip(here, medians) if c.worker == "hf-target-only"),
                           None)
-            for case, ps, med in zip(here, measured, medians):
+            for case, runner, ps, med in zip(here, runners, measured, medians):
                 tps_all = [p["tokens"] / p["wall"] for p in ps]
                 tps, cpu_tps = med["tokens"] / med["wall"], med["tokens"] / med["cpu"]
                 outs = med["outs"]
@@ -140,7 +140,7 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                 spec = case.spec
                 row = dict(run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"), **env,
                            threads=torch.get_num_threads(), load_avg=round(os.getloadavg()[0], 2),
-                           impl="transformers" if case.is_peer else impl,
+                           impl="transformers" if case.is_peer else runner.impl,
                            dtype=str(target.dtype).replace("torch.", ""), model=model_name, worker=case.worker,
                            num_steps=spec.num_steps if spec else 0, topk=spec.topk if spec else 0,
                            num_draft_tokens=spec.num_draft_tokens if spec else 1,
