@@ -11,7 +11,6 @@ tests' chi-square machinery.
 from __future__ import annotations
 
 import inspect
-import random
 
 import pytest
 import torch
@@ -28,6 +27,7 @@ from tests.test_tree_ops import (
     FAST_GRID,
     FULL_GRID,
     DraftedTree,
+    drafted_case,
     _chi_square_pvalue,
     _emitted_sequences,
     _exact_distribution,
@@ -125,12 +125,8 @@ def _sampling_agreement(cand, ri, nt, ns, u, uf, probs, steps, ts=1.0, ta=1.0, b
 
 
 def _run_case(S: int, K: int, W: int, seed: int, mode: str) -> None:
-    rng = random.Random(seed)
-    B = rng.randint(1, 4)
-    V = rng.choice([K + 1, 8, 32]) if mode == "random" else rng.choice([max(K, 2), 6])
-    V = max(V, K)
-    tree = DraftedTree(B, K, S, W, V, seed, mode)
-    gen = tree.gen
+    tree, rng = drafted_case(S, K, W, seed, mode)
+    B, gen = tree.B, tree.gen
     ref = ref_tree.build_tree_kernel_efficient(*tree.build_args())
     assert_equivalent(ref, fast_tree.build_tree_kernel_efficient(*tree.build_args()), QUANTITY, where="build")
     _mask, _positions, ri, nt, ns, tokens = ref

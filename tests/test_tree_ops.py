@@ -265,13 +265,18 @@ FAST_GRID = _grid(full=False)
 FULL_GRID = _grid(full=True)
 
 
-def _run_case(S: int, K: int, W: int, seed: int, mode: str):
+def drafted_case(S: int, K: int, W: int, seed: int, mode: str) -> tuple[DraftedTree, random.Random]:
+    """A DraftedTree of a seeded random batch size (1..4) and vocabulary (K+1, 8 or 32; small in "ties"),
+    and the generator that chose them (the caller draws the rest of its case from it)."""
     rng = random.Random(seed)
     B = rng.randint(1, 4)
     V = rng.choice([K + 1, 8, 32]) if mode == "random" else rng.choice([max(K, 2), 6])
-    V = max(V, K)
-    tree = DraftedTree(B, K, S, W, V, seed, mode)
-    gen = tree.gen
+    return DraftedTree(B, K, S, W, max(V, K), seed, mode), rng
+
+
+def _run_case(S: int, K: int, W: int, seed: int, mode: str):
+    tree, rng = drafted_case(S, K, W, seed, mode)
+    B, gen = tree.B, tree.gen
 
     # organize_draft_results against the test's own selection
     assert tree.top_scores_index.dtype == torch.int64 and tree.draft_tokens.dtype == torch.int64
