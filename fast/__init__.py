@@ -3,8 +3,17 @@
 `fast` exports an op only once its kernel exists; `specdec.op_checks.WORKER_OPS` lists what the
 workers need, and `Engine(impl="fast")` names whatever is still missing. Argument checks are the
 shared ones of `specdec.op_checks` and run before any kernel launches. On a machine without CUDA the
-kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported).
+kernels run under Triton's interpreter: importing `fast` there sets ``TRITON_INTERPRET=1`` unless the
+variable is already set (Triton reads it when the kernels below are defined); exact, but slow.
 """
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# the kernels are defined (and their interpreter mode fixed) by these imports
 from .attention import apply_rope_and_write_kv, tree_attention
 from .draft import softmax_topk
 from .kv import commit_kv_cache

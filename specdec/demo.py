@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
+import torch
+
 from . import Engine, SamplingParams, SpecConfig
 
 RUNS = [("target-only", None, None),
@@ -21,8 +23,11 @@ def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160) -> i
     tok = bundle.tokenizer
     prompts = heldout_prompts(num_prompts, prompt_len, seed=3)
     params = SamplingParams(max_new_tokens=max_new_tokens, return_logprob=True)
-    print(f"specdec demo: zoo checkpoint {bundle.name!r}, impl={impl}, device={bundle.target.device}, "
+    ran = Engine._resolve_impl(impl, bundle.target.device)  # what "auto" means here
+    print(f"specdec demo: zoo checkpoint {bundle.name!r}, impl={ran}, device={bundle.target.device}, "
           f"{num_prompts} held-out prompts, greedy, {max_new_tokens} new tokens, batch size 1")
+    if ran == "fast" and torch.device(bundle.target.device).type != "cuda":
+        print("note: no CUDA device: the fast path's Triton kernels run under Triton's interpreter (exact, slow)")
     base, base_tps, status = None, None, 0
     for name, draft_key, spec in RUNS:
         draft = getattr(bundle, draft_key) if draft_key else None

@@ -14,6 +14,7 @@ import sys
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("gpu_compile_check needs TRITON_INTERPRET unset")
+os.environ["TRITON_INTERPRET"] = "0"  # importing `fast` on a machine without CUDA would otherwise turn it on
 
 import torch  # noqa: E402
 import triton  # noqa: E402

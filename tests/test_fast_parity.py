@@ -3,10 +3,12 @@ and the engine refuses a fast path that lacks an op the workers call."""
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
 from torch.overrides import TorchFunctionMode
 
 import fast
@@ -111,3 +113,18 @@ def test_tree_build_verify_and_commit_are_single_launches(monkeypatch):
             call()
         assert launches == [name]
         assert calls.names <= NO_LAUNCH, calls.names - NO_LAUNCH
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_fast_runs_on_a_cpu_without_the_interpreter_variable():
+    """A user on a CPU who never heard of TRITON_INTERPRET still gets a working `impl="fast"`."""
+    code = "\n".join([
+        "from specdec import Engine, SamplingParams",
+        "from specdec.models import random_llama",
+        "t, sp = random_llama(), SamplingParams(max_new_tokens=4)",
+        "a = Engine(t, impl='fast').generate([[1, 2, 3]], sp)[0].token_ids",
+        "b = Engine(t, impl='reference').generate([[1, 2, 3]], sp)[0].token_ids",
+        "assert a == b, (a, b)",
+    ])
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
