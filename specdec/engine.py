@@ -235,7 +235,7 @@ class HostStep:
     tokens: list[list[int]]
     logprobs: list[list[float]] | None
     top_val: list[list[float]] | None
-    top_idx: list[list[float]] | None
+    top_idx: list[list[int]] | None
     token_ids_val: list[list[float]] | None
     token_ids_idx: list[list[int]] | None
     width: int

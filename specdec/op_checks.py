@@ -299,18 +299,15 @@ def check_commit_kv_args(kv, slots, seq_lens, accept_index, num_draft_tokens) ->
         raise ValueError(f"accept_index must have shape (B, S+1), got {tuple(accept_index.shape)}")
     B, S1 = accept_index.shape
     for name, t in (("slots", slots), ("seq_lens", seq_lens)):
-        check_tensor(name, t)
-        check_integer_dtype(name, t)
-        check_shape(name, t, (B,), "one entry per request of accept_index")
+        check_row_params(name, t, B, kv.device, integer=True)
     check_int("num_draft_tokens", num_draft_tokens, 1)
-    for name, t in (("slots", slots), ("seq_lens", seq_lens), ("accept_index", accept_index)):
-        if t.device != kv.device:
-            raise ValueError(f"{name} is on {t.device} but kv is on {kv.device}")
+    if accept_index.device != kv.device:
+        raise ValueError(f"accept_index is on {accept_index.device} but kv is on {kv.device}")
     return B, S1
 
 
 def check_row_params(name: str, t, N: int, device, integer: bool) -> None:
-    """`t` must be an (N,) tensor of one value per row on `device` (integer or floating-point dtype)."""
+    """`t` must be an (N,) tensor of one value per row (or request) on `device`, integer or floating point."""
     check_tensor(name, t)
     check_shape(name, t, (N,), "one value per row")
     if integer:
@@ -348,11 +345,7 @@ def check_renorm_prob_args(probs, param_name: str, param, integer: bool) -> tupl
 
 def check_softmax_topk_args(logits, topk) -> tuple[int, int]:
     """`softmax_topk`'s arguments -> (N, V)."""
-    check_tensor("logits", logits)
-    check_float_dtype("logits", logits)
-    if logits.dim() != 2 or logits.shape[1] < 1:
-        raise ValueError(f"logits must have shape (N, V) with V >= 1, got {tuple(logits.shape)}")
-    N, V = logits.shape
+    N, V = check_rows("logits", logits, fp32_only=False)
     check_int("topk", topk, 1)
     if topk > V:
         raise ValueError(f"topk={topk} exceeds the vocabulary size V={V}")
@@ -372,15 +365,6 @@ def _check_cache_pair(k_cache, v_cache, device) -> tuple[int, int, int, int]:
     return tuple(k_cache.shape)
 
 
-def _check_rows(B: int, device, **named) -> None:
-    for name, t in named.items():
-        check_tensor(name, t)
-        check_integer_dtype(name, t)
-        check_shape(name, t, (B,), "one entry per request")
-        if t.device != device:
-            raise ValueError(f"{name} is on {t.device} but q is on {device}")
-
-
 def check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len, scale):
     """`tree_attention`'s arguments -> (B, T, Hq, D). Values (slots, lengths) are trusted."""
     check_tensor("q", q)
@@ -393,7 +377,8 @@ def check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, 
         raise ValueError(f"the cache's head_dim {Dk} differs from q's head_dim {D}")
     if Hq % Hkv:
         raise ValueError(f"q has {Hq} heads, not a multiple of the cache's {Hkv} KV heads")
-    _check_rows(B, q.device, slots=slots, cache_start=cache_start)
+    for name, t in (("slots", slots), ("cache_start", cache_start)):
+        check_row_params(name, t, B, q.device, integer=True)
     check_int("write_offset", write_offset, 0)
     check_int("attn_len", attn_len, 1)
     if write_offset + T > max_seq:
@@ -430,7 +415,8 @@ def check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, 
         check_shape(name, t, (B, T, D), "(B, T, D)")
     if Dk != D:
         raise ValueError(f"the cache's head_dim {Dk} differs from q's head_dim {D}")
-    _check_rows(B, q.device, slots=slots, cache_start=cache_start)
+    for name, t in (("slots", slots), ("cache_start", cache_start)):
+        check_row_params(name, t, B, q.device, integer=True)
     check_int("write_offset", write_offset, 0)
     if write_offset + T > max_seq:
         raise ValueError(f"write_offset={write_offset} + T={T} new tokens exceed the cache's {max_seq} slots")

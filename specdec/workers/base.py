@@ -255,12 +255,18 @@ class WorkerBase:
         return self.ops.compute_spec_v2_logprobs(batch, logits_output, predict, accept_index, num_steps,
                                                  return_original_logprob=self.return_original_logprob)
 
-    def single_token_output(self, logits, tokens) -> StepOutput:
-        """A one-node step (prefill, or target-only decode): logits (B, V), tokens (B,)."""
+    def one_token_step(self, logits, tokens) -> StepOutput:
+        """A one-node step (prefill, or target-only decode): logits (B, V), tokens (B,); no logprobs yet."""
         B = tokens.shape[0]
         accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
-        out = self.compute_logprobs(LogitsOutput(next_token_logits=logits), tokens, accept_index, 0)
-        return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device), out)
+        return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
+                          LogitsOutput(next_token_logits=logits))
+
+    def single_token_output(self, logits, tokens) -> StepOutput:
+        """The prefill's step: `one_token_step` with its logprobs filled."""
+        step = self.one_token_step(logits, tokens)
+        step.logits_output = self.compute_logprobs(step.logits_output, tokens, step.accept_index, 0)
+        return step
 
 
 class TargetOnlyWorker(WorkerBase):
@@ -277,7 +283,6 @@ class TargetOnlyWorker(WorkerBase):
 
     def decode_body(self) -> StepOutput:
         st = self.state
-        B = st.seq_lens.shape[0]
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(1), ops=self.ops)
         with self.phase("verify_forward"):
             logits, _ = self.target(st.last_tokens[:, None], st.seq_lens[:, None], self.cache, meta)
@@ -286,9 +291,7 @@ class TargetOnlyWorker(WorkerBase):
             tokens = self.sample_tokens(logits, st.uniforms[:, 0])
         st.seq_lens = st.seq_lens + 1
         st.last_tokens = tokens
-        accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
-        return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
-                          LogitsOutput(next_token_logits=logits))
+        return self.one_token_step(logits, tokens)
 
 
 class SpeculativeWorkerBase(WorkerBase):
