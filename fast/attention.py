@@ -12,7 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.op_checks import check_attention_args, check_rope_kv_args
+from specdec.op_checks import (TreeAttentionPlan, check_attention_args, check_plan, check_plan_args,
+                               check_rope_kv_args)
+
+_IMPL = "fast"
 
 #: Keys per inner iteration (bf16 / fp16 on the tensor cores; IEEE fp32 tiles live in registers, so smaller).
 _BLOCK_N = 32
@@ -152,8 +155,17 @@ def _num_splits(batch_heads: int, m_tiles: int, max_seq_len: int) -> int:
     return max(1, min(want, triton.cdiv(max_seq_len, 4 * _BLOCK_N)))
 
 
+def plan_tree_attention(slots, cache_start, write_offset, tree_mask, attn_len, num_new, max_seq_len):
+    """Same contract as `reference.plan_tree_attention`: the TreeAttentionPlan every layer of one forward
+    shares. Here it holds the tree mask packed into 32-bit words (`pack_tree_mask`), once per forward
+    instead of once per layer."""
+    B = check_plan_args(slots, cache_start, write_offset, tree_mask, attn_len, num_new, max_seq_len)
+    bits = None if tree_mask is None else pack_tree_mask(tree_mask)
+    return TreeAttentionPlan(_IMPL, B, num_new, write_offset, attn_len, max_seq_len, dict(mask_bits=bits))
+
+
 def _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, scale,
-                           num_splits=None):
+                           num_splits=None, mask_bits=None):
     B, T, Hq, D = q.shape
     _, max_seq, Hkv, _ = k_cache.shape
     group = Hq // Hkv
@@ -169,7 +181,7 @@ def _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset
     part_max = torch.empty(B * Hq * T * num_splits, dtype=torch.float32, device=device)
     part_sum = torch.empty(B * Hq * T * num_splits, dtype=torch.float32, device=device)
     if tree_mask is not None:
-        bits = pack_tree_mask(tree_mask)
+        bits = pack_tree_mask(tree_mask) if mask_bits is None else mask_bits
         num_words = bits.shape[-1]
     else:
         bits = torch.zeros(1, dtype=torch.int32, device=device)
@@ -194,9 +206,10 @@ def _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset
     return out
 
 
-def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len, scale):
+def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len, scale, plan=None):
     """q: (B, T, Hq, D); k_cache, v_cache: (max_batch, max_seq_len, Hkv, D); slots, cache_start: (B,)
-    int64; write_offset, attn_len: int; tree_mask: (B, T, write_offset + T) bool or None -> (B, T, Hq, D).
+    int64; write_offset, attn_len: int; tree_mask: (B, T, write_offset + T) bool or None; plan: this
+    module's `plan_tree_attention` for the call, or None -> (B, T, Hq, D).
 
     Same contract as `reference.tree_attention`: request b's new token t sees the committed prefix
     (key slots < cache_start[b]) and the in-flight slots cache_start[b] + r, r < write_offset + T,
@@ -214,9 +227,13 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     """
     B, T, Hq, D = check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len,
                                        scale)
+    if plan is not None:
+        check_plan(plan, _IMPL, B, T, write_offset, attn_len, k_cache.shape[1])
     if B == 0 or T == 0:
         return torch.empty_like(q)
-    return _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, scale)
+    bits = None if plan is None else plan.tensors["mask_bits"]
+    return _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, scale,
+                                  mask_bits=bits)
 
 
 @triton.jit
@@ -269,9 +286,10 @@ def apply_rope_and_write_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_cach
     tl.store(v_cache_ptr + vc_at + HALF, tl.load(v_ptr + v_at + HALF, mask=kv_ok).to(vc_ty), mask=kv_ok)
 
 
-def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset):
+def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset, plan=None):
     """q: (B, T, Hq, D); k, v: (B, T, Hkv, D); cos, sin: (B, T, D) fp32; k_cache, v_cache: (max_batch,
-    max_seq_len, Hkv, D); slots, cache_start: (B,) int64; write_offset: int -> q rotated (B, T, Hq, D).
+    max_seq_len, Hkv, D); slots, cache_start: (B,) int64; write_offset: int; plan: this module's
+    `plan_tree_attention` for the call (checked, not needed), or None -> q rotated (B, T, Hq, D).
 
     Same contract as `reference.apply_rope_and_write_kv`, fused into one launch: program (b, t) reads
     the token's angles once, rotates its Hq query heads (returned) and Hkv key heads in fp32 (rounded
@@ -279,6 +297,8 @@ def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_st
     slot, read from ``cache_start`` on the device. The last dimension of every tensor must be contiguous.
     """
     B, T, Hq, D = check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset)
+    if plan is not None:
+        check_plan(plan, _IMPL, B, T, write_offset, None, k_cache.shape[1])
     Hkv = k.shape[2]
     for name, x in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("k_cache", k_cache),
                     ("v_cache", v_cache)):

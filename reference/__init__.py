@@ -2,7 +2,7 @@
 
 `fast` exposes the same op names with the same signatures.
 """
-from .attention import apply_rope_and_write_kv, tree_attention
+from .attention import apply_rope_and_write_kv, plan_tree_attention, tree_attention
 from .draft import softmax_topk
 from .kv import commit_kv_cache
 from .logprobs import compute_spec_v2_logprobs
@@ -23,5 +23,5 @@ def __getattr__(name):
 
 __all__ = ["softmax_topk", "select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient",
            "verify_tree_greedy", "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs",
-           "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob", "apply_rope_and_write_kv",
+           "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob", "plan_tree_attention", "apply_rope_and_write_kv",
            "tree_attention", "commit_kv_cache", "EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"]

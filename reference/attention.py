@@ -4,22 +4,77 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.models.layers import apply_rope
-from specdec.op_checks import check_attention_args, check_rope_kv_args
+from specdec.op_checks import (TreeAttentionPlan, check_attention_args, check_plan, check_plan_args,
+                               check_rope_kv_args)
+
+_IMPL = "reference"
 
 
-def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset):
+def plan_tree_attention(slots, cache_start, write_offset, tree_mask, attn_len, num_new, max_seq_len):
+    """slots, cache_start: (B,) int64; write_offset, attn_len, num_new (T), max_seq_len: int; tree_mask:
+    (B, T, write_offset + T) bool or None -> TreeAttentionPlan, shared by every layer of one forward.
+
+    Holds the (B, 1, T, attn_len) visibility mask of `tree_attention`, and flat cache-row indices
+    (row = slot * max_seq_len + position, for caches whose (slot, position) dims merge into one):
+    where each new token's key goes, and which row each of the attn_len keys is read from. A key
+    past the request's cache_start + write_offset + T is read from the request's last in-flight row
+    instead: it is masked out, and reading a finite stand-in keeps whatever a stale slot holds (a NaN
+    from an earlier request) out of the output, where 0 x NaN would survive the mask.
+    """
+    B = check_plan_args(slots, cache_start, write_offset, tree_mask, attn_len, num_new, max_seq_len)
+    T, device = num_new, slots.device
+    visible = build_attention_mask(cache_start, T, write_offset, tree_mask, attn_len)[:, None]
+    end = cache_start + (write_offset + T)
+    row0 = slots * max_seq_len
+    key_pos = torch.minimum(torch.arange(attn_len, device=device)[None, :], (end - 1)[:, None])
+    key_rows = (row0[:, None] + key_pos).reshape(-1)
+    write_rows = (row0 + cache_start + write_offset)[:, None] + torch.arange(T, device=device)
+    return TreeAttentionPlan(_IMPL, B, T, write_offset, attn_len, max_seq_len,
+                             dict(visible=visible, key_rows=key_rows, write_rows=write_rows.reshape(-1)))
+
+
+def _cache_rows(cache):
+    """(max_batch, max_seq_len, H, D) -> a (max_batch * max_seq_len, H, D) view, or None if the layout has none."""
+    try:
+        return cache.view(-1, *cache.shape[2:])
+    except RuntimeError:
+        return None
+
+
+def _rotate_half_fp32(x, cos, sin):
+    """x: (B, T, H, D); cos, sin: (B, T, D) fp32 -> x rotated, fp32 (Hugging Face's rotate-half layout)."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return xf * cos[:, :, None] + rotated * sin[:, :, None]
+
+
+def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset, plan=None):
     """q: (B, T, Hq, D); k, v: (B, T, Hkv, D); cos, sin: (B, T, D) fp32; k_cache, v_cache: (max_batch,
-    max_seq_len, Hkv, D); slots, cache_start: (B,) int64; write_offset: int -> q rotated (B, T, Hq, D).
+    max_seq_len, Hkv, D); slots, cache_start: (B,) int64; write_offset: int; plan: this module's
+    `plan_tree_attention` for the call, or None -> q rotated (B, T, Hq, D).
 
     Rotates q and k by their positions' angles (rotate-half layout, fp32, cast back to the input dtype)
     and writes the rotated k and v of token t at cache row slots[b], slot cache_start[b] + write_offset + t.
     """
-    B, T, _, _ = check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset)
-    cols = cache_start[:, None] + write_offset + torch.arange(T, device=q.device)
-    k_cache[slots[:, None], cols] = apply_rope(k, cos, sin).to(k_cache.dtype)
-    v_cache[slots[:, None], cols] = v.to(v_cache.dtype)
-    return apply_rope(q, cos, sin)
+    B, T, Hq, D = check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset)
+    max_seq_len = k_cache.shape[1]
+    if plan is None:
+        plan = plan_tree_attention(slots, cache_start, write_offset, None, write_offset + T, T, max_seq_len)
+    else:
+        check_plan(plan, _IMPL, B, T, write_offset, None, max_seq_len)
+    # q and k rotate as one tensor: one pass of the elementwise ops instead of two
+    qk = _rotate_half_fp32(torch.cat([q, k.to(q.dtype)], dim=2), cos, sin)
+    k_rot = qk[:, :, Hq:].to(k.dtype).to(k_cache.dtype).reshape(B * T, *k.shape[2:])
+    v_new = v.to(v_cache.dtype).reshape(B * T, *v.shape[2:])
+    rows = plan.tensors["write_rows"]
+    for cache, new in ((k_cache, k_rot), (v_cache, v_new)):
+        flat = _cache_rows(cache)
+        if flat is not None:
+            flat.index_copy_(0, rows, new)
+        else:  # a cache whose (slot, position) dims do not merge (a strided view): index both
+            cache[rows // max_seq_len, rows % max_seq_len] = new
+    return qk[:, :, :Hq].to(q.dtype)
 
 
 def build_attention_mask(cache_start, num_new: int, write_offset: int, tree_mask, attn_len: int):
@@ -43,23 +98,33 @@ def build_attention_mask(cache_start, num_new: int, write_offset: int, tree_mask
     return prefix | inflight
 
 
-def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len, scale):
+def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len, scale, plan=None):
     """q: (B, T, Hq, D); k_cache, v_cache: (max_batch, max_seq_len, Hkv, D); slots, cache_start: (B,)
-    int64; write_offset, attn_len: int; tree_mask: (B, T, write_offset + T) bool or None -> (B, T, Hq, D).
+    int64; write_offset, attn_len: int; tree_mask: (B, T, write_offset + T) bool or None; plan: this
+    module's `plan_tree_attention` for the call, or None -> (B, T, Hq, D).
 
     The new tokens' keys and values must already be in the cache at slots
     cache_start + write_offset + t. `attn_len` is a host-side upper bound on cache_start + write_offset + T
-    (a Python int, so the step makes no host sync). Dense boolean mask + scaled_dot_product_attention,
-    computed in fp32 and cast back; grouped-query heads share their KV head without a copy. Cache slots
-    past a request's cache_start + write_offset + T are zeroed before use: a stale NaN there would survive
-    the mask (0 x NaN) and poison the output.
+    (a Python int, so the step makes no host sync). One gather of the attn_len keys and values per
+    request (keys past the request's length replaced by a finite stand-in, see `plan_tree_attention`),
+    then scaled_dot_product_attention with the dense visibility mask, in fp32, cast back; grouped-query
+    heads share their KV head without a copy.
     """
     B, T, Hq, D = check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len,
                                        scale)
-    mask = build_attention_mask(cache_start, T, write_offset, tree_mask, attn_len)
-    live = (torch.arange(attn_len, device=q.device) < (cache_start + write_offset + T)[:, None])[:, None, :, None]
-    k = torch.where(live, k_cache[slots, :attn_len].float().transpose(1, 2), 0.0)  # (B, Hkv, L, D)
-    v = torch.where(live, v_cache[slots, :attn_len].float().transpose(1, 2), 0.0)
-    out = F.scaled_dot_product_attention(q.float().transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale,
-                                         enable_gqa=Hq != k.shape[1])
+    max_seq_len = k_cache.shape[1]
+    if plan is None:
+        plan = plan_tree_attention(slots, cache_start, write_offset, tree_mask, attn_len, T, max_seq_len)
+    else:
+        check_plan(plan, _IMPL, B, T, write_offset, attn_len, max_seq_len)
+    rows = plan.tensors["key_rows"]
+    k, v = (_gather_rows(cache, rows).view(B, attn_len, *cache.shape[2:]).transpose(1, 2).float()
+            for cache in (k_cache, v_cache))
+    out = F.scaled_dot_product_attention(q.float().transpose(1, 2), k, v, attn_mask=plan.tensors["visible"],
+                                         scale=scale, enable_gqa=Hq != k.shape[1])
     return out.transpose(1, 2).to(q.dtype)
+
+
+def _gather_rows(cache, rows):
+    flat = _cache_rows(cache)
+    return (flat if flat is not None else cache.reshape(-1, *cache.shape[2:])).index_select(0, rows)

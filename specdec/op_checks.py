@@ -6,6 +6,7 @@ checks cost no host synchronisation inside a decode step.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +23,7 @@ WORKER_OPS = (
     "softmax_with_temperature",
     "top_k_renorm_prob",
     "top_p_renorm_prob",
+    "plan_tree_attention",
     "apply_rope_and_write_kv",
     "tree_attention",
     "commit_kv_cache",
@@ -421,3 +423,60 @@ def check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, 
     if write_offset + T > max_seq:
         raise ValueError(f"write_offset={write_offset} + T={T} new tokens exceed the cache's {max_seq} slots")
     return B, T, Hq, D
+
+
+@dataclass(frozen=True)
+class TreeAttentionPlan:
+    """What every layer of one forward shares: built once by an ops module's `plan_tree_attention`, read
+    by the same module's `apply_rope_and_write_kv` and `tree_attention` (FlashInfer's plan / run split).
+
+    impl: the building module's name (a plan is read only by the ops that built it); batch, num_new,
+    write_offset, attn_len, max_seq_len: the call it was built for; tensors: the module's precomputed
+    masks and indices."""
+
+    impl: str
+    batch: int
+    num_new: int
+    write_offset: int
+    attn_len: int
+    max_seq_len: int
+    tensors: dict
+
+
+def check_plan_args(slots, cache_start, write_offset, tree_mask, attn_len, num_new, max_seq_len) -> int:
+    """`plan_tree_attention`'s arguments -> B."""
+    check_tensor("slots", slots)
+    if slots.dim() != 1:
+        raise ValueError(f"slots must have shape (B,), got {tuple(slots.shape)}")
+    B = slots.shape[0]
+    check_row_params("slots", slots, B, slots.device, integer=True)
+    check_row_params("cache_start", cache_start, B, slots.device, integer=True)
+    check_int("write_offset", write_offset, 0)
+    check_int("num_new", num_new, 1)
+    check_int("attn_len", attn_len, 1)
+    check_int("max_seq_len", max_seq_len, 1)
+    if write_offset + num_new > max_seq_len:
+        raise ValueError(f"write_offset={write_offset} + T={num_new} new tokens exceed the cache's {max_seq_len} slots")
+    if attn_len > max_seq_len:
+        raise ValueError(f"attn_len={attn_len} exceeds the cache's max_seq_len={max_seq_len}")
+    if tree_mask is not None:
+        check_tensor("tree_mask", tree_mask)
+        if tree_mask.dtype != torch.bool:
+            raise TypeError(f"tree_mask must be a bool tensor, got dtype {tree_mask.dtype}")
+        check_shape("tree_mask", tree_mask, (B, num_new, write_offset + num_new), "(B, T, write_offset + T)")
+        if tree_mask.device != slots.device:
+            raise ValueError(f"tree_mask is on {tree_mask.device}, slots on {slots.device}")
+    return B
+
+
+def check_plan(plan, impl: str, B: int, T: int, write_offset: int, attn_len: int | None, max_seq_len: int) -> None:
+    """A plan handed to an op must be this module's and built for this call's shapes."""
+    if not isinstance(plan, TreeAttentionPlan):
+        raise TypeError(f"plan must be a TreeAttentionPlan from plan_tree_attention, got {type(plan).__name__}")
+    if plan.impl != impl:
+        raise ValueError(f"plan was built by {plan.impl!r}'s plan_tree_attention; this op is {impl!r}'s")
+    got = (plan.batch, plan.num_new, plan.write_offset, plan.max_seq_len)
+    want = (B, T, write_offset, max_seq_len)
+    if got != want or (attn_len is not None and plan.attn_len != attn_len):
+        raise ValueError(f"plan was built for (B, T, write_offset, max_seq_len, attn_len) = {got + (plan.attn_len,)}, "
+                         f"this call has {want + (attn_len,)}")

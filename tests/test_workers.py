@@ -9,7 +9,7 @@ import torch
 import reference
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_llama, random_mtp
-from specdec.op_checks import missing_ops
+from specdec.op_checks import TreeAttentionPlan, missing_ops
 from tests.equivalence import no_host_sync
 from tests.helpers import (FALSE_FAILURE_RATE, LOGPROB_ATOL, always_wrong_eagle, always_wrong_mtp, bigram_target,
                            chi_square_pvalue, near_bigram_target, perfect_eagle, perfect_mtp, softmax_filtered)
@@ -535,8 +535,8 @@ def test_cuda_graph_replay_equals_eager(kind):
 
 class _RecordingOps:
     """An ops module that records, per call, the op's name and the shapes / dtypes of its tensor
-    arguments, and its Python arguments (tree_attention's host bound attn_len excepted: the fast kernel
-    does not read it)."""
+    arguments, and its Python arguments (the host bound attn_len excepted: the fast kernels do not read
+    it; so is everything of an attention plan that is sized by it, which only the reference's has)."""
 
     def __init__(self, ops):
         self._ops = ops
@@ -549,6 +549,8 @@ class _RecordingOps:
             shown = list(args)
             if name == "tree_attention":
                 shown[7] = "attn_len"
+            if name == "plan_tree_attention":
+                shown[4] = "attn_len"
             self.calls.append((name, _describe(shown), _describe(kwargs)))
             return fn(*args, **kwargs)
 
@@ -556,6 +558,9 @@ class _RecordingOps:
 
 
 def _describe(x):
+    if isinstance(x, TreeAttentionPlan):
+        return ("plan", x.impl, x.batch, x.num_new, x.write_offset, x.max_seq_len,
+                _describe(x.tensors) if x.impl == "fast" else "attn_len-sized")
     if isinstance(x, torch.Tensor):
         return ("tensor", tuple(x.shape), x.dtype)
     if isinstance(x, (list, tuple)):

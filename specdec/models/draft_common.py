@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from .io import load_strict, read_config, read_state_dict, save_dir
+from .layers import hf_named_parameters
 from .llama import LlamaConfig
 
 
@@ -66,7 +67,7 @@ class DraftModelBase(nn.Module):
 def randomize_(module: nn.Module, seed: int, std: float) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in module.named_parameters():
+        for name, p in hf_named_parameters(module):
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             else:

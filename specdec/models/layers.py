@@ -1,7 +1,13 @@
-"""Building blocks shared by the target, the EAGLE head and the MTP layers (Llama architecture)."""
+"""Building blocks shared by the target, the EAGLE head and the MTP layers (Llama architecture).
+
+The q/k/v projections are one fused matrix (`qkv_proj`) and so are gate/up (`gate_up_proj`): one
+matmul instead of three (two) per layer. State dicts keep Hugging Face's separate names in both
+directions (`load_state_dict` fuses, `state_dict` splits), so checkpoints are unchanged.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import torch
@@ -17,8 +23,10 @@ class AttentionMetadata:
     written at cache_start + write_offset + t and see the committed prefix plus the in-flight slots
     selected by tree_mask (B, T, write_offset + T) (causal when None). attn_len: host-side upper
     bound on cache_start + write_offset + T. ops: the ops module (`reference` or `fast`) whose
-    `apply_rope_and_write_kv` and `tree_attention` every layer calls; there is no default, so a
-    forgotten argument is an error, never a silent reference path.
+    `plan_tree_attention`, `apply_rope_and_write_kv` and `tree_attention` every layer calls; there is
+    no default, so a forgotten argument is an error, never a silent reference path.
+
+    The ops' plan (masks and indices every layer shares) is built once, by the forward's first layer.
     """
 
     slots: torch.Tensor
@@ -27,6 +35,15 @@ class AttentionMetadata:
     ops: ModuleType
     write_offset: int = 0
     tree_mask: torch.Tensor | None = None
+    _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def plan(self, num_new: int, max_seq_len: int):
+        """The ops' attention plan for T = num_new new tokens over a cache of max_seq_len slots."""
+        key = (num_new, max_seq_len)
+        if key not in self._plans:
+            self._plans[key] = self.ops.plan_tree_attention(self.slots, self.cache_start, self.write_offset,
+                                                            self.tree_mask, self.attn_len, num_new, max_seq_len)
+        return self._plans[key]
 
 
 class RMSNorm(nn.Module):
@@ -36,15 +53,22 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * xf).to(x.dtype)
 
 
+@functools.lru_cache(maxsize=32)
+def _inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable under autograd later
+        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+
+
 def rope_cos_sin(positions, head_dim: int, theta: float):
     """positions: (B, T) int64 -> cos, sin: (B, T, head_dim) fp32 (Hugging Face's rotate-half layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[..., None] * inv_freq
+    freqs = positions.float()[..., None] * _inv_freq(head_dim, float(theta), positions.device)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
 
@@ -57,48 +81,99 @@ def apply_rope(x, cos, sin):
     return (xf * cos[:, :, None] + rotated * sin[:, :, None]).to(x.dtype)
 
 
+def _fuse_on_load(module: nn.Module, parts: dict[str, tuple[str, ...]]) -> None:
+    """Let `module` load Hugging Face's separate projections into its fused ones, and save them split.
+
+    parts: fused linear name -> the separate linear names it stacks (output rows, in that order)."""
+    sizes = {name: [getattr(module, name).out_features_of[p] for p in ps] for name, ps in parts.items()}
+
+    def load_hook(state_dict, prefix, *args):
+        for fused, ps in parts.items():
+            for suffix in ("weight", "bias"):
+                keys = [f"{prefix}{p}.{suffix}" for p in ps]
+                if all(k in state_dict for k in keys):
+                    state_dict[f"{prefix}{fused}.{suffix}"] = torch.cat([state_dict.pop(k) for k in keys])
+
+    def save_hook(mod, state_dict, prefix, *args):
+        for fused, ps in parts.items():
+            for suffix in ("weight", "bias"):
+                key = f"{prefix}{fused}.{suffix}"
+                if key in state_dict:
+                    for p, t in zip(ps, state_dict.pop(key).split(sizes[fused])):
+                        state_dict[f"{prefix}{p}.{suffix}"] = t
+        return state_dict
+
+    module._register_load_state_dict_pre_hook(load_hook)
+    module._register_state_dict_hook(save_hook)
+
+
+class FusedLinear(nn.Linear):
+    """nn.Linear whose output rows stack several Hugging Face projections (`out_features_of` names them)."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool):
+        super().__init__(in_features, sum(parts.values()), bias=bias)
+        self.out_features_of = dict(parts)
+
+
+def hf_named_parameters(module: nn.Module):
+    """(Hugging Face name, tensor) for every parameter of `module`, fused ones split into views of their
+    parts (writing a view writes the fused parameter): initialisers iterate the same tensors, in the same
+    order, as on the unfused layout."""
+    fused = {name: m for name, m in module.named_modules() if isinstance(m, FusedLinear)}
+    for name, p in module.named_parameters():
+        owner, _, suffix = name.rpartition(".")
+        if owner in fused:
+            parent = owner.rpartition(".")[0]
+            m = fused[owner]
+            for part, t in zip(m.out_features_of, p.split(list(m.out_features_of.values()))):
+                yield (f"{parent}.{part}.{suffix}" if parent else f"{part}.{suffix}"), t
+        else:
+            yield name, p
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        D = self.head_dim
+        self.qkv_proj = FusedLinear(cfg.hidden_size, {"q_proj": self.num_heads * D, "k_proj": self.num_kv_heads * D,
+                                                      "v_proj": self.num_kv_heads * D}, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * D, cfg.hidden_size, bias=cfg.attention_bias)
+        _fuse_on_load(self, {"qkv_proj": ("q_proj", "k_proj", "v_proj")})
 
     def forward(self, x, cos, sin, kv_cache=None, meta: AttentionMetadata | None = None):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        scale = self.head_dim ** -0.5
+        Hq, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = self.qkv_proj(x).view(B, T, Hq + 2 * Hkv, D).split([Hq, Hkv, Hkv], dim=2)
+        scale = D ** -0.5
         if kv_cache is None:
             # Training / cache-free path: plain causal attention over the T tokens.
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            rep = self.num_heads // self.num_kv_heads
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.repeat_interleave(rep, 2).transpose(1, 2),
-                v.repeat_interleave(rep, 2).transpose(1, 2), is_causal=True, scale=scale).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=True, scale=scale, enable_gqa=Hq != Hkv).transpose(1, 2)
         else:
             k_cache, v_cache = kv_cache
+            plan = meta.plan(T, k_cache.shape[1])
             q = meta.ops.apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, meta.slots, meta.cache_start,
-                                                 meta.write_offset)
+                                                 meta.write_offset, plan=plan)
             out = meta.ops.tree_attention(q, k_cache, v_cache, meta.slots, meta.cache_start, meta.write_offset,
-                                          meta.tree_mask, meta.attn_len, scale)
+                                          meta.tree_mask, meta.attn_len, scale, plan=plan)
         return self.o_proj(out.reshape(B, T, -1))
 
 
 class LlamaMLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        I = cfg.intermediate_size  # noqa: E741
+        self.gate_up_proj = FusedLinear(cfg.hidden_size, {"gate_proj": I, "up_proj": I}, bias=False)
+        self.down_proj = nn.Linear(I, cfg.hidden_size, bias=False)
+        _fuse_on_load(self, {"gate_up_proj": ("gate_proj", "up_proj")})
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .io import load_strict, read_config, read_state_dict, save_dir
-from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
+from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, hf_named_parameters, rope_cos_sin
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -164,7 +164,7 @@ def random_llama(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden
     model = LlamaForCausalLM(cfg)
     std = init_std if init_std is not None else 1.0 / hidden_size ** 0.5
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in hf_named_parameters(model):
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith("embed_tokens.weight"):

@@ -40,7 +40,7 @@ import reference
 from ..models import EagleDraftHead, LlamaConfig, LlamaForCausalLM, MTPDraftModel
 from ..models.draft_common import draft_config_like
 from ..models.io import save_dir
-from ..models.layers import AttentionMetadata, rope_cos_sin
+from ..models.layers import AttentionMetadata, hf_named_parameters, rope_cos_sin
 from . import DEFAULT_NAME, WEIGHTS_DIR, corpus
 from .tokenizer import ByteTokenizer
 
@@ -125,7 +125,7 @@ def init_weights_(module: torch.nn.Module, num_layers: int, seed: int, std: floa
     projections (o_proj, down_proj), ones for norms."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in module.named_parameters():
+        for name, p in hf_named_parameters(module):
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
