@@ -23,5 +23,6 @@ def __getattr__(name):
 
 __all__ = ["softmax_topk", "select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient",
            "verify_tree_greedy", "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs",
-           "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob", "plan_tree_attention", "apply_rope_and_write_kv",
-           "tree_attention", "commit_kv_cache", "EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"]
+           "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob", "plan_tree_attention",
+           "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache", "EagleWorkerV2", "MultiLayerEagleWorkerV2",
+           "TargetOnlyWorker"]
