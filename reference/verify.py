@@ -105,7 +105,10 @@ def verify_tree_greedy(
     node without children, or after S accepted tokens. ``predict`` holds ``target_predict`` at every
     accepted node (so the last accepted node holds the bonus token) and 0 elsewhere.
 
-    Vectorised over the batch, no host synchronisation.
+    Loop-free over the nodes, no host synchronisation: a node is accepted exactly when it is within S
+    of the root and it and each of its ancestors is the first matching child of its parent. Parents,
+    sibling ranks, depths and that ancestor test come from the links by pointer jumping (ceil(log2 W)
+    rounds each), so a step costs a fixed ~70 tensor ops whatever W.
     """
     B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
     check_tensor("target_predict", target_predict)
@@ -116,33 +119,47 @@ def verify_tree_greedy(
     ri = retrieve_index.to(torch.int64)
     nxt = retrieve_next_token.to(torch.int64)
     sib = retrieve_next_sibling.to(torch.int64)
-    cand_tok = candidates.to(torch.int64)
     tp_flat = target_predict.reshape(-1).to(torch.int64)
+    node = torch.arange(W, device=device).expand(B, W)
+    rounds = max(1, (W - 1).bit_length())
 
-    predict = torch.zeros(B * W + 1, dtype=torch.int32, device=device)  # last slot: write sink
+    def linked_from(links):
+        """(B, W): the node whose link points here, -1 if none (column W collects the absent links)."""
+        out = torch.full((B, W + 1), -1, dtype=torch.int64, device=device)
+        return out.scatter_(1, torch.where(links >= 0, links, W), node)[:, :W]
+
+    def jump(ptr, value, combine):
+        """Pointer jumping: fold `value` along ptr (a forest whose roots point at themselves)."""
+        for _ in range(rounds):
+            value = combine(value, value.gather(1, ptr))
+            ptr = ptr.gather(1, ptr)
+        return value, ptr
+
+    # siblings: rank in the sibling chain, and the chain's head (the first child, which the parent links)
+    prev_sibling = linked_from(sib)
+    rank, head = jump(torch.where(prev_sibling >= 0, prev_sibling, node), (prev_sibling >= 0).long(), torch.add)
+    parent = linked_from(nxt).gather(1, head)  # -1 at the root and at nodes no link reaches
+    has_parent = parent >= 0
+    up = torch.where(has_parent, parent, node)
+    depth, _ = jump(up, has_parent.long(), torch.add)
+
+    # first matching child of its parent: a match whose sibling rank is the smallest among the matches
+    match = has_parent & (candidates.to(torch.int64) == tp_flat[ri.gather(1, up)])
+    first_rank = torch.full((B, W + 1), W, dtype=torch.int64, device=device).scatter_reduce_(
+        1, torch.where(match, parent, W), torch.where(match, rank, W), "amin")
+    first = match & (rank == first_rank.gather(1, up))
+    path_ok, _ = jump(up, first | (node == 0), torch.logical_and)
+    accepted = path_ok & has_parent & (depth <= S)
+
+    accept_length = accepted.sum(1)
     accept_index = torch.full((B, S + 2), -1, dtype=torch.int32, device=device)  # last column: sink
     accept_index[:, 0] = ri[:, 0].to(torch.int32)
-    cur = torch.zeros(B, 1, dtype=torch.int64, device=device)  # current node (node index)
-    child = nxt[:, :1]  # child under examination, -1 when done
-    depth = torch.zeros(B, 1, dtype=torch.int64, device=device)
-    for _ in range(W - 1):
-        active = (child >= 0) & (depth < S)
-        c = child.clamp(min=0)
-        cur_flat = torch.gather(ri, 1, cur)
-        match = active & (torch.gather(cand_tok, 1, c) == tp_flat[cur_flat])
-        reject = active & ~match
-        predict.scatter_(
-            0, torch.where(match, cur_flat, B * W).flatten(), tp_flat[cur_flat].flatten().to(torch.int32)
-        )
-        accept_index.scatter_(1, torch.where(match, depth + 1, S + 1), torch.gather(ri, 1, c).to(torch.int32))
-        depth = depth + match.to(torch.int64)
-        cur = torch.where(match, c, cur)
-        child = torch.where(
-            match, torch.gather(nxt, 1, c), torch.where(reject, torch.gather(sib, 1, c), child)
-        )
-    last_flat = torch.gather(ri, 1, cur).flatten()
-    predict.scatter_(0, last_flat, tp_flat[last_flat].to(torch.int32))
-    return predict[: B * W], accept_index[:, : S + 1].contiguous(), depth.flatten().to(torch.int32)
+    accept_index.scatter_(1, torch.where(accepted, depth, S + 1), ri.to(torch.int32))
+    on_path = accepted | (node == 0)
+    predict = torch.zeros(B * W + 1, dtype=torch.int32, device=device)  # last slot: write sink
+    flat = torch.where(on_path, ri, B * W).flatten()
+    predict.scatter_(0, flat, tp_flat[flat.clamp_max(B * W - 1)].to(torch.int32))
+    return predict[: B * W], accept_index[:, : S + 1].contiguous(), accept_length.to(torch.int32)
 
 
 def verify_tree_greedy_naive(

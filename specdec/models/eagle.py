@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .draft_common import DraftConfig, DraftModelBase, draft_config_like, randomize_
+from .linear import Linear
 from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
 
 
@@ -20,7 +21,7 @@ class EagleDraftHead(DraftModelBase):
         if config.num_hidden_layers != 1:
             raise ValueError(f"an EAGLE head has one decoder layer, got num_hidden_layers={config.num_hidden_layers}")
         H = config.hidden_size
-        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.fc = Linear(2 * H, H, bias=False)
         self.layers = nn.ModuleList([LlamaDecoderLayer(config)])
         self.norm = RMSNorm(H, config.rms_norm_eps)
 

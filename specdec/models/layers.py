@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .linear import Linear
+
 
 @dataclass
 class AttentionMetadata:
@@ -107,7 +109,7 @@ def _fuse_on_load(module: nn.Module, parts: dict[str, tuple[str, ...]]) -> None:
     module._register_state_dict_hook(save_hook)
 
 
-class FusedLinear(nn.Linear):
+class FusedLinear(Linear):
     """nn.Linear whose output rows stack several Hugging Face projections (`out_features_of` names them)."""
 
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool):
@@ -140,7 +142,7 @@ class LlamaAttention(nn.Module):
         D = self.head_dim
         self.qkv_proj = FusedLinear(cfg.hidden_size, {"q_proj": self.num_heads * D, "k_proj": self.num_kv_heads * D,
                                                       "v_proj": self.num_kv_heads * D}, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * D, cfg.hidden_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.num_heads * D, cfg.hidden_size, bias=cfg.attention_bias)
         _fuse_on_load(self, {"qkv_proj": ("q_proj", "k_proj", "v_proj")})
 
     def forward(self, x, cos, sin, kv_cache=None, meta: AttentionMetadata | None = None):
@@ -168,7 +170,7 @@ class LlamaMLP(nn.Module):
         super().__init__()
         I = cfg.intermediate_size  # noqa: E741
         self.gate_up_proj = FusedLinear(cfg.hidden_size, {"gate_proj": I, "up_proj": I}, bias=False)
-        self.down_proj = nn.Linear(I, cfg.hidden_size, bias=False)
+        self.down_proj = Linear(I, cfg.hidden_size, bias=False)
         _fuse_on_load(self, {"gate_up_proj": ("gate_proj", "up_proj")})
 
     def forward(self, x):

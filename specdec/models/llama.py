@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from .io import load_strict, read_config, read_state_dict, save_dir
+from .linear import Linear
 from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, hf_named_parameters, rope_cos_sin
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -98,7 +99,7 @@ class LlamaForCausalLM(nn.Module):
         self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.model.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .draft_common import DraftConfig, DraftModelBase, draft_config_like, randomize_
+from .linear import Linear
 from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
 
 
@@ -14,7 +15,7 @@ class MTPLayer(LlamaDecoderLayer):
         H = config.hidden_size
         self.enorm = RMSNorm(H, config.rms_norm_eps)
         self.hnorm = RMSNorm(H, config.rms_norm_eps)
-        self.eh_proj = nn.Linear(2 * H, H, bias=False)
+        self.eh_proj = Linear(2 * H, H, bias=False)
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(H, config.rms_norm_eps)
 
