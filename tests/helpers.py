@@ -107,12 +107,12 @@ def perfect_mtp(target, num_layers, chain_hidden_states, seed=0):
     return d
 
 
-def _ban_argmax(forward):
-    """Wrap a draft forward so that its best guess gets -inf: every proposal then differs from what
-    a perfect draft (hence the bigram target's greedy choice) would say."""
+def _ban_argmax(compute_logits):
+    """Wrap a draft's logits function so that its best guess gets -inf: every proposal then differs from
+    what a perfect draft (hence the bigram target's greedy choice) would say."""
     def banned(*args, **kw):
-        logits, hidden = forward(*args, **kw)
-        return logits.scatter(-1, logits.argmax(-1, keepdim=True), float("-inf")), hidden
+        logits = compute_logits(*args, **kw)
+        return logits.scatter(-1, logits.argmax(-1, keepdim=True), float("-inf"))
 
     return banned
 
@@ -120,13 +120,13 @@ def _ban_argmax(forward):
 def always_wrong_eagle(target, seed=0):
     """A perfect_eagle whose best guess is banned, through the same plumbing."""
     d = perfect_eagle(target, seed)
-    d.forward = _ban_argmax(d.forward)
+    d.compute_logits = _ban_argmax(d.compute_logits)
     return d
 
 
 def always_wrong_mtp(target, num_layers, chain_hidden_states, seed=0):
     d = perfect_mtp(target, num_layers, chain_hidden_states, seed)
-    d.forward_layer = _ban_argmax(d.forward_layer)
+    d.layer_logits = _ban_argmax(d.layer_logits)
     return d
 
 

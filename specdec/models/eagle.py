@@ -25,16 +25,21 @@ class EagleDraftHead(DraftModelBase):
         self.layers = nn.ModuleList([LlamaDecoderLayer(config)])
         self.norm = RMSNorm(H, config.rms_norm_eps)
 
-    def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None):
-        """input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> logits (B, T, V) fp32,
-        hidden (B, T, H)."""
+    def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None,
+                return_logits=True):
+        """input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> logits (B, T, V) fp32 (None when
+        not return_logits; `compute_logits` of chosen rows of hidden gives them), hidden (B, T, H)."""
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             x = self.fc(torch.cat([self.target.embed(input_ids), hidden_states.to(self.dtype)], dim=-1))
             cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
             x = self.layers[0](x, cos, sin, None if cache is None else cache.layer(0), meta)
             hidden = self.norm(x)
-            return self.target.compute_logits(hidden), hidden
+            return (self.compute_logits(hidden) if return_logits else None), hidden
+
+    def compute_logits(self, hidden):
+        """hidden: (..., H), the head's output -> logits (..., V) fp32 (the target's LM head)."""
+        return self.target.compute_logits(hidden)
 
 
 def random_eagle_head(target, seed=0, std=None, **overrides) -> EagleDraftHead:

@@ -117,9 +117,10 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden):
         return self.lm_head(hidden).float()
 
-    def forward(self, input_ids, positions, cache=None, meta: AttentionMetadata | None = None):
+    def forward(self, input_ids, positions, cache=None, meta: AttentionMetadata | None = None, return_logits=True):
         """input_ids, positions: (B, T) int64; cache: KVCache or None (then causal over the T tokens,
-        no cache) -> logits (B, T, V) fp32, hidden (B, T, H) (final-normed: what the LM head reads)."""
+        no cache) -> logits (B, T, V) fp32 (None when not return_logits: a caller that reads a few rows
+        applies `compute_logits` to those), hidden (B, T, H) (final-normed: what the LM head reads)."""
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             x = self.embed(input_ids)
@@ -127,7 +128,7 @@ class LlamaForCausalLM(nn.Module):
             for i, layer in enumerate(self.model.layers):
                 x = layer(x, cos, sin, None if cache is None else cache.layer(i), meta)
             hidden = self.model.norm(x)
-            return self.compute_logits(hidden), hidden
+            return (self.compute_logits(hidden) if return_logits else None), hidden
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict_for_save(self) -> dict:

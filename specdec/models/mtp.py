@@ -40,9 +40,10 @@ class MTPDraftModel(DraftModelBase):
         return self.config.chain_hidden_states
 
     def forward_layer(self, k: int, input_ids, hidden_states, positions, cache=None,
-                      meta: AttentionMetadata | None = None):
-        """Layer k. input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> logits (B, T, V) fp32,
-        hidden (B, T, H) (the block's output, read by layer k+1 in Step-3.5 style)."""
+                      meta: AttentionMetadata | None = None, return_logits=True):
+        """Layer k. input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> logits (B, T, V) fp32
+        (None when not return_logits; `layer_logits(k, rows of hidden)` gives them), hidden (B, T, H)
+        (the block's output, read by layer k+1 in Step-3.5 style)."""
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             layer = self.layers[k]
@@ -50,7 +51,11 @@ class MTPDraftModel(DraftModelBase):
                                          layer.hnorm(hidden_states.to(self.dtype))], dim=-1))
             cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
             x = LlamaDecoderLayer.forward(layer, x, cos, sin, None if cache is None else cache.layer(k), meta)
-            return self.target.compute_logits(layer.shared_head.norm(x)), x
+            return (self.layer_logits(k, x) if return_logits else None), x
+
+    def layer_logits(self, k: int, hidden):
+        """hidden: (..., H), layer k's output -> its logits (..., V) fp32 (shared head norm, target LM head)."""
+        return self.target.compute_logits(self.layers[k].shared_head.norm(hidden))
 
 
 def random_mtp(target, num_layers, chain_hidden_states=False, seed=0, std=None, **overrides) -> MTPDraftModel:

@@ -222,8 +222,8 @@ class WorkerBase:
 
     # ---- shared stages -----------------------------------------------------------------------
     def prefill_target(self, prompts: list[list[int]]):
-        """Target forward over the ragged prompts (right-padded) -> logits (B, T, V), hidden (B, T, H),
-        and the (B, T) token/position tensors used."""
+        """Target forward over the ragged prompts (right-padded) -> logits at each prompt's last token
+        (B, V) (the only ones read), hidden (B, T, H), and the (B, T) token/position tensors used."""
         T = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), T, dtype=torch.int64)
         for b, p in enumerate(prompts):
@@ -231,8 +231,10 @@ class WorkerBase:
         ids = ids.to(self.device)
         positions = torch.arange(T, device=self.device).expand(len(prompts), T)
         meta = AttentionMetadata(self.state.slots, torch.zeros_like(self.state.seq_lens), attn_len=T, ops=self.ops)
-        logits, hidden = self.target(ids, positions, self.cache, meta)
-        return logits, hidden, ids, positions
+        _, hidden = self.target(ids, positions, self.cache, meta, return_logits=False)
+        last = self.state.seq_lens - 1
+        logits_last = self.target.compute_logits(hidden[torch.arange(len(prompts), device=self.device), last])
+        return logits_last, hidden, ids, positions
 
     def sample_tokens(self, logits, uniforms):
         """logits: (B, V); uniforms: (B,) -> (B,) int64 (argmax for greedy requests)."""
@@ -276,8 +278,6 @@ class TargetOnlyWorker(WorkerBase):
         self.start(prompts, params, seed)
         logits, _, _, _ = self.prefill_target(prompts)
         st = self.state
-        last = (st.seq_lens - 1)[:, None, None].expand(-1, 1, logits.shape[-1])
-        logits = logits.gather(1, last)[:, 0]
         st.last_tokens = self.sample_tokens(logits, self.rng.uniforms(1, self.device)[:, 0])
         return self.single_token_output(logits, st.last_tokens)
 

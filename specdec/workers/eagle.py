@@ -26,24 +26,23 @@ class EagleWorkerV2(SpeculativeWorkerBase):
 
     def prefill(self, prompts, params, seed) -> StepOutput:
         self.start(prompts, params, seed)
-        logits, hidden, ids, positions = self.prefill_target(prompts)
+        logits_last, hidden, ids, positions = self.prefill_target(prompts)
         st = self.state
         last = (st.seq_lens - 1)
         B, T = ids.shape
-        logits_last = logits[torch.arange(B, device=self.device), last]
         tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
         st.last_tokens = tokens
         # Draft extend over the prompt shifted left by one, the sampled token appended at n-1.
         shifted = torch.cat([ids[:, 1:], ids[:, :1]], dim=1).scatter(1, last[:, None], tokens[:, None])
         meta = AttentionMetadata(st.slots, torch.zeros_like(st.seq_lens), attn_len=T, ops=self.ops)
-        d_logits, d_hidden = self.draft(shifted, hidden, positions, self.draft_cache, meta)
-        rows = torch.arange(B, device=self.device)
-        self._set_next_root_children(d_logits[rows, last], d_hidden[rows, last])
+        _, d_hidden = self.draft(shifted, hidden, positions, self.draft_cache, meta, return_logits=False)
+        self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
         return self.single_token_output(logits_last, tokens)
 
-    def _set_next_root_children(self, logits, hidden):
+    def _set_next_root_children(self, hidden):
+        """hidden: (B, H), the draft's output at each request's last committed position."""
         st = self.state
-        st.topk_p, st.topk_index = self.ops.softmax_topk(logits, self.topk)
+        st.topk_p, st.topk_index = self.ops.softmax_topk(self.draft.compute_logits(hidden), self.topk)
         st.draft_hidden = hidden
 
     def draft_forward(self):
@@ -87,10 +86,9 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         hidden = target_hidden[nodes]
         positions = st.seq_lens[:, None] + torch.arange(S + 1, device=self.device)
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(S + 1), ops=self.ops)
-        logits, d_hidden = self.draft(ids, hidden, positions, self.draft_cache, meta)
+        _, d_hidden = self.draft(ids, hidden, positions, self.draft_cache, meta, return_logits=False)
         last = (step.accept_lens - 1).long()
-        rows = torch.arange(B, device=self.device)
-        self._set_next_root_children(logits[rows, last], d_hidden[rows, last])
+        self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
 
     def decode_body(self) -> StepOutput:
         st = self.state

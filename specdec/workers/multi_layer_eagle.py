@@ -70,8 +70,8 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         guesses = []
         for k in range(S):
             ids = st.stream.gather(1, positions + k + 1)
-            logits, out = self.draft.forward_layer(k, ids, hidden, positions, self.draft_cache, meta)
-            guess = self.ops.softmax_topk(logits[rows, at_last], 1)[1][:, 0]
+            _, out = self.draft.forward_layer(k, ids, hidden, positions, self.draft_cache, meta, return_logits=False)
+            guess = self.ops.softmax_topk(self.draft.layer_logits(k, out[rows, at_last]), 1)[1][:, 0]
             st.stream.scatter_(1, (last + k + 2)[:, None], guess[:, None])
             guesses.append(guess)
             if self.draft.chain_hidden_states:
@@ -80,12 +80,10 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
 
     def prefill(self, prompts, params, seed) -> StepOutput:
         self.start(prompts, params, seed)
-        logits, hidden, ids, positions = self.prefill_target(prompts)
+        logits_last, hidden, ids, positions = self.prefill_target(prompts)
         st = self.state
         B, T = ids.shape
-        rows = torch.arange(B, device=self.device)
         last = st.seq_lens - 1
-        logits_last = logits[rows, last]
         tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
         st.last_tokens = tokens
         st.stream = torch.zeros(B, self.stream_len, dtype=torch.int64, device=self.device)
