@@ -45,8 +45,12 @@ def _rotate_half_fp32(x, cos, sin):
     """x: (B, T, H, D); cos, sin: (B, T, D) fp32 -> x rotated, fp32 (Hugging Face's rotate-half layout)."""
     xf = x.float()
     half = xf.shape[-1] // 2
-    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return xf * cos[:, :, None] + rotated * sin[:, :, None]
+    rotated = torch.cat([xf[..., half:].neg(), xf[..., :half]], dim=-1)
+    return torch.addcmul(xf * cos[:, :, None], rotated, sin[:, :, None])
+
+
+def _cast(x, dtype):
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset, plan=None):
@@ -64,9 +68,9 @@ def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_st
     else:
         check_plan(plan, _IMPL, B, T, write_offset, None, max_seq_len)
     # q and k rotate as one tensor: one pass of the elementwise ops instead of two
-    qk = _rotate_half_fp32(torch.cat([q, k.to(q.dtype)], dim=2), cos, sin)
-    k_rot = qk[:, :, Hq:].to(k.dtype).to(k_cache.dtype).reshape(B * T, *k.shape[2:])
-    v_new = v.to(v_cache.dtype).reshape(B * T, *v.shape[2:])
+    qk = _rotate_half_fp32(torch.cat([q, _cast(k, q.dtype)], dim=2), cos, sin)
+    k_rot = _cast(_cast(qk[:, :, Hq:], k.dtype), k_cache.dtype).flatten(0, 1)
+    v_new = _cast(v, v_cache.dtype).flatten(0, 1)
     rows = plan.tensors["write_rows"]
     for cache, new in ((k_cache, k_rot), (v_cache, v_new)):
         flat = _cache_rows(cache)
@@ -74,7 +78,7 @@ def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_st
             flat.index_copy_(0, rows, new)
         else:  # a cache whose (slot, position) dims do not merge (a strided view): index both
             cache[rows // max_seq_len, rows % max_seq_len] = new
-    return qk[:, :, :Hq].to(q.dtype)
+    return _cast(qk[:, :, :Hq], q.dtype)
 
 
 def build_attention_mask(cache_start, num_new: int, write_offset: int, tree_mask, attn_len: int):
@@ -118,11 +122,11 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     else:
         check_plan(plan, _IMPL, B, T, write_offset, attn_len, max_seq_len)
     rows = plan.tensors["key_rows"]
-    k, v = (_gather_rows(cache, rows).view(B, attn_len, *cache.shape[2:]).transpose(1, 2).float()
+    k, v = (_cast(_gather_rows(cache, rows).view(B, attn_len, *cache.shape[2:]).transpose(1, 2), torch.float32)
             for cache in (k_cache, v_cache))
-    out = F.scaled_dot_product_attention(q.float().transpose(1, 2), k, v, attn_mask=plan.tensors["visible"],
-                                         scale=scale, enable_gqa=Hq != k.shape[1])
-    return out.transpose(1, 2).to(q.dtype)
+    out = F.scaled_dot_product_attention(_cast(q, torch.float32).transpose(1, 2), k, v,
+                                         attn_mask=plan.tensors["visible"], scale=scale, enable_gqa=Hq != k.shape[1])
+    return _cast(out.transpose(1, 2), q.dtype)
 
 
 def _gather_rows(cache, rows):

@@ -1,12 +1,15 @@
 """Benchmarks: one tidy CSV schema for every run, written to results/; plots only read the CSVs.
 
 Each row is one (worker, spec, batch size, temperature) measured against the target-only baseline
-of the same run: mean accepted tokens per verify step (bonus included), tokens/s, speedup, and
-whether tokens (greedy) and logprobs match the baseline.
+of the same run: mean accepted tokens per verify step (bonus included), tokens/s, speedup, the cost
+of one decode step in target-only decode steps, and whether tokens (greedy) and logprobs match the
+baseline. The timed passes decode without logprobs, as the transformers peers do; one more, untimed
+pass per worker asks for them and gives the logprob column.
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as _dt
 import os
 import platform
@@ -23,8 +26,8 @@ COLUMNS = ["run_id", "timestamp", "commit", "device", "torch", "triton", "thread
            "model", "worker", "num_steps", "topk", "num_draft_tokens", "prompt_lookup_num_tokens", "batch_size",
            "temperature", "num_prompts", "prompt_len", "max_new_tokens", "repeats", "decode_steps", "tokens",
            "wall_s", "tokens_per_s", "tokens_per_s_p20", "tokens_per_s_p80", "cpu_s", "cpu_tokens_per_s",
-           "mean_accept_len", "speedup_vs_target_only", "cpu_speedup_vs_target_only", "cpu_speedup_vs_hf_target_only",
-           "same_tokens_as_target_only", "max_logprob_diff"]
+           "mean_accept_len", "step_cost_in_target_only_steps", "speedup_vs_target_only", "cpu_speedup_vs_target_only",
+           "cpu_speedup_vs_hf_target_only", "same_tokens_as_target_only", "max_logprob_diff"]
 
 
 @dataclass
@@ -59,6 +62,14 @@ def environment(device) -> dict:
     else:
         name = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     return dict(commit=commit, device=name, torch=torch.__version__, triton=triton_version)
+
+
+def _logprob_pass(runner, batches, params) -> list:
+    """One untimed pass with logprobs (None for a peer, which has none)."""
+    if not isinstance(runner, Engine):
+        return None
+    lp_params = dataclasses.replace(params, return_logprob=True)
+    return [o for batch in batches for o in runner.generate(batch, lp_params, seed=0)]
 
 
 def _measure(runners, batches, params, repeats):
@@ -107,7 +118,7 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
     max_len = max(len(p) for p in prompts) + max_new_tokens + 64
     peers = {}
     for temperature in temperatures:
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, return_logprob=True)
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
         for B in batch_sizes:
             batches = [prompts[i:i + B] for i in range(0, len(prompts) - B + 1, B)]
             if not batches:
@@ -125,16 +136,20 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                     runners.append(Engine(target, drafts.get(c.worker) if c.spec else None, c.spec, impl=impl,
                                           max_batch=B, max_seq_len=max_len))
             measured = _measure(runners, batches, params, repeats)
+            lp_outs = [_logprob_pass(r, batches, params) for r in runners]
             medians = [sorted(ps, key=lambda p: p["tokens"] / p["wall"])[len(ps) // 2] for ps in measured]
             base, base_cpu = medians[0], medians[0]["tokens"] / medians[0]["cpu"]
+            base_step_cpu = base["cpu"] / base["steps"]
             hf_cpu = next((m["tokens"] / m["cpu"] for c, m in zip(here, medians) if c.worker == "hf-target-only"),
                           None)
-            for case, runner, ps, med in zip(here, runners, measured, medians):
+            for case, runner, ps, med, lps in zip(here, runners, measured, medians, lp_outs):
                 tps_all = [p["tokens"] / p["wall"] for p in ps]
                 tps, cpu_tps = med["tokens"] / med["wall"], med["tokens"] / med["cpu"]
                 outs = med["outs"]
                 same = all(a.token_ids == b.token_ids for a, b in zip(outs, base["outs"]))
-                lp = [abs(x - y) for a, b in zip(outs, base["outs"]) if a.token_ids == b.token_ids and a.logprobs
+                if lps is not None:
+                    same = same and all(a.token_ids == b.token_ids for a, b in zip(lps, lp_outs[0]))
+                lp = [abs(x - y) for a, b in zip(lps or [], lp_outs[0]) if a.token_ids == b.token_ids
                       for x, y in zip(a.logprobs, b.logprobs)]
                 acc = [a for o in outs for a in o.accept_lens]
                 spec = case.spec
@@ -153,6 +168,8 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                            tokens_per_s_p80=round(_quantile(tps_all, 0.8), 2),
                            cpu_s=round(med["cpu"], 4), cpu_tokens_per_s=round(cpu_tps, 2),
                            mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
+                           step_cost_in_target_only_steps=(round(med["cpu"] / med["steps"] / base_step_cpu, 4)
+                                                           if not case.is_peer else ""),
                            speedup_vs_target_only=round(tps / (base["tokens"] / base["wall"]), 4),
                            cpu_speedup_vs_target_only=round(cpu_tps / base_cpu, 4),
                            cpu_speedup_vs_hf_target_only=round(cpu_tps / hf_cpu, 4) if hf_cpu else "",

@@ -5,6 +5,10 @@ import argparse
 import sys
 
 
+THREADS_HELP = ("torch CPU threads (default 1: the shipped models are small enough that one thread is fastest, and "
+                "a loaded machine slows one thread least; 0 leaves torch's default)")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="specdec", description="EAGLE-style speculative decoding toolkit")
@@ -13,6 +17,7 @@ def main(argv=None) -> int:
     demo.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.add_argument("--num-prompts", type=int, default=2)
+    demo.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo train --help`", add_help=False)
     bench = sub.add_parser("bench", help="acceptance and tokens/s of every worker against target-only; "
                                          "writes a CSV to results/ and its plot")
@@ -31,7 +36,7 @@ def main(argv=None) -> int:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--out", default="results")
-    bench.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
+    bench.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     if argv[:1] == ["zoo"]:
         rest = argv[1:]
         if rest[:1] != ["train"]:
@@ -40,6 +45,11 @@ def main(argv=None) -> int:
         from .zoo.train import main as train_main
         return train_main(rest[1:]) or 0
     args = parser.parse_args(argv)
+    if args.threads < 0:
+        parser.error(f"--threads must be >= 0, got {args.threads}")
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     if args.command == "bench":
         if args.suite == "kernels":
             from .bench_kernels import main_kernels

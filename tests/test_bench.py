@@ -32,6 +32,9 @@ def test_benchmark_csv_schema_and_plot(tmp_path):
     assert all(r["same_tokens_as_target_only"] == "True" for r in greedy)
     assert all(float(r["max_logprob_diff"]) <= 1e-4 for r in greedy)
     assert all(float(r["speedup_vs_target_only"]) == 1.0 for r in rows if r["worker"] == "target-only")
+    assert all(float(r["step_cost_in_target_only_steps"]) == 1.0 for r in rows if r["worker"] == "target-only")
+    assert all(float(r["step_cost_in_target_only_steps"]) > 1.0 for r in rows if r["worker"] != "target-only")
+    assert all(r["step_cost_in_target_only_steps"] == "" for r in peers)
     assert all(float(r["mean_accept_len"]) > 1.0 for r in greedy if r["worker"] != "target-only")
     png = plot_acceptance_and_speedup(load_results(tmp_path), tmp_path / "plot.png")
     assert png.stat().st_size > 10_000

@@ -42,8 +42,8 @@ class Linear(nn.Linear):
     _packed_key: tuple | None = None
 
     def forward(self, x):
-        if (_prepacked["enabled"] and x.device.type == "cpu" and x.dtype == torch.float32
-                and self.weight.dtype == torch.float32 and x.dim() >= 2 and x.numel() >= 2 * x.shape[-1]
+        if (x.numel() >= 2 * self.in_features and _prepacked["enabled"] and not x.is_cuda
+                and x.dtype == torch.float32 and self.weight.dtype == torch.float32 and x.device.type == "cpu"
                 and not torch.is_grad_enabled() and not torch.compiler.is_compiling() and _onednn_available()):
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._prepacked_weight(), self.bias, "none",
                                                       [], "")
