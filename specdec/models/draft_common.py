@@ -41,11 +41,11 @@ class DraftModelBase(nn.Module):
 
     @property
     def device(self):
-        return next(self.parameters()).device
+        return self.layers[0].input_layernorm.weight.device  # every draft has decoder layers
 
     @property
     def dtype(self):
-        return next(self.parameters()).dtype
+        return self.layers[0].input_layernorm.weight.dtype
 
     def save_pretrained(self, path) -> None:
         d = self.config.to_dict()
