@@ -26,8 +26,9 @@ def case_label(row) -> str:
 
 
 def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
-    """Two panels per (temperature): mean accepted tokens per step, and speedup over target-only,
-    one bar group per worker configuration, one bar per batch size."""
+    """Per temperature: mean accepted tokens per step and speedup over target-only (one bar group per
+    worker configuration, one bar per batch size) and, where the transformers peers ran, CPU tokens/s
+    relative to transformers' target-only against the batch size (one line per worker, peers included)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -35,18 +36,35 @@ def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
     df = df.copy()
     df["case"] = df.apply(case_label, axis=1)
     temps = sorted(df["temperature"].unique())
-    fig, axes = plt.subplots(len(temps), 2, figsize=(13, 3.6 * len(temps)), squeeze=False)
+    peers = "cpu_speedup_vs_hf_target_only" in df and pd.to_numeric(
+        df["cpu_speedup_vs_hf_target_only"], errors="coerce").notna().any()
+    cols = 3 if peers else 2
+    fig, axes = plt.subplots(len(temps), cols, figsize=(6.2 * cols, 3.9 * len(temps)), squeeze=False)
     for r, temp in enumerate(temps):
         sub = df[(df["temperature"] == temp) & (df["worker"] != "target-only")]
         for c, (col, title) in enumerate([("mean_accept_len", "mean accepted tokens / verify step"),
                                           ("speedup_vs_target_only", "speedup vs target-only (tokens/s)")]):
             pivot = sub.pivot_table(index="case", columns="batch_size", values=col, aggfunc="mean")
-            pivot.plot.barh(ax=axes[r][c])
-            axes[r][c].set_title(f"{title}, temperature {temp}")
+            pivot.plot.barh(ax=axes[r][c], legend=False)
+            axes[r][c].set_title(f"{title}, T={temp}", fontsize="medium")
             axes[r][c].set_ylabel("")
             if col == "speedup_vs_target_only":
                 axes[r][c].axvline(1.0, color="k", lw=0.8)
-            axes[r][c].legend(title="batch size", loc="lower right", fontsize="small")
+        axes[r][0].legend(title="batch size", fontsize="small", ncol=5, loc="upper left", bbox_to_anchor=(0.0, -0.12))
+        if peers:
+            ax = axes[r][2]
+            rel = df[df["temperature"] == temp].assign(
+                rel=pd.to_numeric(df["cpu_speedup_vs_hf_target_only"], errors="coerce")).dropna(subset=["rel"])
+            for case, g in rel.groupby("case", sort=False):
+                g = g.sort_values("batch_size")
+                style = dict(ls="--", marker="s") if case.startswith("transformers") else dict(marker="o")
+                ax.plot(g["batch_size"], g["rel"], label=case, **style)
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(rel["batch_size"].unique()), [str(b) for b in sorted(rel["batch_size"].unique())])
+            ax.set_xlabel("batch size")
+            ax.set_title(f"CPU tokens/s vs transformers target-only, T={temp}", fontsize="medium")
+            ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     device = df["device"].iloc[0]
     fig.suptitle(f"{df['model'].iloc[0]} on {device}, impl={df['impl'].iloc[0]}, commit {df['commit'].iloc[0]}")
     fig.tight_layout()

@@ -167,3 +167,72 @@ def test_config_accepts_real_llama_fields():
           "bos_token_id": 1, "eos_token_id": 2, "rope_scaling": None, "attention_bias": False}
     c = LlamaConfig.from_dict(hf)
     assert c.head_dim == 128 and c.dtype == torch.float16
+
+
+@pytest.mark.parametrize("shape", [(2, 48), (5, 48), (3, 11, 48)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_prepacked_cpu_linear_equals_f_linear(shape, bias):
+    """The oneDNN-prepacked product (CPU fp32 inference, 2+ rows) against F.linear, and its copy follows
+    in-place changes of the weight."""
+    from specdec.models.linear import Linear
+    torch.manual_seed(0)
+    lin = Linear(48, 37, bias=bias)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        ref = torch.nn.functional.linear(x, lin.weight, lin.bias)
+        torch.testing.assert_close(lin(x), ref, rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            lin.weight.mul_(-2.0)
+        torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_keeps_autograd_and_single_rows_on_f_linear():
+    from specdec.models.linear import Linear
+    lin = Linear(16, 8)
+    x = torch.randn(4, 16)
+    y = lin(x)
+    assert y.grad_fn is not None  # training takes F.linear, with gradients
+    y.sum().backward()
+    assert lin.weight.grad is not None
+    with torch.inference_mode():
+        row = torch.randn(1, 16)
+        assert torch.equal(lin(row), torch.nn.functional.linear(row, lin.weight, lin.bias))
+
+
+def test_fused_projections_load_hugging_face_names_in_order():
+    """q/k/v and gate/up stack in Hugging Face's order: a state dict with distinct per-projection values
+    loads into the fused rows where the forward reads them, and saves back unchanged."""
+    m = random_llama(num_hidden_layers=1, num_key_value_heads=2)
+    sd = {k: torch.full_like(v, float(i)) for i, (k, v) in enumerate(m.state_dict().items())}
+    m.load_state_dict(sd)
+    attn, mlp = m.model.layers[0].self_attn, m.model.layers[0].mlp
+    names = list(sd)
+    q, k, v = (sd[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv")
+    assert torch.equal(attn.qkv_proj.weight, torch.cat([q, k, v]))
+    assert attn.qkv_proj.weight[0, 0] == names.index("model.layers.0.self_attn.q_proj.weight")
+    gate, up = sd["model.layers.0.mlp.gate_proj.weight"], sd["model.layers.0.mlp.up_proj.weight"]
+    assert torch.equal(mlp.gate_up_proj.weight, torch.cat([gate, up]))
+    for key, value in m.state_dict().items():
+        assert torch.equal(value, sd[key]), key
+
+
+def test_attention_plan_must_match_its_call():
+    import fast  # noqa: F401  (its plan type is the shared one; only the ops that built a plan may read it)
+    B, T, Hq, Hkv, D, S = 2, 3, 4, 2, 8, 16
+    kc, vc = torch.zeros(B, S, Hkv, D), torch.zeros(B, S, Hkv, D)
+    slots, start = torch.arange(B), torch.tensor([2, 5])
+    q = torch.randn(B, T, Hq, D)
+    plan = reference.plan_tree_attention(slots, start, 0, None, 8, T, S)
+    out = reference.tree_attention(q, kc, vc, slots, start, 0, None, 8, 0.5, plan=plan)
+    assert torch.equal(out, reference.tree_attention(q, kc, vc, slots, start, 0, None, 8, 0.5))
+    with pytest.raises(ValueError, match="plan was built for"):
+        reference.tree_attention(q, kc, vc, slots, start, 0, None, 9, 0.5, plan=plan)
+    with pytest.raises(ValueError, match="plan was built for"):
+        reference.tree_attention(q[:, :2], kc, vc, slots, start, 0, None, 8, 0.5, plan=plan)
+    fast_plan = fast.plan_tree_attention(slots, start, 0, None, 8, T, S)
+    with pytest.raises(ValueError, match="built by 'fast'"):
+        reference.tree_attention(q, kc, vc, slots, start, 0, None, 8, 0.5, plan=fast_plan)
+    with pytest.raises(TypeError, match="TreeAttentionPlan"):
+        reference.tree_attention(q, kc, vc, slots, start, 0, None, 8, 0.5, plan={"visible": None})
+    with pytest.raises(ValueError, match="attn_len=17 exceeds"):
+        reference.plan_tree_attention(slots, start, 0, None, 17, T, S)
