@@ -230,8 +230,7 @@ def main_bench(args) -> int:
     except ImportError:
         print("note: transformers is not installed (pip install -e '.[bench]'): no peer rows")
     path = run_benchmark(bundle.target, drafts, cases, prompts,
-                         [int(b) for b in (args.batch_sizes or "1,4").split(",")],
-                         [float(t) for t in args.temperatures.split(",")], args.max_new_tokens,
+                         args.batch_sizes or [1, 4], args.temperatures, args.max_new_tokens,
                          model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
                          tag="acceptance", peer_dir=bundle.path / "target")
     png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))

@@ -164,7 +164,7 @@ def main_e2e(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    sizes = tuple(int(b) for b in args.batch_sizes.split(",")) if args.batch_sizes else (1, 8, 32)
+    sizes = tuple(args.batch_sizes) if args.batch_sizes else (1, 8, 32)
     path = run_e2e_benchmark(device, batch_sizes=sizes, max_new_tokens=args.max_new_tokens,
                              repeats=args.repeats, out_dir=args.out)
     png = plot_e2e(load_results(args.out, path.name), path.with_suffix(".png"))

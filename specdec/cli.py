@@ -2,7 +2,37 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """'1,4,16' -> [1, 4, 16]."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 such as '1,4,16', got {text!r}")
+    return [positive_int(p) for p in parts]
+
+
+def float_list(text: str) -> list[float]:
+    """'0,0.7' -> [0.0, 0.7] (temperatures: finite, >= 0)."""
+    try:
+        values = [float(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as '0,0.7', got {text!r}") from None
+    if not all(0 <= v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"temperatures must be finite and >= 0, got {text!r}")
+    return values
 
 
 THREADS_HELP = ("torch CPU threads (default 1: the shipped models are small enough that one thread is fastest, and "
@@ -15,8 +45,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="decode held-out prompts with target-only, EAGLE and MTP decoding")
     demo.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
-    demo.add_argument("--max-new-tokens", type=int, default=64)
-    demo.add_argument("--num-prompts", type=int, default=2)
+    demo.add_argument("--max-new-tokens", type=positive_int, default=64)
+    demo.add_argument("--num-prompts", type=positive_int, default=2)
     demo.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo train --help`", add_help=False)
     bench = sub.add_parser("bench", help="acceptance and tokens/s of every worker against target-only; "
@@ -28,13 +58,13 @@ def main(argv=None) -> int:
                             "e2e: every worker, reference / fast / fast + CUDA graphs, tokens/s and the phases "
                             "of a step, on the shipped model and (CUDA) a random 1.2B Llama")
     bench.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
-    bench.add_argument("--batch-sizes", default=None,
+    bench.add_argument("--batch-sizes", type=positive_int_list, default=None,
                        help="comma-separated batch sizes (default: 1,4 for acceptance, 1,8,32 for e2e)")
-    bench.add_argument("--temperatures", default="0,0.7")
-    bench.add_argument("--num-prompts", type=int, default=16)
-    bench.add_argument("--prompt-len", type=int, default=96)
-    bench.add_argument("--max-new-tokens", type=int, default=128)
-    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--temperatures", type=float_list, default=[0.0, 0.7])
+    bench.add_argument("--num-prompts", type=positive_int, default=16)
+    bench.add_argument("--prompt-len", type=positive_int, default=96)
+    bench.add_argument("--max-new-tokens", type=positive_int, default=128)
+    bench.add_argument("--repeats", type=positive_int, default=3)
     bench.add_argument("--out", default="results")
     bench.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     if argv[:1] == ["zoo"]:
@@ -47,9 +77,27 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.threads < 0:
         parser.error(f"--threads must be >= 0, got {args.threads}")
+    if args.command == "bench" and args.batch_sizes and args.suite == "acceptance":
+        too_big = [b for b in args.batch_sizes if b > args.num_prompts]
+        if too_big:
+            parser.error(f"--batch-sizes {too_big} exceed --num-prompts {args.num_prompts}")
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print(f"specdec {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line, no traceback (SPECDEC_TRACEBACK=1 shows it)
+        if os.environ.get("SPECDEC_TRACEBACK"):
+            raise
+        print(f"specdec {args.command}: error: {e}" if isinstance(e, ValueError)
+              else f"specdec {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
     if args.command == "bench":
         if args.suite == "kernels":
             from .bench_kernels import main_kernels

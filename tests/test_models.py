@@ -236,3 +236,27 @@ def test_attention_plan_must_match_its_call():
         reference.tree_attention(q, kc, vc, slots, start, 0, None, 8, 0.5, plan={"visible": None})
     with pytest.raises(ValueError, match="attn_len=17 exceeds"):
         reference.plan_tree_attention(slots, start, 0, None, 17, T, S)
+
+
+@pytest.mark.parametrize("corrupt", ["empty", "truncated", "garbled", "non-finite"])
+def test_corrupt_checkpoint_is_a_value_error_naming_the_file(tmp_path, corrupt):
+    m = random_llama(num_hidden_layers=1)
+    m.save_pretrained(tmp_path)
+    f = tmp_path / "model.safetensors"
+    data = f.read_bytes()
+    if corrupt == "empty":
+        f.write_bytes(b"")
+    elif corrupt == "truncated":
+        f.write_bytes(data[: len(data) // 2])
+    elif corrupt == "garbled":
+        f.write_bytes(bytes(b ^ 0x5A for b in data[:64]) + data[64:])
+    else:  # valid file, tensor bytes overwritten with NaN / inf (fp32: 0x7fc00000, 0x7f800000)
+        from safetensors.torch import save_file
+        sd = m.state_dict_for_save()
+        sd["model.layers.0.mlp.down_proj.weight"] = sd["model.layers.0.mlp.down_proj.weight"].clone()
+        sd["model.layers.0.mlp.down_proj.weight"][0, :3] = torch.tensor([float("nan"), float("inf"), 1.0])
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(f))
+    match = "down_proj.weight.*2 non-finite" if corrupt == "non-finite" else "not a readable safetensors file"
+    with pytest.raises(ValueError, match=match) as err:
+        LlamaForCausalLM.from_pretrained(tmp_path)
+    assert str(f) in str(err.value)

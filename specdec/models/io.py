@@ -26,17 +26,32 @@ def read_config(path) -> dict:
         raise ValueError(f"{f}: not valid JSON ({e})") from None
 
 
+def _load_checked(f: Path) -> dict[str, torch.Tensor]:
+    """One safetensors file -> its tensors; a file safetensors cannot parse (empty, truncated, garbled)
+    or a floating-point tensor holding a NaN or an infinity is a ValueError naming the file (and key)."""
+    try:
+        sd = load_file(str(f))
+    except Exception as e:  # safetensors raises its own SafetensorError (and OSError / ValueError variants)
+        raise ValueError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    for key, t in sd.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ValueError(f"{f}: tensor {key!r} holds {bad} non-finite value(s) (NaN or infinity): a corrupt "
+                             f"or diverged checkpoint")
+    return sd
+
+
 def read_state_dict(path) -> dict[str, torch.Tensor]:
     path = Path(path)
     f = path / "model.safetensors"
     if f.is_file():
-        return load_file(str(f))
+        return _load_checked(f)
     shards = sorted(path.glob("model-*.safetensors"))
     if not shards:
         raise ValueError(f"{path}: no model.safetensors")
     sd = {}
     for s in shards:
-        sd.update(load_file(str(s)))
+        sd.update(_load_checked(s))
     return sd
 
 
