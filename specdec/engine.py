@@ -1,6 +1,7 @@
 """The engine: runs a batch of requests through a worker and turns step outputs into per-request results."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -15,14 +16,17 @@ class GenerateOutput:
     `token_ids_logprobs[i]` (list of (logprob, token_id) in the order asked) belong to `token_ids[i]`;
     they are None when the request did not set return_logprob. `accept_lens` holds, per decode step,
     the tokens that step produced for this request (accepted drafts + the bonus), before any cut at a
-    stop token or max_new_tokens. A matched stop token is kept as the last token."""
+    stop token or max_new_tokens. A matched stop token is kept as the last token. finish_reason "error"
+    means the request was stopped, `error` says why (the target produced a NaN or an infinity in the
+    logits a step read: that step's tokens are not emitted, the earlier ones are)."""
 
     token_ids: list[int]
-    finish_reason: str  # "stop" (a stop token was emitted) or "length" (max_new_tokens reached)
+    finish_reason: str  # "stop" (a stop token was emitted), "length" (max_new_tokens reached) or "error"
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[float, int]]] | None = None
     token_ids_logprobs: list[list[tuple[float, int]]] | None = None
     accept_lens: list[int] = field(default_factory=list)
+    error: str | None = None
 
 
 @dataclass
@@ -81,6 +85,8 @@ class Engine:
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
         self.last_stats: GenerateStats | None = None
+        # The worker's caches and request state serve one call at a time: concurrent calls queue here.
+        self._lock = threading.Lock()
 
     @staticmethod
     def _resolve_impl(impl, device):
@@ -154,11 +160,16 @@ class Engine:
         return params
 
     # ---- generation --------------------------------------------------------------------------
-    @torch.inference_mode()
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  seed: int = 0) -> list[GenerateOutput]:
         """prompts: list of B token-id lists (ragged); params: one SamplingParams or B of them.
-        Returns B GenerateOutput, in order. Invalid input raises ValueError before any state changes."""
+        Returns B GenerateOutput, in order. Invalid input raises ValueError before any state changes.
+        Calls from several threads run one after another; whatever a call raises (KeyboardInterrupt
+        included), every cache slot it took is free again when it returns."""
+        with self._lock, torch.inference_mode():
+            return self._generate(prompts, params, seed)
+
+    def _generate(self, prompts, params, seed) -> list[GenerateOutput]:
         params = self._validate(prompts, params)
         prompts = [list(p) for p in prompts]
         B = len(prompts)
@@ -174,7 +185,7 @@ class Engine:
             step = worker.prefill(prompts, params, seed)
             while True:
                 host = HostStep.read(step)  # the one device-to-host transfer of the step
-                done = self._emit(host, active, params, outs, is_decode=steps > 0)
+                done = self._emit(host, active, params, outs, step_index=steps)
                 if steps > 0:
                     worker.sync_lengths(host.accept_lens)
                 keep = [i for i, r in enumerate(active) if r not in done]
@@ -196,12 +207,20 @@ class Engine:
         return outs
 
     @staticmethod
-    def _emit(host: "HostStep", active, params, outs, is_decode: bool) -> set[int]:
+    def _emit(host: "HostStep", active, params, outs, step_index: int) -> set[int]:
         """Append each active request's accepted tokens (cut at a stop token / max_new_tokens) and its
-        logprobs; return the request indices that finished."""
+        logprobs; return the request indices that finished. step_index 0 is the prefill."""
         done = set()
+        is_decode = step_index > 0
         for b, r in enumerate(active):
             o, sp = outs[r], params[r]
+            if not host.finite[b]:
+                where = f"decode step {step_index}" if is_decode else "prefill"
+                o.finish_reason = "error"
+                o.error = (f"request {r}: the target's logits at {where} hold a NaN or an infinity; the request "
+                           f"was stopped there (the {len(o.token_ids)} tokens before it are kept)")
+                done.add(r)
+                continue
             n = host.accept_lens[b]
             if is_decode:
                 o.accept_lens.append(n)
@@ -227,11 +246,13 @@ class Engine:
 class HostStep:
     """One step's output on the host, read from the device in a single transfer.
 
-    accept_lens: B ints; tokens: B lists of T = S+1 ints (slot j valid for j < accept_lens[b]);
+    accept_lens: B ints; finite: B bools (every target logit the step read is finite); tokens: B lists of
+    T = S+1 ints (slot j valid for j < accept_lens[b]);
     logprobs: B lists of T floats (None when nobody asked); the top-k and token-id logprobs as dense
     rows (row b*T + j), sliced per request by `top_logprobs` / `token_ids_logprobs`."""
 
     accept_lens: list[int]
+    finite: list[bool]
     tokens: list[list[int]]
     logprobs: list[list[float]] | None
     top_val: list[list[float]] | None
@@ -246,7 +267,7 @@ class HostStep:
         it to the host once; slice it there."""
         lo = step.logits_output
         B, T = step.accept_index.shape
-        parts = [step.accept_lens, step.emitted_tokens()]
+        parts = [step.accept_lens, step.finite, step.emitted_tokens()]
         fields = [lo.next_token_logprobs, lo.top_logprobs_val_rows, lo.top_logprobs_idx_rows,
                   lo.token_ids_logprobs_val_rows]
         parts += [f for f in fields if f is not None]
@@ -260,6 +281,7 @@ class HostStep:
             return [[int(x) for x in row] for row in out] if as_int else out
 
         accept_lens = take(1, B, as_int=True)[0]
+        finite = [bool(x) for x in take(1, B)[0]]
         tokens = take(B, T, as_int=True)
         logprobs = take(B, T) if lo.next_token_logprobs is not None else None
         top_val = take(*lo.top_logprobs_val_rows.shape) if lo.top_logprobs_val_rows is not None else None
@@ -267,7 +289,7 @@ class HostStep:
                    else None)
         tid = lo.token_ids_logprobs_val_rows
         token_ids_val = take(*tid.shape) if tid is not None else None
-        return cls(accept_lens, tokens, logprobs, top_val, top_idx, token_ids_val,
+        return cls(accept_lens, finite, tokens, logprobs, top_val, top_idx, token_ids_val,
                    lo.next_token_token_ids_logprobs_idx, T)
 
     def top_logprobs(self, b: int, j: int, k: int) -> list[tuple[float, int]]:

@@ -27,13 +27,16 @@ class StepOutput:
 
     predict: (B*W,) tokens chosen at each node; accept_index: (B, S+1) flat node indices of the
     accepted path, -1 padded; accept_lens: (B,) tokens emitted (accepted drafts + the bonus);
-    logits_output: with logprobs filled when any request asked (else their fields are None).
+    logits_output: with logprobs filled when any request asked (else their fields are None);
+    finite: (B,) bool, every target logit the step read for the request is finite (a NaN or an
+    infinity there makes the step's tokens meaningless: the engine stops that request).
     """
 
     predict: torch.Tensor
     accept_index: torch.Tensor
     accept_lens: torch.Tensor
     logits_output: LogitsOutput
+    finite: torch.Tensor
 
     def emitted_tokens(self) -> torch.Tensor:
         """(B, S+1) tokens of the accepted path, slot j valid for j < accept_lens[b]."""
@@ -73,6 +76,12 @@ class PhaseTimer:
 
 
 _NO_PHASE = contextlib.nullcontext()
+
+
+def finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits: (B, ...) -> (B,) bool, True where every value of the request's rows is finite (on the device:
+    the engine reads it with the step's other outputs, in its one transfer)."""
+    return torch.isfinite(logits).flatten(1).all(1)
 
 
 class RequestState:
@@ -262,7 +271,7 @@ class WorkerBase:
         B = tokens.shape[0]
         accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
         return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
-                          LogitsOutput(next_token_logits=logits))
+                          LogitsOutput(next_token_logits=logits), finite_rows(logits))
 
     def single_token_output(self, logits, tokens) -> StepOutput:
         """The prefill's step: `one_token_step` with its logprobs filled."""
@@ -370,4 +379,5 @@ class SpeculativeWorkerBase(WorkerBase):
         self.cache.commit(self.ops, st.slots, st.seq_lens, accept_index, W)
         accept_lens = accept_length + 1
         st.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
-        return StepOutput(predict, accept_index, accept_lens, LogitsOutput(next_token_logits=logits.view(B * W, -1)))
+        return StepOutput(predict, accept_index, accept_lens, LogitsOutput(next_token_logits=logits.view(B * W, -1)),
+                          finite_rows(logits))

@@ -109,7 +109,8 @@ class DecodeGraphs:
         return StepOutput(step.predict[:B * W].clone(), step.accept_index[:B].clone(), step.accept_lens[:B].clone(),
                           LogitsOutput(next_token_logits=lo.next_token_logits[:B * W].clone(),
                                        hidden_states=None if lo.hidden_states is None
-                                       else lo.hidden_states[:B * W].clone()))
+                                       else lo.hidden_states[:B * W].clone()),
+                          step.finite[:B].clone())
 
     # ---- the body on static buffers ------------------------------------------------------------
     def _run_body(self, entry: _Entry) -> None:
