@@ -5,16 +5,40 @@ Field names follow SGLang's (`max_new_tokens`, `stop_token_ids`, `top_logprobs_n
 """
 from __future__ import annotations
 
+import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 
 from .op_checks import max_num_draft_tokens
+
+#: A temperature below this (but above 0) decodes greedily, as SGLang does: dividing logits by it would
+#: overflow fp32 or round to a one-hot distribution anyway.
+GREEDY_TEMPERATURE_BELOW = 1e-6
+
+
+def as_index(value, what: str) -> int:
+    """An integer (Python, numpy or a 0-d integer tensor; not a bool) -> int; anything else is a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not (hasattr(value, "dtype") and getattr(value, "shape", None) == () and "int" in str(value.dtype)):
+            raise ValueError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def as_real(value, what: str) -> float:
+    """A real number (not a bool, not None, not a string) -> float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{what} must be a number, got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 @dataclass
 class SamplingParams:
     """Per-request decoding parameters.
 
-    temperature 0 means greedy (argmax). top_k = -1 keeps the whole vocabulary; top_p in (0, 1].
+    temperature 0 means greedy (argmax), and so does any temperature below 1e-6
+    (`GREEDY_TEMPERATURE_BELOW`, SGLang's rule); it must be finite. top_k = -1 keeps the whole
+    vocabulary; top_p in (0, 1]. Integer fields take Python or numpy integers, never bools.
     Logprobs are the temperature-scaled log-softmax of the logits the token was drawn from (the
     engine's `return_original_logprob=True` asks for the raw log-softmax instead).
     """
@@ -34,27 +58,68 @@ class SamplingParams:
 
     def validate(self, index: int, vocab_size: int) -> None:
         """Raise ValueError naming request `index` and the offending value."""
+        self.validated(index, vocab_size)
+
+    def validated(self, index: int, vocab_size: int) -> "SamplingParams":
+        """A checked copy with plain Python values (numpy integers -> int, a temperature below
+        GREEDY_TEMPERATURE_BELOW -> 0.0); ValueError naming request `index` and the value otherwise."""
         def bad(what: str) -> ValueError:
             return ValueError(f"request {index}: {what}")
 
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise bad(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
-        if not (self.temperature >= 0.0):  # also rejects NaN
-            raise bad(f"temperature must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
-            raise bad(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}")
-        if not (0.0 < self.top_p <= 1.0):
+        def integer(name, minimum):
+            try:
+                v = as_index(getattr(self, name), name)
+            except ValueError as e:
+                raise bad(str(e)) from None
+            if v < minimum:
+                raise bad(f"{name} must be an int >= {minimum}, got {v}")
+            return v
+
+        def real(name):
+            try:
+                return as_real(getattr(self, name), name)
+            except ValueError as e:
+                raise bad(str(e)) from None
+
+        def token_list(name, allow_none):
+            ids = getattr(self, name)
+            if ids is None and allow_none:
+                return None
+            if not isinstance(ids, (list, tuple)):
+                raise bad(f"{name} must be a list of token ids, got {type(ids).__name__} {ids!r}")
+            out = []
+            for t in ids:
+                try:
+                    t = as_index(t, f"{name} entry")
+                except ValueError as e:
+                    raise bad(str(e)) from None
+                if not 0 <= t < vocab_size:
+                    raise bad(f"{name} id {t} outside the vocabulary [0, {vocab_size})")
+                out.append(t)
+            return out
+
+        max_new_tokens = integer("max_new_tokens", 1)
+        temperature = real("temperature")
+        if not (0.0 <= temperature < math.inf):  # also rejects NaN
+            raise bad(f"temperature must be finite and >= 0, got {self.temperature!r}")
+        if temperature < GREEDY_TEMPERATURE_BELOW:
+            temperature = 0.0
+        top_k = integer("top_k", -1)
+        if top_k == 0:
+            raise bad("top_k must be -1 (off) or >= 1, got 0")
+        top_p = real("top_p")
+        if not (0.0 < top_p <= 1.0):
             raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_logprobs_num, int) or self.top_logprobs_num < 0:
-            raise bad(f"top_logprobs_num must be an int >= 0, got {self.top_logprobs_num!r}")
-        if self.top_logprobs_num > vocab_size:
-            raise bad(f"top_logprobs_num={self.top_logprobs_num} exceeds the vocabulary size {vocab_size}")
-        for t in self.stop_token_ids:
-            if not isinstance(t, int) or not 0 <= t < vocab_size:
-                raise bad(f"stop token id {t!r} outside the vocabulary [0, {vocab_size})")
-        for t in self.token_ids_logprob or []:
-            if not isinstance(t, int) or not 0 <= t < vocab_size:
-                raise bad(f"token_ids_logprob id {t!r} outside the vocabulary [0, {vocab_size})")
+        if not isinstance(self.return_logprob, bool):
+            raise bad(f"return_logprob must be True or False, got {type(self.return_logprob).__name__} "
+                      f"{self.return_logprob!r}")
+        top_logprobs_num = integer("top_logprobs_num", 0)
+        if top_logprobs_num > vocab_size:
+            raise bad(f"top_logprobs_num={top_logprobs_num} exceeds the vocabulary size {vocab_size}")
+        return dataclasses.replace(self, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                   top_p=top_p, stop_token_ids=token_list("stop_token_ids", False),
+                                   top_logprobs_num=top_logprobs_num,
+                                   token_ids_logprob=token_list("token_ids_logprob", True))
 
 
 @dataclass(frozen=True)
@@ -71,16 +136,16 @@ class SpecConfig:
 
     def __post_init__(self):
         S, K = self.num_steps, self.topk
-        if not isinstance(S, int) or S < 1:
+        if isinstance(S, bool) or not isinstance(S, int) or S < 1:
             raise ValueError(f"num_steps must be an int >= 1, got {S!r}")
-        if not isinstance(K, int) or K < 1:
+        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise ValueError(f"topk must be an int >= 1, got {K!r}")
         if self.num_draft_tokens is None:  # a chain for K = 1; else K nodes per depth, capped by the tree
             default = S + 1 if K == 1 else min(max_num_draft_tokens(K, S), 1 + S * K)
             object.__setattr__(self, "num_draft_tokens", default)
         W = self.num_draft_tokens
         w_max = max_num_draft_tokens(K, S)
-        if not isinstance(W, int) or not 2 <= W <= w_max:
+        if isinstance(W, bool) or not isinstance(W, int) or not 2 <= W <= w_max:
             raise ValueError(
                 f"num_draft_tokens={W!r} must be in [2, 1 + topk + (num_steps-1)*topk^2] = [2, {w_max}] "
                 f"for num_steps={S}, topk={K}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import SamplingParams, SpecConfig
+from .config import SamplingParams, SpecConfig, as_index
 
 
 @dataclass
@@ -58,18 +58,29 @@ class Engine:
                  cuda_graphs: bool | None = None):
         if impl not in ("auto", "reference", "fast"):
             raise ValueError(f"impl must be 'auto', 'reference' or 'fast', got {impl!r}")
-        if not isinstance(max_batch, int) or max_batch < 1:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        max_pos = target.config.max_position_embeddings
         if max_seq_len is None:
-            max_seq_len = min(target.config.max_position_embeddings, 4096)
-        if not isinstance(max_seq_len, int) or max_seq_len < 2:
+            max_seq_len = min(max_pos, 4096)
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
+        if max_seq_len > max_pos:
+            raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's max_position_embeddings={max_pos}")
         self.target = target
         self.draft = draft
         self.spec = spec
         self.impl = self._resolve_impl(impl, target.device)
         ops = self._ops_module(self.impl)
-        self.worker = self._make_worker(ops, max_batch, max_seq_len, return_original_logprob)
+        try:
+            self.worker = self._make_worker(ops, max_batch, max_seq_len, return_original_logprob)
+        except (RuntimeError, MemoryError) as e:  # the allocator's own message is about bytes, not settings
+            cfg = target.config
+            per_row = 2 * cfg.num_hidden_layers * max_seq_len * cfg.num_key_value_heads * cfg.head_dim
+            gib = per_row * (max_batch + 1) * target.dtype.itemsize / 2 ** 30
+            raise ValueError(f"the KV cache for max_batch={max_batch}, max_seq_len={max_seq_len} (the target's "
+                             f"alone: {gib:.1f} GiB on {target.device}) could not be allocated: "
+                             f"{str(e).splitlines()[0]}") from None
         on_cuda = torch.device(target.device).type == "cuda"
         if cuda_graphs is None:
             cuda_graphs = on_cuda and self.impl == "fast"
@@ -128,7 +139,8 @@ class Engine:
         raise ValueError(f"draft must be an EagleDraftHead or an MTPDraftModel, got {type(self.draft).__name__}")
 
     # ---- validation --------------------------------------------------------------------------
-    def _validate(self, prompts, params) -> list[SamplingParams]:
+    def _validate(self, prompts, params) -> tuple[list[list[int]], list[SamplingParams]]:
+        """-> the prompts as int lists and a checked copy of each request's params; ValueError otherwise."""
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts must be a non-empty list of token-id lists")
         B = len(prompts)
@@ -139,15 +151,24 @@ class Engine:
             raise ValueError(f"got {len(params)} SamplingParams for {B} prompts")
         V = self.target.config.vocab_size
         margin = self.worker.kv_margin
+        checked, clean_prompts = [], []
         for i, (p, sp) in enumerate(zip(prompts, params)):
             if not isinstance(sp, SamplingParams):
                 raise ValueError(f"request {i}: params must be a SamplingParams, got {type(sp).__name__}")
             if not isinstance(p, (list, tuple)) or len(p) == 0:
                 raise ValueError(f"request {i}: the prompt must be a non-empty list of token ids, got {p!r}")
+            ids = []
             for t in p:
-                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
+                try:
+                    t = as_index(t, "a token id")
+                except ValueError:
+                    raise ValueError(f"request {i}: token id {t!r} is not an integer") from None
+                if not 0 <= t < V:
                     raise ValueError(f"request {i}: token id {t!r} outside the vocabulary [0, {V})")
-            sp.validate(i, V)
+                ids.append(t)
+            clean_prompts.append(ids)
+            sp = sp.validated(i, V)
+            checked.append(sp)
             need = len(p) + sp.max_new_tokens + margin
             if need > self.max_seq_len:
                 raise ValueError(
@@ -157,7 +178,7 @@ class Engine:
         free = self.worker.cache.num_free
         if B > free:
             raise ValueError(f"a batch of {B} requests exceeds the cache: {free} of {self.max_batch} slots free")
-        return params
+        return clean_prompts, checked
 
     # ---- generation --------------------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
@@ -170,8 +191,11 @@ class Engine:
             return self._generate(prompts, params, seed)
 
     def _generate(self, prompts, params, seed) -> list[GenerateOutput]:
-        params = self._validate(prompts, params)
-        prompts = [list(p) for p in prompts]
+        prompts, params = self._validate(prompts, params)
+        try:
+            seed = as_index(seed, "seed")
+        except ValueError as e:
+            raise ValueError(str(e)) from None
         B = len(prompts)
         outs = [GenerateOutput([], "length") for _ in params]
         for o, sp in zip(outs, params):

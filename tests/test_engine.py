@@ -124,7 +124,23 @@ BAD = [
     ([[1], [64]], SamplingParams(), "request 1: token id 64 outside"),
     ([[1], [-1]], SamplingParams(), "request 1: token id -1"),
     ([[1]], SamplingParams(max_new_tokens=0), "request 0: max_new_tokens must be an int >= 1, got 0"),
-    ([[1]], SamplingParams(temperature=-0.5), "request 0: temperature must be >= 0, got -0.5"),
+    ([[1]], SamplingParams(temperature=-0.5), "request 0: temperature must be finite and >= 0, got -0.5"),
+    ([[1]], SamplingParams(temperature=float("inf")), "request 0: temperature must be finite and >= 0, got inf"),
+    ([[1]], SamplingParams(temperature=float("nan")), "request 0: temperature must be finite"),
+    ([[1]], SamplingParams(temperature=None), "request 0: temperature must be a number, got NoneType None"),
+    ([[1]], SamplingParams(temperature="0.5"), "request 0: temperature must be a number, got str '0.5'"),
+    ([[1]], SamplingParams(top_p=None), "request 0: top_p must be a number"),
+    ([[1]], SamplingParams(top_k=True), "request 0: top_k must be an integer, got bool True"),
+    ([[1]], SamplingParams(max_new_tokens=True), "request 0: max_new_tokens must be an integer, got bool"),
+    ([[1]], SamplingParams(max_new_tokens=2.0), "request 0: max_new_tokens must be an integer, got float"),
+    ([[1]], SamplingParams(stop_token_ids=5), "request 0: stop_token_ids must be a list of token ids, got int 5"),
+    ([[1]], SamplingParams(stop_token_ids=None), "request 0: stop_token_ids must be a list of token ids"),
+    ([[1]], SamplingParams(token_ids_logprob=5), "request 0: token_ids_logprob must be a list of token ids"),
+    ([[1]], SamplingParams(token_ids_logprob=torch.tensor([3])), "request 0: token_ids_logprob must be a list"),
+    ([[1]], SamplingParams(token_ids_logprob=[True]), "request 0: token_ids_logprob entry must be an integer"),
+    ([[1]], SamplingParams(return_logprob="no"), "request 0: return_logprob must be True or False, got str"),
+    ([[1, 2.0]], SamplingParams(), "request 0: token id 2.0 is not an integer"),
+    ([[1, True]], SamplingParams(), "request 0: token id True is not an integer"),
     ([[1]], SamplingParams(top_p=0.0), r"request 0: top_p must be in \(0, 1\], got 0.0"),
     ([[1]], SamplingParams(top_p=1.5), "got 1.5"),
     ([[1]], SamplingParams(top_k=0), "request 0: top_k must be -1 .* got 0"),
@@ -147,6 +163,37 @@ def test_bad_input_is_a_value_error_and_the_engine_keeps_serving(target, prompts
     assert engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=5))[0].token_ids == before
 
 
+@pytest.mark.parametrize("seed", [None, 1.5, "7", True])
+def test_a_bad_seed_is_a_value_error(target, seed):
+    engine = Engine(target, max_batch=4, max_seq_len=64)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        engine.generate([[1]], SamplingParams(temperature=0.7), seed=seed)
+    assert engine.worker.cache.num_free == 4
+
+
+def test_numpy_integers_are_the_ints_they_are(target):
+    import numpy as np
+    engine = Engine(target, max_batch=4, max_seq_len=64)
+    sp = SamplingParams(max_new_tokens=5, temperature=0.8, top_k=np.int64(20), stop_token_ids=[np.int32(63)],
+                        token_ids_logprob=[np.int64(2)], return_logprob=True)
+    want = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=5, temperature=0.8, top_k=20,
+                                                      stop_token_ids=[63], token_ids_logprob=[2],
+                                                      return_logprob=True), seed=3)
+    got = engine.generate([[np.int64(1), np.int32(2), 3]], sp, seed=np.int64(3))
+    assert got[0].token_ids == want[0].token_ids and got[0].logprobs == want[0].logprobs
+
+
+@pytest.mark.parametrize("temperature", [1e-7, 1e-39, 1e-50])
+def test_a_temperature_below_1e_6_decodes_greedily(target, temperature):
+    """SGLang's rule: such temperatures would overflow fp32 (1e-39) or round to 0 (1e-50)."""
+    engine = Engine(target, max_batch=4, max_seq_len=64)
+    greedy = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, return_logprob=True), seed=5)
+    tiny = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=temperature, return_logprob=True),
+                           seed=5)
+    for a, b in zip(tiny, greedy):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
 def test_bad_engine_arguments(target):
     with pytest.raises(ValueError, match="impl must be"):
         Engine(target, impl="cuda")
@@ -154,6 +201,14 @@ def test_bad_engine_arguments(target):
         Engine(target, draft=object())
     with pytest.raises(ValueError, match="max_batch"):
         Engine(target, max_batch=0)
+    with pytest.raises(ValueError, match="max_batch must be an int >= 1, got True"):
+        Engine(target, max_batch=True)
+    with pytest.raises(ValueError, match="max_seq_len=1000000000 exceeds the target's max_position_embeddings=2048"):
+        Engine(target, max_seq_len=10 ** 9)
+    big = random_llama(vocab_size=64, hidden_size=32, num_hidden_layers=2, max_position_embeddings=2 ** 40)
+    with pytest.raises(ValueError, match="KV cache for max_batch=16, max_seq_len=1099511627776 .* could not be "
+                                         "allocated"):
+        Engine(big, max_batch=16, max_seq_len=2 ** 40)
 
 
 class _CountHostReads(TorchFunctionMode):

@@ -127,6 +127,11 @@ def test_drafts_round_trip_without_the_shared_tensors(tmp_path):
     (lambda d: d.update(num_attention_heads=3), "num_attention_heads=3"),
     (lambda d: d.update(rope_theta=-1.0), "rope_theta"),
     (lambda d: d.update(rope_scaling={"type": "yarn"}), "rope_scaling"),
+    (lambda d: d.update(tie_word_embeddings="false"), "tie_word_embeddings must be true or false, got str 'false'"),
+    (lambda d: d.update(attention_bias=0), "attention_bias must be true or false, got int 0"),
+    (lambda d: d.update(rope_theta=True), "rope_theta must be a number > 0, got True"),
+    (lambda d: d.update(rms_norm_eps=float("inf")), "rms_norm_eps must be a number > 0, got inf"),
+    (lambda d: d.update(num_key_value_heads=True), "num_key_value_heads must be a positive int, got True"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, edit, match):
     m = random_llama()
@@ -135,6 +140,32 @@ def test_bad_config_is_a_clear_error(tmp_path, edit, match):
     edit(d)
     (tmp_path / "config.json").write_text(json.dumps(d))
     with pytest.raises(ValueError, match=match):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.update(chain_hidden_states="false"), "chain_hidden_states must be true or false, got str"),
+    (lambda d: d.update(architectures=[]), r"architectures=\[\], expected \['MTPDraftModel'\]"),
+    (lambda d: d.update(architectures="MTPDraftModel"), "architectures='MTPDraftModel', expected"),
+])
+def test_bad_draft_config_is_a_clear_error(tmp_path, edit, match):
+    t = random_llama()
+    random_mtp(t, 2).save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    edit(d)
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=match):
+        MTPDraftModel.from_pretrained(tmp_path, t)
+
+
+def test_integer_weights_are_refused_not_cast(tmp_path):
+    from safetensors.torch import save_file
+    m = random_llama(num_hidden_layers=1)
+    m.save_pretrained(tmp_path)
+    sd = m.state_dict_for_save()
+    sd["model.norm.weight"] = sd["model.norm.weight"].to(torch.int32)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"weights must be floating point, got \['model.norm.weight: torch.int32'\]"):
         LlamaForCausalLM.from_pretrained(tmp_path)
 
 

@@ -387,6 +387,9 @@ def test_sampling_is_lossless_full_grid(kind, spec, temperature, top_k, top_p):
     (dict(num_steps=2, topk=2, num_draft_tokens=8), r"num_draft_tokens=8 must be in \[2, 1 \+ topk .*\] = \[2, 7\]"),
     (dict(num_steps=2, topk=2, num_draft_tokens=1), "num_draft_tokens=1"),
     (dict(num_steps=3, topk=1, num_draft_tokens=3), "must equal num_steps \\+ 1 = 4, got 3"),
+    (dict(num_steps=True), "num_steps must be an int >= 1, got True"),
+    (dict(num_steps=2, topk=True), "topk must be an int >= 1, got True"),
+    (dict(num_steps=2, topk=2, num_draft_tokens=4.0), "num_draft_tokens=4.0"),
 ])
 def test_spec_config_violations(kw, match):
     with pytest.raises(ValueError, match=match):

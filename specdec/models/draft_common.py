@@ -20,6 +20,8 @@ class DraftConfig(LlamaConfig):
 
     chain_hidden_states: bool = False
 
+    BOOLEAN = LlamaConfig.BOOLEAN + ("chain_hidden_states",)
+
 
 class DraftModelBase(nn.Module):
     """A draft that shares the target's token embedding and LM head without owning (or saving) them."""
@@ -55,7 +57,8 @@ class DraftModelBase(nn.Module):
     @classmethod
     def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None):
         raw = read_config(path)
-        arch = raw.get("architectures", [None])[0]
+        archs = raw.get("architectures") if isinstance(raw, dict) else None
+        arch = archs[0] if isinstance(archs, list) and len(archs) == 1 else None
         if arch != cls.architecture:
             raise ValueError(f"{path}: architectures={raw.get('architectures')!r}, expected [{cls.architecture!r}]")
         config = DraftConfig.from_dict(raw, where=f"{path}/config.json")

@@ -62,6 +62,10 @@ def load_strict(module: torch.nn.Module, state_dict: dict, where) -> None:
     unexpected = sorted(set(state_dict) - set(own))
     shapes = [f"{k}: {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}"
               for k in own if k in state_dict and state_dict[k].shape != own[k].shape]
+    kinds = [f"{k}: {state_dict[k].dtype}" for k in own
+             if k in state_dict and own[k].is_floating_point() and not state_dict[k].is_floating_point()]
+    if kinds:
+        raise ValueError(f"{where}: weights must be floating point, got {kinds[:5]}")
     if missing or unexpected or shapes:
         raise ValueError(f"{where}: state dict does not match the config: missing={missing[:5]} "
                          f"unexpected={unexpected[:5]} shape mismatches={shapes[:5]}")

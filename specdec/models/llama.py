@@ -32,6 +32,7 @@ class LlamaConfig:
     torch_dtype: str = "float32"
 
     REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    BOOLEAN = ("tie_word_embeddings", "attention_bias")
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
@@ -50,10 +51,14 @@ class LlamaConfig:
                              f"num_key_value_heads={self.num_key_value_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
-        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
-            raise ValueError(f"config field rope_theta must be > 0, got {self.rope_theta!r}")
-        if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0):
-            raise ValueError(f"config field rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+                raise ValueError(f"config field {name} must be a number > 0, got {v!r}")
+        for name in self.BOOLEAN:
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise ValueError(f"config field {name} must be true or false, got {type(v).__name__} {v!r}")
         if self.torch_dtype not in _DTYPES:
             raise ValueError(f"config field torch_dtype must be one of {sorted(_DTYPES)}, got {self.torch_dtype!r}")
 
