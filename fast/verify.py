@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.op_checks import check_integer_dtype, check_sampling_args, check_shape, check_tensor, check_tree_args
+from specdec.op_checks import (check_integer_dtype, check_same_device, check_sampling_args, check_shape, check_tensor,
+                               check_tree_args)
 
 __all__ = [
     "BONUS_CDF_EPSILON",
@@ -162,6 +163,7 @@ def verify_tree_greedy(
     check_tensor("target_predict", target_predict)
     check_shape("target_predict", target_predict, (B, W))
     check_integer_dtype("target_predict", target_predict)
+    check_same_device(candidates.device, target_predict=target_predict)
     return _launch_verify_tree_greedy(
         candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, target_predict, num_steps, B, W
     )
@@ -396,6 +398,7 @@ def tree_speculative_sampling_target_only(
         target_probs,
         threshold_single,
         threshold_acc,
+        device=candidates.device,
     )
     return _launch_tree_speculative_sampling(
         candidates,

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.op_checks import check_integer_dtype, check_sampling_args, check_shape, check_tensor, check_tree_args
+from specdec.op_checks import (check_integer_dtype, check_same_device, check_sampling_args, check_shape, check_tensor,
+                               check_tree_args)
 
 __all__ = [
     "tree_speculative_sampling_target_only",
@@ -114,6 +115,7 @@ def verify_tree_greedy(
     check_tensor("target_predict", target_predict)
     check_shape("target_predict", target_predict, (B, W))
     check_integer_dtype("target_predict", target_predict)
+    check_same_device(candidates.device, target_predict=target_predict)
     S = num_steps
     device = candidates.device
     ri = retrieve_index.to(torch.int64)
@@ -179,6 +181,7 @@ def verify_tree_greedy_naive(
     check_tensor("target_predict", target_predict)
     check_shape("target_predict", target_predict, (B, W))
     check_integer_dtype("target_predict", target_predict)
+    check_same_device(candidates.device, target_predict=target_predict)
     S = num_steps
     device = candidates.device
     cand = candidates.tolist()
@@ -273,6 +276,7 @@ def tree_speculative_sampling_target_only(
         target_probs,
         threshold_single,
         threshold_acc,
+        device=candidates.device,
     )
     S = num_steps
     device = candidates.device
@@ -354,6 +358,7 @@ def tree_speculative_sampling_target_only_naive(
         target_probs,
         threshold_single,
         threshold_acc,
+        device=candidates.device,
     )
     S = num_steps
     device = candidates.device

@@ -55,6 +55,13 @@ def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], what: str
         raise ValueError(f"{name} must have shape {tuple(expected)}{hint}, got {tuple(t.shape)}")
 
 
+def check_same_device(device, **tensors) -> None:
+    """Every named tensor must be on `device` (the op's first tensor argument's)."""
+    for name, t in tensors.items():
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, the op's other tensors on {device}")
+
+
 def check_integer_dtype(name: str, t: torch.Tensor) -> None:
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
@@ -104,6 +111,8 @@ def check_build_tree_args(
     check_shape("top_scores_index", top_scores_index, (B, W - 1), f"(B, num_verify_tokens - 1), W={W}")
     check_shape("draft_tokens", draft_tokens, (B, W - 1), f"(B, num_verify_tokens - 1), W={W}")
     check_shape("seq_lens", seq_lens, (B,))
+    check_same_device(bonus_tokens.device, parent_list=parent_list, top_scores_index=top_scores_index,
+                      draft_tokens=draft_tokens, seq_lens=seq_lens)
     return B, W
 
 
@@ -129,11 +138,14 @@ def check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_ne
         check_tensor(name, t)
         check_shape(name, t, (B, W))
         check_integer_dtype(name, t)
+    check_same_device(candidates.device, retrieve_index=retrieve_index, retrieve_next_token=retrieve_next_token,
+                      retrieve_next_sibling=retrieve_next_sibling)
     return B, W
 
 
 def check_sampling_args(
-    B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc
+    B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc,
+    device=None,
 ):
     check_tensor("uniform_samples", uniform_samples)
     check_shape("uniform_samples", uniform_samples, (B, W))
@@ -147,6 +159,9 @@ def check_sampling_args(
             f"target_probs must have shape ({B}, {W}, V) with V >= 1, got {tuple(target_probs.shape)}"
         )
     check_float_dtype("target_probs", target_probs)
+    if device is not None:
+        check_same_device(device, uniform_samples=uniform_samples, target_probs=target_probs,
+                          uniform_samples_for_final_sampling=uniform_samples_for_final_sampling)
     for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
@@ -303,6 +318,9 @@ def check_commit_kv_args(kv, slots, seq_lens, accept_index, num_draft_tokens) ->
     for name, t in (("slots", slots), ("seq_lens", seq_lens)):
         check_row_params(name, t, B, kv.device, integer=True)
     check_int("num_draft_tokens", num_draft_tokens, 1)
+    if S1 > num_draft_tokens:
+        raise ValueError(f"accept_index has {S1} columns, more than the tree's num_draft_tokens={num_draft_tokens} "
+                         f"nodes (the flat indices b * num_draft_tokens + i are read with it)")
     if accept_index.device != kv.device:
         raise ValueError(f"accept_index is on {accept_index.device} but kv is on {kv.device}")
     return B, S1

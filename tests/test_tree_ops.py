@@ -1117,6 +1117,24 @@ def test_verify_bad_input():
             fn(cand, ri, nt, ns, u, uf, probs.long(), 2)
 
 
+def test_ops_refuse_tensors_on_another_device():
+    """The `meta` device stands in for a second device on a CPU-only machine."""
+    cand, ri, nt, ns, tp, u, uf, probs = _valid_verify_inputs()
+    with pytest.raises(ValueError, match="retrieve_index is on meta"):
+        verify_tree_greedy(cand, ri.to("meta"), nt, ns, tp, 2)
+    with pytest.raises(ValueError, match="target_predict is on meta"):
+        verify_tree_greedy(cand, ri, nt, ns, tp.to("meta"), 2)
+    with pytest.raises(ValueError, match="target_probs is on meta"):
+        tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, probs.to("meta"), 2)
+    with pytest.raises(ValueError, match="uniform_samples is on meta"):
+        tree_speculative_sampling_target_only(cand, ri, nt, ns, u.to("meta"), uf, probs, 2)
+    tree = DraftedTree(2, 2, 3, 6, 16, seed=0)
+    args = list(tree.build_args())
+    args[4] = args[4].to("meta")  # seq_lens
+    with pytest.raises(ValueError, match="seq_lens is on meta"):
+        build_tree_kernel_efficient(*args)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
     """The vectorised ops on CUDA give the CPU results (the naive loops are the CPU oracle)."""
