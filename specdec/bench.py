@@ -27,7 +27,8 @@ COLUMNS = ["run_id", "timestamp", "commit", "device", "torch", "triton", "thread
            "temperature", "num_prompts", "prompt_len", "max_new_tokens", "repeats", "decode_steps", "tokens",
            "wall_s", "tokens_per_s", "tokens_per_s_p20", "tokens_per_s_p80", "cpu_s", "cpu_tokens_per_s",
            "mean_accept_len", "step_cost_in_target_only_steps", "speedup_vs_target_only", "cpu_speedup_vs_target_only",
-           "cpu_speedup_vs_hf_target_only", "same_tokens_as_target_only", "max_logprob_diff"]
+           "cpu_speedup_vs_hf_target_only", "same_tokens_as_target_only", "identical_request_fraction",
+           "max_logprob_diff"]
 
 
 @dataclass
@@ -146,9 +147,10 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                 tps_all = [p["tokens"] / p["wall"] for p in ps]
                 tps, cpu_tps = med["tokens"] / med["wall"], med["tokens"] / med["cpu"]
                 outs = med["outs"]
-                same = all(a.token_ids == b.token_ids for a, b in zip(outs, base["outs"]))
+                identical = [a.token_ids == b.token_ids for a, b in zip(outs, base["outs"])]
                 if lps is not None:
-                    same = same and all(a.token_ids == b.token_ids for a, b in zip(lps, lp_outs[0]))
+                    identical = [i and a.token_ids == b.token_ids for i, a, b in zip(identical, lps, lp_outs[0])]
+                same = all(identical)
                 lp = [abs(x - y) for a, b in zip(lps or [], lp_outs[0]) if a.token_ids == b.token_ids
                       for x, y in zip(a.logprobs, b.logprobs)]
                 acc = [a for o in outs for a in o.accept_lens]
@@ -174,6 +176,8 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                            cpu_speedup_vs_target_only=round(cpu_tps / base_cpu, 4),
                            cpu_speedup_vs_hf_target_only=round(cpu_tps / hf_cpu, 4) if hf_cpu else "",
                            same_tokens_as_target_only=same if temperature == 0 else "",
+                           identical_request_fraction=(round(sum(identical) / len(identical), 4)
+                                                       if temperature == 0 else ""),
                            max_logprob_diff=f"{max(lp):.2e}" if lp else "")
                 rows.append(row)
                 progress(f"T={temperature} B={B} {case_name(case):24s} tok/s {tps:8.1f} cpu-tok/s {cpu_tps:8.1f} "
@@ -220,13 +224,17 @@ def main_bench(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    bundle = zoo.load()
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    bundle = zoo.load(dtype=dtype)
     drafts = {"eagle": bundle.eagle, "mtp": bundle.mtp, "mtp_chain": bundle.mtp_chain}
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
     cases = list(DEFAULT_CASES)
     try:
         import transformers  # noqa: F401
-        cases += PEER_CASES
+        if dtype == torch.float32:
+            cases += PEER_CASES
+        else:
+            print(f"note: the transformers peers run in float32 only: no peer rows for {args.dtype}")
     except ImportError:
         print("note: transformers is not installed (pip install -e '.[bench]'): no peer rows")
     path = run_benchmark(bundle.target, drafts, cases, prompts,

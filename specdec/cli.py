@@ -65,6 +65,9 @@ def main(argv=None) -> int:
     bench.add_argument("--prompt-len", type=positive_int, default=96)
     bench.add_argument("--max-new-tokens", type=positive_int, default=128)
     bench.add_argument("--repeats", type=positive_int, default=3)
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                       help="the models' dtype (acceptance suite; greedy agreement with target-only in low "
+                            "precision is in the identical_request_fraction column)")
     bench.add_argument("--out", default="results")
     bench.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     if argv[:1] == ["zoo"]:

@@ -291,3 +291,14 @@ def test_corrupt_checkpoint_is_a_value_error_naming_the_file(tmp_path, corrupt):
     with pytest.raises(ValueError, match=match) as err:
         LlamaForCausalLM.from_pretrained(tmp_path)
     assert str(f) in str(err.value)
+
+
+def test_from_pretrained_loads_fp32_unless_asked_for_the_checkpoint_dtype(tmp_path):
+    """One default everywhere (zoo.load too): fp32, where the exactness claims hold; "auto" keeps the
+    checkpoint's torch_dtype."""
+    random_llama(num_hidden_layers=1, dtype=torch.float16).save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "float16"
+    assert LlamaForCausalLM.from_pretrained(tmp_path).dtype == torch.float32
+    assert LlamaForCausalLM.from_pretrained(tmp_path, dtype="auto").dtype == torch.float16
+    with pytest.raises(ValueError, match="dtype must be a floating-point torch.dtype or 'auto', got 'fp16'"):
+        LlamaForCausalLM.from_pretrained(tmp_path, dtype="fp16")

@@ -8,7 +8,7 @@ from torch import nn
 
 from .io import load_strict, read_config, read_state_dict, save_dir
 from .layers import hf_named_parameters
-from .llama import LlamaConfig
+from .llama import LlamaConfig, dtype_name
 
 
 @dataclass
@@ -52,6 +52,7 @@ class DraftModelBase(nn.Module):
     def save_pretrained(self, path) -> None:
         d = self.config.to_dict()
         d["architectures"] = [self.architecture]
+        d["torch_dtype"] = dtype_name(self.dtype)
         save_dir(path, d, self.state_dict())
 
     @classmethod

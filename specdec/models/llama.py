@@ -13,6 +13,11 @@ from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, hf_named_para
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16" (config.json's torch_dtype)."""
+    return str(dtype).removeprefix("torch.")
+
+
 @dataclass
 class LlamaConfig:
     """Hugging Face `LlamaConfig` fields (the subset this architecture uses)."""
@@ -143,10 +148,13 @@ class LlamaForCausalLM(nn.Module):
         return sd
 
     def save_pretrained(self, path) -> None:
-        save_dir(path, self.config.to_dict(), self.state_dict_for_save())
+        """Hugging Face layout; config.json's torch_dtype is the weights' dtype as saved."""
+        save_dir(path, dict(self.config.to_dict(), torch_dtype=dtype_name(self.dtype)), self.state_dict_for_save())
 
     @classmethod
-    def from_pretrained(cls, path, device="cpu", dtype: torch.dtype | None = None) -> "LlamaForCausalLM":
+    def from_pretrained(cls, path, device="cpu", dtype: torch.dtype | str = torch.float32) -> "LlamaForCausalLM":
+        """Load a Hugging Face Llama directory. dtype: fp32 by default (as `specdec.zoo.load`; the exactness
+        claims hold in fp32), or "auto" for the checkpoint's own `torch_dtype`."""
         config = LlamaConfig.from_dict(read_config(path), where=f"{path}/config.json")
         model = cls(config)
         sd = read_state_dict(path)
@@ -157,7 +165,11 @@ class LlamaForCausalLM(nn.Module):
                 sd.pop("lm_head.weight")
         sd = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}
         load_strict(model, sd, path)
-        return model.to(device=device, dtype=dtype or config.dtype).eval()
+        if dtype == "auto":
+            dtype = config.dtype
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point torch.dtype or 'auto', got {dtype!r}")
+        return model.to(device=device, dtype=dtype).eval()
 
 
 def random_llama(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
