@@ -867,7 +867,13 @@ def test_naive_has_the_same_signature(fast, naive):
     assert fast.__doc__ and naive.__doc__
 
 
-def test_signatures_mirror_sglang():
+def test_signatures_keep_their_sglang_style_argument_names():
+    """Pins the argument names the ops use (listed here, not read from SGLang: its wheel is no test
+    dependency). They follow SGLang's Python-level names with known differences, checked by hand against
+    sglang 0.5.x's `speculative/eagle_utils.py` and sgl-kernel: `build_tree_kernel_efficient` has no
+    `seq_lens_sum` (a host sum SGLang needs for its buffers) nor `tree_mask_mode` / preallocated
+    `tree_mask_buf` / `position_buf` (it returns the full boolean mask), the verifies return their outputs
+    instead of filling buffers, and `retrieve_*` is spelled out where SGLang writes `retrive_*`."""
     def names(f):
         return list(inspect.signature(f).parameters)
 

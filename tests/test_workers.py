@@ -251,8 +251,13 @@ def test_eagle_draft_and_target_kv_equal_a_fresh_prefill():
             with torch.no_grad():
                 _, h = target(seq[:, :nb], torch.arange(nb)[None])
                 fresh_cache = _fresh_draft_kv(draft, seq[:, 1:nb + 1], h, nb)
+                fresh_target = _fresh_target_kv(target, seq[:, :nb], nb)
             slot = w.slot_list[b]
             for (k_ref, v_ref), k, v in zip(fresh_cache, w.draft_cache.k, w.draft_cache.v):
+                assert (k[slot, :nb] - k_ref).abs().max() <= 1e-4
+                assert (v[slot, :nb] - v_ref).abs().max() <= 1e-4
+            # the target's cache too: verify wrote the tree, commit moved the accepted path into place
+            for (k_ref, v_ref), k, v in zip(fresh_target, w.cache.k, w.cache.v):
                 assert (k[slot, :nb] - k_ref).abs().max() <= 1e-4
                 assert (v[slot, :nb] - v_ref).abs().max() <= 1e-4
 
@@ -262,6 +267,16 @@ def _committed_tokens(worker, b, prompt, n):
     engine = Engine(worker.target, max_seq_len=96)
     out = engine.generate([prompt], SamplingParams(max_new_tokens=n - len(prompt) + 1))[0]
     return (prompt + out.token_ids)[:n]
+
+
+def _fresh_target_kv(target, ids, n):
+    """KV that each target layer computes over positions 0..n-1 from scratch."""
+    from specdec.kv_cache import KVCache
+    from specdec.models import AttentionMetadata
+    cache = KVCache.for_model(target.config, target.config.num_hidden_layers, 1, n + 1, torch.float32, "cpu")
+    meta = AttentionMetadata(torch.tensor([0]), torch.tensor([0]), attn_len=n, ops=reference)
+    target(ids, torch.arange(n)[None], cache, meta)
+    return [(cache.k[i][0, :n], cache.v[i][0, :n]) for i in range(len(cache.k))]
 
 
 def _fresh_draft_kv(draft, ids, hidden, n):
@@ -443,6 +458,61 @@ def test_decode_step_makes_no_host_sync(kind):
     assert step.accept_lens.shape == (2,)
 
 
+def _unbound_worker_with(kind, target, draft, spec):
+    from specdec.workers.eagle import EagleWorkerV2
+    from specdec.workers.multi_layer_eagle import MultiLayerEagleWorkerV2
+    cls = EagleWorkerV2 if kind == "eagle" else MultiLayerEagleWorkerV2
+    return cls(target, draft, spec, reference, max_batch=2, max_seq_len=96)
+
+
+def _run_on_meta(kind):
+    target = near_bigram_target(seed=3, mix=0.3)
+    draft, spec = _worker_kinds(target)[kind]
+    if draft is None:
+        from specdec.workers.base import TargetOnlyWorker
+        w = TargetOnlyWorker(target.to("meta"), reference, max_batch=2, max_seq_len=96)
+    else:
+        w = _unbound_worker_with(kind, target.to("meta"), draft.to("meta"), spec)
+    params = [_lp(temperature=0.7, top_k=5, top_p=0.9), SamplingParams(max_new_tokens=14)]
+    with torch.inference_mode():
+        w.prefill([[1, 2, 3], [4, 5]], params, seed=0)
+        for _ in range(2):
+            step = w.decode_step()
+    return step
+
+
+@pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp"])
+def test_whole_steps_run_on_the_meta_device(kind):
+    """A tensor on `meta` has a shape and no value, so every read of a value, in Python or inside a C++ op
+    (.item(), nonzero, boolean-mask indexing, tensor-valued repeat_interleave, a data-dependent shape),
+    fails there: a prefill and decode steps that run on `meta`, logprobs included, make no host sync."""
+    step = _run_on_meta(kind)
+    assert step.predict.device.type == "meta" and step.accept_lens.shape == (2,)
+
+
+@pytest.mark.parametrize("sync", ["nonzero", "bool_mask", "repeat_interleave", "item"])
+def test_the_meta_device_catches_a_host_sync_in_a_step(monkeypatch, sync):
+    """The check above can fail: a sync slipped into verify (one that a Python-level guard may miss when it
+    happens inside C++) makes the step fail on `meta`."""
+    real = reference.verify_tree_greedy
+
+    def leaky(candidates, *args):
+        x = candidates.flatten()
+        if sync == "nonzero":
+            x.nonzero()
+        elif sync == "bool_mask":
+            _ = x[x > 0]
+        elif sync == "repeat_interleave":
+            x.repeat_interleave(x.clamp(0, 2))
+        else:
+            x[0].item()
+        return real(candidates, *args)
+
+    monkeypatch.setattr(reference, "verify_tree_greedy", leaky)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        _run_on_meta("eagle")
+
+
 @pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp"])
 def test_a_worker_driven_without_length_syncs_is_still_lossless(kind):
     """The host's length bound only grows when nobody syncs it: attention spans get longer, the tokens
@@ -486,11 +556,13 @@ def test_stop_token_inside_an_accepted_window(kind):
     outs = Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=96).generate(prompts, params)
     assert_same_as_baseline(outs, base)
     assert all(o.finish_reason == "stop" for o in outs)
-    assert any(a > 1 for o in outs for a in o.accept_lens)  # the stop fell inside a window
-    odd = _lp(max_new=7)  # 7 is not a multiple of the window: the length cut lands inside a step
-    assert_same_as_baseline(
-        Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=96).generate(prompts, odd),
-        Engine(target, max_seq_len=96).generate(prompts, odd))
+    # every request's stop fell inside a window: its last step produced tokens past the stop, dropped
+    assert all(1 + sum(o.accept_lens) > len(o.token_ids) for o in outs)
+    n = 6 if kind == "eagle" else 7  # a length that falls inside a step of both requests (checked below)
+    odd = _lp(max_new=n)
+    cut = Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=96).generate(prompts, odd)
+    assert_same_as_baseline(cut, Engine(target, max_seq_len=96).generate(prompts, odd))
+    assert all(1 + sum(o.accept_lens) > len(o.token_ids) == n for o in cut)
 
 
 @pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp"])
