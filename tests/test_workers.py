@@ -352,6 +352,7 @@ SAMPLING_CASES = [
     ("eagle", SpecConfig(2, 1), 0.5, -1, 1.0),
     ("eagle", SpecConfig(2, 2, 5), 1.0, 3, 1.0),
     ("eagle", SpecConfig(2, 2, 4), 1.0, -1, 0.8),
+    ("eagle", SpecConfig(2, 3, 7), 0.8, -1, 1.0),  # K=3: three siblings, the full tree
     ("mtp", SpecConfig(2), 0.5, 3, 1.0),
     ("mtp_chain", SpecConfig(2), 1.0, -1, 0.8),
     # top-p over the renormalised top-3: the other order moves a total variation of 0.28 here
