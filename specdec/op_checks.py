@@ -318,9 +318,6 @@ def check_commit_kv_args(kv, slots, seq_lens, accept_index, num_draft_tokens) ->
     for name, t in (("slots", slots), ("seq_lens", seq_lens)):
         check_row_params(name, t, B, kv.device, integer=True)
     check_int("num_draft_tokens", num_draft_tokens, 1)
-    if S1 > num_draft_tokens:
-        raise ValueError(f"accept_index has {S1} columns, more than the tree's num_draft_tokens={num_draft_tokens} "
-                         f"nodes (the flat indices b * num_draft_tokens + i are read with it)")
     if accept_index.device != kv.device:
         raise ValueError(f"accept_index is on {accept_index.device} but kv is on {kv.device}")
     return B, S1

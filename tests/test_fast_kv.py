@@ -92,9 +92,6 @@ def test_commit_bad_input(op):
         op(kv, slots, seq_lens, accept, 0)
     with pytest.raises(TypeError, match="num_draft_tokens must be an int"):
         op(kv, slots, seq_lens, accept, 9.0)
-    with pytest.raises(ValueError, match=f"accept_index has {accept.shape[1]} columns, more than the tree's "
-                                         f"num_draft_tokens={accept.shape[1] - 1}"):
-        op(kv, slots, seq_lens, accept, accept.shape[1] - 1)
 
 
 def test_same_signature():
