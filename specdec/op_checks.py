@@ -394,19 +394,7 @@ def check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, 
         raise ValueError(f"the cache's head_dim {Dk} differs from q's head_dim {D}")
     if Hq % Hkv:
         raise ValueError(f"q has {Hq} heads, not a multiple of the cache's {Hkv} KV heads")
-    for name, t in (("slots", slots), ("cache_start", cache_start)):
-        check_row_params(name, t, B, q.device, integer=True)
-    check_int("write_offset", write_offset, 0)
-    check_int("attn_len", attn_len, 1)
-    if write_offset + T > max_seq:
-        raise ValueError(f"write_offset={write_offset} + T={T} new tokens exceed the cache's {max_seq} slots")
-    if attn_len > max_seq:
-        raise ValueError(f"attn_len={attn_len} exceeds the cache's max_seq_len={max_seq}")
-    if tree_mask is not None:
-        check_tensor("tree_mask", tree_mask)
-        if tree_mask.dtype != torch.bool:
-            raise TypeError(f"tree_mask must be a bool tensor, got dtype {tree_mask.dtype}")
-        check_shape("tree_mask", tree_mask, (B, T, write_offset + T), "(B, T, write_offset + T)")
+    _check_key_span(B, T, q.device, slots, cache_start, write_offset, tree_mask, attn_len, max_seq)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise ValueError(f"scale must be a positive float, got {scale!r}")
     return B, T, Hq, D
@@ -464,24 +452,28 @@ def check_plan_args(slots, cache_start, write_offset, tree_mask, attn_len, num_n
     if slots.dim() != 1:
         raise ValueError(f"slots must have shape (B,), got {tuple(slots.shape)}")
     B = slots.shape[0]
-    check_row_params("slots", slots, B, slots.device, integer=True)
-    check_row_params("cache_start", cache_start, B, slots.device, integer=True)
-    check_int("write_offset", write_offset, 0)
     check_int("num_new", num_new, 1)
-    check_int("attn_len", attn_len, 1)
     check_int("max_seq_len", max_seq_len, 1)
-    if write_offset + num_new > max_seq_len:
-        raise ValueError(f"write_offset={write_offset} + T={num_new} new tokens exceed the cache's {max_seq_len} slots")
+    _check_key_span(B, num_new, slots.device, slots, cache_start, write_offset, tree_mask, attn_len, max_seq_len)
+    return B
+
+
+def _check_key_span(B, T, device, slots, cache_start, write_offset, tree_mask, attn_len, max_seq_len) -> None:
+    """What attention and its plan share: the rows, where the T new tokens go, and what they may see."""
+    for name, t in (("slots", slots), ("cache_start", cache_start)):
+        check_row_params(name, t, B, device, integer=True)
+    check_int("write_offset", write_offset, 0)
+    check_int("attn_len", attn_len, 1)
+    if write_offset + T > max_seq_len:
+        raise ValueError(f"write_offset={write_offset} + T={T} new tokens exceed the cache's {max_seq_len} slots")
     if attn_len > max_seq_len:
         raise ValueError(f"attn_len={attn_len} exceeds the cache's max_seq_len={max_seq_len}")
     if tree_mask is not None:
         check_tensor("tree_mask", tree_mask)
         if tree_mask.dtype != torch.bool:
             raise TypeError(f"tree_mask must be a bool tensor, got dtype {tree_mask.dtype}")
-        check_shape("tree_mask", tree_mask, (B, num_new, write_offset + num_new), "(B, T, write_offset + T)")
-        if tree_mask.device != slots.device:
-            raise ValueError(f"tree_mask is on {tree_mask.device}, slots on {slots.device}")
-    return B
+        check_shape("tree_mask", tree_mask, (B, T, write_offset + T), "(B, T, write_offset + T)")
+        check_same_device(device, tree_mask=tree_mask)
 
 
 def check_plan(plan, impl: str, B: int, T: int, write_offset: int, attn_len: int | None, max_seq_len: int) -> None:
