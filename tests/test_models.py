@@ -302,3 +302,57 @@ def test_from_pretrained_loads_fp32_unless_asked_for_the_checkpoint_dtype(tmp_pa
     assert LlamaForCausalLM.from_pretrained(tmp_path, dtype="auto").dtype == torch.float16
     with pytest.raises(ValueError, match="dtype must be a floating-point torch.dtype or 'auto', got 'fp16'"):
         LlamaForCausalLM.from_pretrained(tmp_path, dtype="fp16")
+
+
+def _hf_llama_dir(tmp_path, **overrides):
+    """A random Llama written by transformers itself (its current config format)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   **overrides)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path)
+    return model
+
+
+def test_a_transformers_llama_with_another_rope_base_loads_exactly(tmp_path):
+    """transformers 5.x writes `rope_parameters` and no top-level rope_theta: once ignored (theta 10000 used,
+    logits off by 0.04), now read; a 4.x-style config (top-level rope_theta) gives the same model."""
+    hf = _hf_llama_dir(tmp_path, rope_theta=11000.0)
+    d = json.loads((tmp_path / "config.json").read_text())
+    assert "rope_parameters" in d and "rope_theta" not in d
+    ours = LlamaForCausalLM.from_pretrained(tmp_path)
+    ids = torch.randint(0, 64, (2, 19), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(ids).logits
+        got, _ = ours(ids, torch.arange(19).expand(2, 19))
+    assert (got - want).abs().max() <= 1e-4
+    old = dict(d, rope_theta=11000.0)
+    old.pop("rope_parameters")
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    with torch.no_grad():
+        again, _ = LlamaForCausalLM.from_pretrained(tmp_path)(ids, torch.arange(19).expand(2, 19))
+    assert torch.equal(again, got)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.update(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}),
+     "rope_parameters rope_type='llama3' is not implemented"),
+    (lambda d: d.update(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling rope_type='linear'"),
+    (lambda d: d.update(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
+     r"rope_parameters fields \['partial_rotary_factor'\] are not implemented"),
+    (lambda d: d.update(rope_theta=5.0, rope_parameters={"rope_type": "default", "rope_theta": 7.0}), "differ"),
+    (lambda d: d.update(model_type="mistral"), "model_type='mistral' is not supported"),
+    (lambda d: d.update(mlp_bias=True), "mlp_bias=True changes the computation"),
+    (lambda d: d.update(sliding_window=64), "sliding_window=64 is not implemented"),
+    (lambda d: d.update(final_logit_softcapping=30.0), "final_logit_softcapping=30.0 changes the computation"),
+    (lambda d: d.update(hidden_act="gelu"), "hidden_act='gelu' changes the computation"),
+])
+def test_fields_that_change_the_math_are_refused_not_ignored(tmp_path, edit, match):
+    random_llama().save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    edit(d)
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=match):
+        LlamaForCausalLM.from_pretrained(tmp_path)

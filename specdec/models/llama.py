@@ -78,12 +78,15 @@ class LlamaConfig:
         missing = [k for k in cls.REQUIRED if k not in d]
         if missing:
             raise ValueError(f"{where}: missing required field(s) {missing}")
-        if d.get("rope_scaling") not in (None, {}):
-            raise ValueError(f"{where}: rope_scaling={d['rope_scaling']!r} is not supported")
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{where}: hidden_act={d['hidden_act']!r} is not supported (Llama uses 'silu')")
+        d = dict(d)
+        _refuse_what_changes_the_math(d, where)
+        rope = _rope_parameters(d, where)
+        if rope is not None:
+            d["rope_theta"] = rope
+        if d.get("torch_dtype") is None and d.get("dtype") is not None:  # transformers 5.x writes `dtype`
+            d["torch_dtype"] = d["dtype"]
         known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
+        kw = {k: v for k, v in d.items() if k in known and not (k == "torch_dtype" and v is None)}
         try:
             return cls(**kw)
         except (TypeError, ValueError) as e:
@@ -93,6 +96,59 @@ class LlamaConfig:
         d = asdict(self)
         d.update(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu")
         return d
+
+
+#: Config fields that change the computation, and the value at which they do not. A config that sets one
+#: to anything else is refused: this model does not implement it, and ignoring it would decode wrong tokens.
+_MATH_FIELDS = {
+    "hidden_act": "silu",
+    "mlp_bias": False,
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "logits_scaling": None,
+    "pretraining_tp": 1,
+    "partial_rotary_factor": 1.0,
+    "use_qk_norm": False,
+    "qk_layernorm": False,
+    "attention_multiplier": None,
+    "embedding_multiplier": None,
+    "residual_multiplier": None,
+}
+
+
+def _refuse_what_changes_the_math(d: dict, where: str) -> None:
+    model_type = d.get("model_type", "llama")
+    if model_type != "llama":
+        raise ValueError(f"{where}: model_type={model_type!r} is not supported (this model is 'llama')")
+    for name, neutral in _MATH_FIELDS.items():
+        if name in d and d[name] != neutral and not (neutral is None and d[name] is None):
+            raise ValueError(f"{where}: {name}={d[name]!r} changes the computation and is not implemented "
+                             f"(supported: {neutral!r})")
+    if d.get("sliding_window") is not None and d.get("use_sliding_window", True):
+        raise ValueError(f"{where}: sliding_window={d['sliding_window']!r} is not implemented (full attention only)")
+
+
+def _rope_parameters(d: dict, where: str):
+    """The rotary base from either config form: transformers 5.x's `rope_parameters` {rope_type, rope_theta,
+    ...} or 4.x's top-level `rope_theta` with `rope_scaling`. Only the default rope is implemented; any
+    scaling (linear, dynamic, llama3, yarn, ...) is refused rather than ignored. -> theta or None (absent)."""
+    params = d.get("rope_parameters")
+    scaling = d.get("rope_scaling")
+    for name, spec in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if spec in (None, {}):
+            continue
+        if not isinstance(spec, dict):
+            raise ValueError(f"{where}: {name}={spec!r} must be a JSON object")
+        kind = spec.get("rope_type", spec.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"{where}: {name} rope_type={kind!r} is not implemented (supported: 'default')")
+        extra = sorted(set(spec) - {"rope_type", "type", "rope_theta"})
+        if extra:
+            raise ValueError(f"{where}: {name} fields {extra} are not implemented for the default rope")
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    if theta is not None and "rope_theta" in d and d["rope_theta"] != theta:
+        raise ValueError(f"{where}: rope_theta={d['rope_theta']!r} and rope_parameters.rope_theta={theta!r} differ")
+    return theta
 
 
 class LlamaForCausalLM(nn.Module):
