@@ -338,10 +338,13 @@ def test_a_transformers_llama_with_another_rope_base_loads_exactly(tmp_path):
 
 @pytest.mark.parametrize("edit, match", [
     (lambda d: d.update(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}),
-     "rope_parameters rope_type='llama3' is not implemented"),
-    (lambda d: d.update(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling rope_type='linear'"),
+     r"rope_type='llama3' needs .*; missing \['high_freq_factor', 'low_freq_factor', "),
+    (lambda d: d.update(rope_scaling={"type": "dynamic", "factor": 2.0}), "rope_type='dynamic' is not implemented"),
+    (lambda d: d.update(rope_scaling={"type": "longrope", "factor": 2.0}), "rope_type='longrope' is not implemented"),
     (lambda d: d.update(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
-     r"rope_parameters fields \['partial_rotary_factor'\] are not implemented"),
+     r"unknown \['partial_rotary_factor'\]"),
+    (lambda d: d.update(rope_scaling={"rope_type": "linear", "factor": "2"}), "rope field factor must be a number"),
+    (lambda d: d.update(partial_rotary_factor=0.5), "partial_rotary_factor=0.5 changes the computation"),
     (lambda d: d.update(rope_theta=5.0, rope_parameters={"rope_type": "default", "rope_theta": 7.0}), "differ"),
     (lambda d: d.update(model_type="mistral"), "model_type='mistral' is not supported"),
     (lambda d: d.update(mlp_bias=True), "mlp_bias=True changes the computation"),
@@ -350,9 +353,44 @@ def test_a_transformers_llama_with_another_rope_base_loads_exactly(tmp_path):
     (lambda d: d.update(hidden_act="gelu"), "hidden_act='gelu' changes the computation"),
 ])
 def test_fields_that_change_the_math_are_refused_not_ignored(tmp_path, edit, match):
+    """Every field that changes the computation is implemented or refused by name: none is ignored."""
     random_llama().save_pretrained(tmp_path)
     d = json.loads((tmp_path / "config.json").read_text())
     edit(d)
     (tmp_path / "config.json").write_text(json.dumps(d))
     with pytest.raises(ValueError, match=match):
         LlamaForCausalLM.from_pretrained(tmp_path)
+
+
+ROPES = [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 32},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "beta_fast": 16, "beta_slow": 2,
+     "mscale": 1.0, "mscale_all_dim": 0.5},
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16, "attention_factor": 1.3,
+     "truncate": False},
+]
+
+
+@pytest.mark.parametrize("rope", ROPES, ids=lambda r: r["rope_type"] + "-" + str(r["factor"]))
+def test_rope_types_match_transformers(tmp_path, rope):
+    """Each rope type, in a random Llama written by transformers: the same logits over positions past the
+    original context (where scaling acts), and the same greedy tokens as transformers' generate."""
+    hf = _hf_llama_dir(tmp_path, rope_parameters={"rope_theta": 5000.0, **rope})
+    ours = LlamaForCausalLM.from_pretrained(tmp_path)
+    assert ours.config.rope_scaling["rope_type"] == rope["rope_type"]
+    ids = torch.randint(0, 64, (2, 100), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = hf(ids).logits
+        got, _ = ours(ids, torch.arange(100).expand(2, 100))
+    assert (got - want).abs().max() <= 1e-4
+    from specdec import Engine, SamplingParams
+    prompt = ids[0, :40].tolist()
+    with torch.no_grad():
+        hf_tokens = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, 40:].tolist()
+    out = Engine(ours, impl="reference", max_seq_len=128).generate([prompt], SamplingParams(max_new_tokens=24))
+    assert out[0].token_ids == hf_tokens
+    ours.save_pretrained(tmp_path / "again")  # and it round-trips through our own (4.x-style) config
+    assert LlamaForCausalLM.from_pretrained(tmp_path / "again").config == ours.config

@@ -680,3 +680,20 @@ def test_decode_steps_have_identical_op_shapes(kind, impl):
     assert all(calls == per_step[0] for calls in per_step[1:])
     if kind != "target-only":
         assert len(accepted) > 1  # the steps accepted different lengths
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+                                  {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16}])
+def test_scaled_ropes_stay_lossless(rope):
+    """A scaled rope rotates each position the same way in a 1-token step and in a W-token verify: both workers
+    stay token-identical to target-only past the original context."""
+    target = near_bigram_target(seed=9, mix=0.5, rope_scaling=rope)
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [4, 5]]
+    sp = SamplingParams(max_new_tokens=30, return_logprob=True)
+    base = Engine(target, max_seq_len=96).generate(prompts, sp)
+    for draft, spec in ((random_eagle_head(target, seed=2), SpecConfig(3, 2, 6)), (random_mtp(target, 3, True),
+                                                                                    SpecConfig(3))):
+        assert draft.config.rope_scaling == target.config.rope_scaling
+        outs = Engine(target, draft, spec, impl="reference", max_seq_len=96).generate(prompts, sp)
+        assert_same_as_baseline(outs, base)

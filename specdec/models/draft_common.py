@@ -83,7 +83,7 @@ def draft_config_like(target, num_layers: int, chain_hidden_states: bool = False
     kw = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
               num_hidden_layers=num_layers, num_attention_heads=c.num_attention_heads,
               num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-              rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings,
+              rope_theta=c.rope_theta, rope_scaling=c.rope_scaling, max_position_embeddings=c.max_position_embeddings,
               torch_dtype=c.torch_dtype, chain_hidden_states=chain_hidden_states)
     kw.update(overrides)
     return DraftConfig(**kw)

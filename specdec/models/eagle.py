@@ -32,7 +32,8 @@ class EagleDraftHead(DraftModelBase):
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             x = self.fc(torch.cat([self.target.embed(input_ids), hidden_states.to(self.dtype)], dim=-1))
-            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
+                                    self.config.rope_scaling)
             x = self.layers[0](x, cos, sin, None if cache is None else cache.layer(0), meta)
             hidden = self.norm(x)
             return (self.compute_logits(hidden) if return_logits else None), hidden

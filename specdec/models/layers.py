@@ -6,7 +6,6 @@ directions (`load_state_dict` fuses, `state_dict` splits), so checkpoints are un
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .linear import Linear
+from .rope import rope_cos_sin  # noqa: F401  (the models' import point)
 
 
 @dataclass
@@ -60,19 +60,6 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * xf).to(x.dtype)
-
-
-@functools.lru_cache(maxsize=32)
-def _inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
-    with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable under autograd later
-        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-
-
-def rope_cos_sin(positions, head_dim: int, theta: float):
-    """positions: (B, T) int64 -> cos, sin: (B, T, head_dim) fp32 (Hugging Face's rotate-half layout)."""
-    freqs = positions.float()[..., None] * _inv_freq(head_dim, float(theta), positions.device)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
 
 
 def apply_rope(x, cos, sin):

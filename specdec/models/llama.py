@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import nn
 
+from .rope import normalize_rope_scaling
 from .io import load_strict, read_config, read_state_dict, save_dir
 from .linear import Linear
 from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, hf_named_parameters, rope_cos_sin
@@ -35,6 +36,7 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     torch_dtype: str = "float32"
+    rope_scaling: dict | None = None  # normalized (specdec.models.rope): {"rope_type": ..., its fields} or None
 
     REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     BOOLEAN = ("tie_word_embeddings", "attention_bias")
@@ -64,6 +66,7 @@ class LlamaConfig:
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ValueError(f"config field {name} must be true or false, got {type(v).__name__} {v!r}")
+        self.rope_scaling = normalize_rope_scaling(self.rope_scaling, "config")
         if self.torch_dtype not in _DTYPES:
             raise ValueError(f"config field torch_dtype must be one of {sorted(_DTYPES)}, got {self.torch_dtype!r}")
 
@@ -80,9 +83,10 @@ class LlamaConfig:
             raise ValueError(f"{where}: missing required field(s) {missing}")
         d = dict(d)
         _refuse_what_changes_the_math(d, where)
-        rope = _rope_parameters(d, where)
-        if rope is not None:
-            d["rope_theta"] = rope
+        theta, scaling = _rope_parameters(d, where)
+        if theta is not None:
+            d["rope_theta"] = theta
+        d["rope_scaling"] = scaling
         if d.get("torch_dtype") is None and d.get("dtype") is not None:  # transformers 5.x writes `dtype`
             d["torch_dtype"] = d["dtype"]
         known = {f.name for f in fields(cls)}
@@ -129,26 +133,19 @@ def _refuse_what_changes_the_math(d: dict, where: str) -> None:
 
 
 def _rope_parameters(d: dict, where: str):
-    """The rotary base from either config form: transformers 5.x's `rope_parameters` {rope_type, rope_theta,
-    ...} or 4.x's top-level `rope_theta` with `rope_scaling`. Only the default rope is implemented; any
-    scaling (linear, dynamic, llama3, yarn, ...) is refused rather than ignored. -> theta or None (absent)."""
+    """The rotary base and scaling from either config form: transformers 5.x's `rope_parameters` {rope_type,
+    rope_theta, ...} or 4.x's top-level `rope_theta` with `rope_scaling`. -> (theta or None when the config
+    leaves it to the default, normalized scaling or None)."""
     params = d.get("rope_parameters")
-    scaling = d.get("rope_scaling")
-    for name, spec in (("rope_parameters", params), ("rope_scaling", scaling)):
-        if spec in (None, {}):
-            continue
-        if not isinstance(spec, dict):
-            raise ValueError(f"{where}: {name}={spec!r} must be a JSON object")
-        kind = spec.get("rope_type", spec.get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"{where}: {name} rope_type={kind!r} is not implemented (supported: 'default')")
-        extra = sorted(set(spec) - {"rope_type", "type", "rope_theta"})
-        if extra:
-            raise ValueError(f"{where}: {name} fields {extra} are not implemented for the default rope")
+    if params not in (None, {}) and d.get("rope_scaling") not in (None, {}):
+        raise ValueError(f"{where}: both rope_parameters and rope_scaling are set")
+    spec = params if params not in (None, {}) else d.get("rope_scaling")
+    name = "rope_parameters" if params not in (None, {}) else "rope_scaling"
+    scaling = normalize_rope_scaling(spec, f"{where}: {name}")
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     if theta is not None and "rope_theta" in d and d["rope_theta"] != theta:
         raise ValueError(f"{where}: rope_theta={d['rope_theta']!r} and rope_parameters.rope_theta={theta!r} differ")
-    return theta
+    return theta, scaling
 
 
 class LlamaForCausalLM(nn.Module):
@@ -190,7 +187,7 @@ class LlamaForCausalLM(nn.Module):
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             x = self.embed(input_ids)
-            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
             for i, layer in enumerate(self.model.layers):
                 x = layer(x, cos, sin, None if cache is None else cache.layer(i), meta)
             hidden = self.model.norm(x)

@@ -49,7 +49,8 @@ class MTPDraftModel(DraftModelBase):
             layer = self.layers[k]
             x = layer.eh_proj(torch.cat([layer.enorm(self.target.embed(input_ids)),
                                          layer.hnorm(hidden_states.to(self.dtype))], dim=-1))
-            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
+                                    self.config.rope_scaling)
             x = LlamaDecoderLayer.forward(layer, x, cos, sin, None if cache is None else cache.layer(k), meta)
             return (self.layer_logits(k, x) if return_logits else None), x
 

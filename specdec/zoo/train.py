@@ -276,7 +276,7 @@ def eagle_unrolled(head: EagleDraftHead, hidden: torch.Tensor, input_ids: torch.
     B, T = input_ids.shape
     cfg = head.config
     dev = input_ids.device
-    cos, sin = rope_cos_sin(_positions(B, T, dev), cfg.head_dim, cfg.rope_theta)
+    cos, sin = rope_cos_sin(_positions(B, T, dev), cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     slots = torch.arange(B, device=dev)
     start = torch.zeros(B, dtype=torch.long, device=dev)
     kv_shape = (B, T, cfg.num_key_value_heads, cfg.head_dim)
