@@ -346,7 +346,8 @@ def test_a_transformers_llama_with_another_rope_base_loads_exactly(tmp_path):
     (lambda d: d.update(rope_scaling={"rope_type": "linear", "factor": "2"}), "rope field factor must be a number"),
     (lambda d: d.update(partial_rotary_factor=0.5), "partial_rotary_factor=0.5 changes the computation"),
     (lambda d: d.update(rope_theta=5.0, rope_parameters={"rope_type": "default", "rope_theta": 7.0}), "differ"),
-    (lambda d: d.update(model_type="mistral"), "model_type='mistral' is not supported"),
+    (lambda d: d.update(model_type="gemma"), "model_type='gemma' is not supported"),
+    (lambda d: d.update(layer_types=["full_attention", "sliding_attention"]), "only full attention"),
     (lambda d: d.update(mlp_bias=True), "mlp_bias=True changes the computation"),
     (lambda d: d.update(sliding_window=64), "sliding_window=64 is not implemented"),
     (lambda d: d.update(final_logit_softcapping=30.0), "final_logit_softcapping=30.0 changes the computation"),
@@ -394,3 +395,47 @@ def test_rope_types_match_transformers(tmp_path, rope):
     assert out[0].token_ids == hf_tokens
     ours.save_pretrained(tmp_path / "again")  # and it round-trips through our own (4.x-style) config
     assert LlamaForCausalLM.from_pretrained(tmp_path / "again").config == ours.config
+
+
+FAMILIES = {
+    "llama-tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True, attention_bias=True)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, head_dim=16)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_target_families_match_transformers(tmp_path, family):
+    """A random model of each family, built and saved by transformers (sharded, with an index file): the same
+    logits, and the target-only engine decodes transformers' greedy tokens."""
+    transformers = pytest.importorskip("transformers")
+    config_cls, model_cls, extra = FAMILIES[family]
+    cfg = getattr(transformers, config_cls)(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                            rope_theta=20000.0, **extra)
+    torch.manual_seed(3)
+    hf = getattr(transformers, model_cls)(cfg).eval()
+    with torch.no_grad():  # non-zero biases and norms, so that a missing one shows
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
+    ours = LlamaForCausalLM.from_pretrained(tmp_path)
+    assert ours.config.model_type == cfg.model_type
+    ids = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = hf(ids).logits
+        got, _ = ours(ids, torch.arange(30).expand(2, 30))
+    assert (got - want).abs().max() <= 1e-4
+    from specdec import Engine, SamplingParams
+    prompt = ids[1, :12].tolist()
+    with torch.no_grad():
+        hf_tokens = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)[0, 12:].tolist()
+    assert Engine(ours, max_seq_len=64).generate([prompt], SamplingParams(max_new_tokens=20))[0].token_ids == hf_tokens
+    ours.save_pretrained(tmp_path / "again")
+    again = LlamaForCausalLM.from_pretrained(tmp_path / "again")
+    assert again.config == ours.config
+    for (k, a), (k2, b) in zip(ours.state_dict().items(), again.state_dict().items()):
+        assert k == k2 and torch.equal(a, b)

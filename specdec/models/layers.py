@@ -128,14 +128,19 @@ class LlamaAttention(nn.Module):
         self.head_dim = cfg.head_dim
         D = self.head_dim
         self.qkv_proj = FusedLinear(cfg.hidden_size, {"q_proj": self.num_heads * D, "k_proj": self.num_kv_heads * D,
-                                                      "v_proj": self.num_kv_heads * D}, bias=cfg.attention_bias)
-        self.o_proj = Linear(self.num_heads * D, cfg.hidden_size, bias=cfg.attention_bias)
+                                                      "v_proj": self.num_kv_heads * D}, bias=cfg.qkv_bias)
+        self.o_proj = Linear(self.num_heads * D, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:  # Qwen3: each head's q and k RMS-normalised before the rotation
+            self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
         _fuse_on_load(self, {"qkv_proj": ("q_proj", "k_proj", "v_proj")})
 
     def forward(self, x, cos, sin, kv_cache=None, meta: AttentionMetadata | None = None):
         B, T, _ = x.shape
         Hq, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = self.qkv_proj(x).view(B, T, Hq + 2 * Hkv, D).split([Hq, Hkv, Hkv], dim=2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         scale = D ** -0.5
         if kv_cache is None:
             # Training / cache-free path: plain causal attention over the T tokens.

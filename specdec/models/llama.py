@@ -37,9 +37,25 @@ class LlamaConfig:
     attention_bias: bool = False
     torch_dtype: str = "float32"
     rope_scaling: dict | None = None  # normalized (specdec.models.rope): {"rope_type": ..., its fields} or None
+    model_type: str = "llama"  # one of MODEL_TYPES: the decoder is shared, the differences are the flags below
 
     REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     BOOLEAN = ("tie_word_embeddings", "attention_bias")
+
+    @property
+    def qkv_bias(self) -> bool:
+        """q/k/v projections with a bias: Qwen2 always, the others when attention_bias."""
+        return self.attention_bias or self.model_type == "qwen2"
+
+    @property
+    def o_bias(self) -> bool:
+        """o_proj with a bias (Qwen2 never has one)."""
+        return self.attention_bias and self.model_type != "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head RMSNorm of q and k before the rotation (Qwen3)."""
+        return self.model_type == "qwen3"
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
@@ -67,6 +83,9 @@ class LlamaConfig:
             if not isinstance(v, bool):
                 raise ValueError(f"config field {name} must be true or false, got {type(v).__name__} {v!r}")
         self.rope_scaling = normalize_rope_scaling(self.rope_scaling, "config")
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"config field model_type={self.model_type!r} is not supported "
+                             f"(supported: {sorted(MODEL_TYPES)})")
         if self.torch_dtype not in _DTYPES:
             raise ValueError(f"config field torch_dtype must be one of {sorted(_DTYPES)}, got {self.torch_dtype!r}")
 
@@ -98,7 +117,7 @@ class LlamaConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu")
+        d.update(architectures=[MODEL_TYPES[self.model_type]], hidden_act="silu")
         return d
 
 
@@ -120,10 +139,18 @@ _MATH_FIELDS = {
 }
 
 
+#: The decoders this model implements, by Hugging Face model_type, with their architecture name. They share the
+#: Llama block; Mistral is Llama when its sliding window is off, Qwen2 adds q/k/v biases, Qwen3 per-head q/k norms.
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM"}
+
+
 def _refuse_what_changes_the_math(d: dict, where: str) -> None:
     model_type = d.get("model_type", "llama")
-    if model_type != "llama":
-        raise ValueError(f"{where}: model_type={model_type!r} is not supported (this model is 'llama')")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"{where}: model_type={model_type!r} is not supported (supported: {sorted(MODEL_TYPES)})")
+    if any(kind != "full_attention" for kind in d.get("layer_types") or []):
+        raise ValueError(f"{where}: layer_types={d['layer_types']!r}: only full attention is implemented")
     for name, neutral in _MATH_FIELDS.items():
         if name in d and d[name] != neutral and not (neutral is None and d[name] is None):
             raise ValueError(f"{where}: {name}={d[name]!r} changes the computation and is not implemented "
