@@ -439,3 +439,91 @@ def test_target_families_match_transformers(tmp_path, family):
     assert again.config == ours.config
     for (k, a), (k2, b) in zip(ours.state_dict().items(), again.state_dict().items()):
         assert k == k2 and torch.equal(a, b)
+
+
+def _write_safeailab_eagle(path, target, prefix="", seed=0):
+    """An EAGLE-1/2 head in SafeAILab's layout, as SGLang's LlamaForCausalLMEagle loads it: raw tensors by name."""
+    from safetensors.torch import save_file
+    c = target.config
+    H, D, Hq, Hkv, F = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"fc.weight": (H, 2 * H), "fc.bias": (H,), "layers.0.self_attn.q_proj.weight": (Hq * D, H),
+              "layers.0.self_attn.k_proj.weight": (Hkv * D, H), "layers.0.self_attn.v_proj.weight": (Hkv * D, H),
+              "layers.0.self_attn.o_proj.weight": (H, Hq * D), "layers.0.post_attention_layernorm.weight": (H,),
+              "layers.0.mlp.gate_proj.weight": (F, H), "layers.0.mlp.up_proj.weight": (F, H),
+              "layers.0.mlp.down_proj.weight": (H, F)}
+    sd = {k: (1 + 0.1 * torch.randn(s, generator=g)) if "norm" in k else 0.2 * torch.randn(s, generator=g)
+          for k, s in shapes.items()}
+    sd["embed_tokens.weight"] = target.model.embed_tokens.weight.detach().clone()
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({prefix + k: v.contiguous() for k, v in sd.items()}, str(path / "model.safetensors"))
+    cfg = dict(c.to_dict(), architectures=["LlamaForCausalLMEagle"], num_hidden_layers=1)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return sd
+
+
+def _safeailab_eagle_logits(sd, target, ids, hidden):
+    """The head's forward written out from the raw tensors (cache-free, causal): fc over [embedding; hidden]
+    with its bias, attention straight on that (no input norm), the MLP after the post-attention norm, no final
+    norm, the target's LM head."""
+    from specdec.models.layers import apply_rope
+    c = target.config
+    B, T = ids.shape
+    D, Hq, Hkv = c.head_dim, c.num_attention_heads, c.num_key_value_heads
+    x = torch.cat([target.model.embed_tokens.weight[ids], hidden], -1) @ sd["fc.weight"].T + sd["fc.bias"]
+    q = (x @ sd["layers.0.self_attn.q_proj.weight"].T).view(B, T, Hq, D)
+    k = (x @ sd["layers.0.self_attn.k_proj.weight"].T).view(B, T, Hkv, D)
+    v = (x @ sd["layers.0.self_attn.v_proj.weight"].T).view(B, T, Hkv, D)
+    pos = torch.arange(T).expand(B, T).float()[..., None]
+    inv = 1.0 / (c.rope_theta ** (torch.arange(0, D, 2).float() / D))
+    emb = torch.cat([pos * inv, pos * inv], -1)
+    q, k = apply_rope(q, emb.cos(), emb.sin()), apply_rope(k, emb.cos(), emb.sin())
+    rep = Hq // Hkv
+    k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) / D ** 0.5
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    attn = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, Hq * D)
+    x = x + attn @ sd["layers.0.self_attn.o_proj.weight"].T
+    norm_w = sd["layers.0.post_attention_layernorm.weight"]
+    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps) * norm_w
+    gate, up = n @ sd["layers.0.mlp.gate_proj.weight"].T, n @ sd["layers.0.mlp.up_proj.weight"].T
+    mlp = torch.nn.functional.silu(gate) * up
+    x = x + mlp @ sd["layers.0.mlp.down_proj.weight"].T
+    return x @ target.lm_head.weight.T
+
+
+@pytest.mark.parametrize("prefix", ["", "model."])
+def test_a_safeailab_eagle_checkpoint_loads_and_runs_as_written(tmp_path, prefix):
+    t = random_llama(num_key_value_heads=2, seed=5)
+    sd = _write_safeailab_eagle(tmp_path / "eagle", t, prefix)
+    head = EagleDraftHead.from_pretrained(tmp_path / "eagle", t)
+    assert head.config.eagle_layout == "eagle" and head.fc.bias is not None
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(6))
+    hidden = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        got, _ = head(ids, hidden, torch.arange(9).expand(2, 9))
+    assert (got - _safeailab_eagle_logits(sd, t, ids, hidden)).abs().max() <= 1e-4
+    from specdec import Engine, SamplingParams, SpecConfig
+    prompts = [[1, 2, 3, 4, 5], [9, 8]]
+    want = Engine(t, max_seq_len=64).generate(prompts, SamplingParams(max_new_tokens=16))
+    got = Engine(t, head, SpecConfig(3, 2, 6), max_seq_len=64).generate(prompts, SamplingParams(max_new_tokens=16))
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    head.save_pretrained(tmp_path / "ours")  # our own format keeps the layout
+    again = EagleDraftHead.from_pretrained(tmp_path / "ours", t)
+    assert again.config.eagle_layout == "eagle"
+
+
+@pytest.mark.parametrize("break_it, match", [
+    (lambda sd: sd.pop("fc.bias"), r"missing=\['fc.bias'\]"),
+    (lambda sd: sd.update({"layers.0.mlp.down_proj.weight": torch.zeros(3, 3)}), "layers.0.mlp.down_proj.weight"),
+    (lambda sd: sd.update({"layers.0.input_layernorm.weight": torch.ones(32)}), "unexpected=.*input_layernorm"),
+])
+def test_a_broken_safeailab_eagle_checkpoint_names_the_key(tmp_path, break_it, match):
+    from safetensors.torch import load_file, save_file
+    t = random_llama(num_key_value_heads=2, seed=5)
+    _write_safeailab_eagle(tmp_path, t)
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    break_it(sd)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=match):
+        EagleDraftHead.from_pretrained(tmp_path, t)

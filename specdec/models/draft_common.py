@@ -19,8 +19,17 @@ class DraftConfig(LlamaConfig):
     target's hidden states), True = Step-3.5 style (layer k reads layer k-1's output)."""
 
     chain_hidden_states: bool = False
+    #: EAGLE heads only. "specdec": this project's (fc without bias, layer 0 with its input norm, a final norm
+    #: before the LM head). "eagle": SafeAILab EAGLE-1/2 as SGLang's LlamaForCausalLMEagle runs it (fc with a
+    #: bias, layer 0 without its input norm, no final norm).
+    eagle_layout: str = "specdec"
 
     BOOLEAN = LlamaConfig.BOOLEAN + ("chain_hidden_states",)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.eagle_layout not in ("specdec", "eagle"):
+            raise ValueError(f"config field eagle_layout must be 'specdec' or 'eagle', got {self.eagle_layout!r}")
 
 
 class DraftModelBase(nn.Module):
@@ -43,11 +52,11 @@ class DraftModelBase(nn.Module):
 
     @property
     def device(self):
-        return self.layers[0].input_layernorm.weight.device  # every draft has decoder layers
+        return self.layers[0].post_attention_layernorm.weight.device  # every draft has decoder layers
 
     @property
     def dtype(self):
-        return self.layers[0].input_layernorm.weight.dtype
+        return self.layers[0].post_attention_layernorm.weight.dtype
 
     def save_pretrained(self, path) -> None:
         d = self.config.to_dict()

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .draft_common import DraftConfig, DraftModelBase, draft_config_like, randomize_
+from .io import load_strict, read_config, read_state_dict
 from .linear import Linear
 from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
 
@@ -21,9 +22,10 @@ class EagleDraftHead(DraftModelBase):
         if config.num_hidden_layers != 1:
             raise ValueError(f"an EAGLE head has one decoder layer, got num_hidden_layers={config.num_hidden_layers}")
         H = config.hidden_size
-        self.fc = Linear(2 * H, H, bias=False)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(config)])
-        self.norm = RMSNorm(H, config.rms_norm_eps)
+        eagle = config.eagle_layout == "eagle"
+        self.fc = Linear(2 * H, H, bias=eagle)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(config, input_norm=not eagle)])
+        self.norm = nn.Identity() if eagle else RMSNorm(H, config.rms_norm_eps)
 
     def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None,
                 return_logits=True):
@@ -41,6 +43,30 @@ class EagleDraftHead(DraftModelBase):
     def compute_logits(self, hidden):
         """hidden: (..., H), the head's output -> logits (..., V) fp32 (the target's LM head)."""
         return self.target.compute_logits(hidden)
+
+    #: architectures under which EAGLE-1/2 checkpoints in SafeAILab's layout are published or run by SGLang
+    EAGLE_ARCHITECTURES = ("LlamaForCausalLMEagle", "LlamaForCausalLM", "EagleLlamaForCausalLM")
+
+    @classmethod
+    def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None):
+        """This project's heads (architectures ["EagleDraftHead"]), or an EAGLE-1/2 checkpoint in SafeAILab's
+        layout (`fc.weight`, `fc.bias`, `layers.0.*` without `input_layernorm`, optionally under `model.`;
+        architectures LlamaForCausalLMEagle / LlamaForCausalLM): its `embed_tokens` and `lm_head`, when present,
+        are not loaded, since SGLang runs the head with the target's."""
+        raw = read_config(path)
+        archs = raw.get("architectures") if isinstance(raw, dict) else None
+        arch = archs[0] if isinstance(archs, list) and len(archs) == 1 else None
+        if arch not in cls.EAGLE_ARCHITECTURES:
+            return super().from_pretrained(path, target, device, dtype)
+        config = DraftConfig.from_dict(dict(raw, eagle_layout="eagle"), where=f"{path}/config.json")
+        model = cls(config, target)
+        sd = {}
+        for key, value in read_state_dict(path).items():
+            key = key.removeprefix("model.")
+            if key not in ("embed_tokens.weight", "lm_head.weight"):
+                sd[key] = value
+        load_strict(model, sd, path)
+        return model.to(device=device or target.device, dtype=dtype or target.dtype).eval()
 
 
 def random_eagle_head(target, seed=0, std=None, **overrides) -> EagleDraftHead:
