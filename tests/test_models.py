@@ -527,3 +527,76 @@ def test_a_broken_safeailab_eagle_checkpoint_names_the_key(tmp_path, break_it, m
     save_file(sd, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=match):
         EagleDraftHead.from_pretrained(tmp_path, t)
+
+
+def _write_target_with_mtp(path, target, layout, S, seed=0):
+    """A target directory whose safetensors also hold S MTP layers under the layout's real key names."""
+    from safetensors.torch import load_file, save_file
+    target.save_pretrained(path)
+    donor = random_mtp(target, S, seed=seed)  # random weights, our names
+    with torch.no_grad():
+        for p in donor.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed + 1)))
+    sd = load_file(str(path / "model.safetensors"))
+    L = target.config.num_hidden_layers
+    rename = {"enorm": "token_layernorm", "hnorm": "hidden_layernorm", "eh_proj": "input_proj",
+              "shared_head.norm": "final_layernorm"}
+    for key, value in donor.state_dict().items():
+        k, rest = int(key.split(".")[1]), key.split(".", 2)[2]
+        if layout == "deepseek":
+            sd[f"model.layers.{L + k}.{rest}"] = value.contiguous()
+        else:
+            for ours, theirs in rename.items():
+                if rest.startswith(ours + "."):
+                    rest = theirs + rest[len(ours):]
+            sd[f"model.mtp_layers.{k}.{rest}"] = value.contiguous()
+    if layout == "deepseek":  # NextN layers carry their own copy of the embedding and head
+        for k in range(S):
+            sd[f"model.layers.{L + k}.embed_tokens.weight"] = sd["model.embed_tokens.weight"].clone()
+            sd[f"model.layers.{L + k}.shared_head.head.weight"] = sd["lm_head.weight"].clone()
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path / "model.safetensors"))
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(cfg, num_nextn_predict_layers=S)))
+    return donor
+
+
+@pytest.mark.parametrize("layout, family", [("deepseek", "llama"), ("mimo", "qwen2")])
+def test_mtp_layers_load_from_the_targets_directory(tmp_path, layout, family):
+    from specdec import Engine, SamplingParams, SpecConfig
+    from specdec.models.mtp import mtp_from_target_dir
+    t0 = random_llama(num_key_value_heads=2, model_type=family, seed=8)
+    if family == "qwen2":  # non-zero q/k/v biases, so a lost one shows
+        with torch.no_grad():
+            for layer in t0.model.layers:
+                layer.self_attn.qkv_proj.bias.normal_(0, 0.3)
+    donor = _write_target_with_mtp(tmp_path, t0, layout, S=2)
+    target = LlamaForCausalLM.from_pretrained(tmp_path)  # the MTP keys beside it are not the target's
+    mtp = mtp_from_target_dir(tmp_path, target, layout)
+    assert mtp.num_layers == 2 and mtp.config.mtp_layout == layout and mtp.config.model_type == family
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(9))
+    hidden = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(10))
+    pos = torch.arange(7).expand(2, 7)
+    with torch.no_grad():
+        got, _ = mtp.forward_layer(1, ids, hidden, pos)
+        if layout == "deepseek":  # the same math as this project's layout: the donor is the oracle
+            want, _ = donor.forward_layer(1, ids, hidden, pos)
+            assert (got - want).abs().max() <= 1e-5
+        else:  # [hidden; embedding]: the donor's input_proj read the other way round differs...
+            want, _ = donor.forward_layer(1, ids, hidden, pos)
+            assert (got - want).abs().max() > 1e-2
+            swapped = random_mtp(target, 2)
+            swapped.load_state_dict(donor.state_dict())
+            H = 32
+            w = swapped.layers[1].eh_proj.weight
+            w.data = torch.cat([w.data[:, H:], w.data[:, :H]], 1)  # ...unless its halves are swapped
+            later = pos + 1  # away from position 0, where MiMo drops the embedding
+            want, _ = swapped.forward_layer(1, ids, hidden, later)
+            assert (mtp.forward_layer(1, ids, hidden, later)[0] - want).abs().max() <= 1e-5
+            other = ids.clone()
+            other[:, 0] = (ids[:, 0] + 1) % 64  # and at position 0 the token is not read at all
+            again, _ = mtp.forward_layer(1, other, hidden, pos)
+            assert torch.equal(again, got)
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8]]
+    want = Engine(target, max_seq_len=64).generate(prompts, SamplingParams(max_new_tokens=15))
+    got = Engine(target, mtp, SpecConfig(2), max_seq_len=64).generate(prompts, SamplingParams(max_new_tokens=15))
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]

@@ -23,6 +23,10 @@ class DraftConfig(LlamaConfig):
     #: before the LM head). "eagle": SafeAILab EAGLE-1/2 as SGLang's LlamaForCausalLMEagle runs it (fc with a
     #: bias, layer 0 without its input norm, no final norm).
     eagle_layout: str = "specdec"
+    #: MTP drafts only. "specdec" and "deepseek" (DeepSeek NextN: eh_proj over [enorm(embedding);
+    #: hnorm(hidden)]) compute the same; "mimo" (MiMo: input_proj over [hidden_layernorm(hidden);
+    #: token_layernorm(embedding)], the embedding zeroed at position 0) concatenates the other way round.
+    mtp_layout: str = "specdec"
 
     BOOLEAN = LlamaConfig.BOOLEAN + ("chain_hidden_states",)
 
@@ -30,6 +34,9 @@ class DraftConfig(LlamaConfig):
         super().__post_init__()
         if self.eagle_layout not in ("specdec", "eagle"):
             raise ValueError(f"config field eagle_layout must be 'specdec' or 'eagle', got {self.eagle_layout!r}")
+        if self.mtp_layout not in ("specdec", "deepseek", "mimo"):
+            raise ValueError(f"config field mtp_layout must be 'specdec', 'deepseek' or 'mimo', "
+                             f"got {self.mtp_layout!r}")
 
 
 class DraftModelBase(nn.Module):
@@ -89,7 +96,8 @@ def randomize_(module: nn.Module, seed: int, std: float) -> None:
 
 def draft_config_like(target, num_layers: int, chain_hidden_states: bool = False, **overrides) -> DraftConfig:
     c = target.config
-    kw = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+    kw = dict(model_type=c.model_type, attention_bias=c.attention_bias, vocab_size=c.vocab_size,
+              hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
               num_hidden_layers=num_layers, num_attention_heads=c.num_attention_heads,
               num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
               rope_theta=c.rope_theta, rope_scaling=c.rope_scaling, max_position_embeddings=c.max_position_embeddings,

@@ -175,6 +175,14 @@ def _rope_parameters(d: dict, where: str):
     return theta, scaling
 
 
+def _is_mtp_key(key: str, num_hidden_layers: int) -> bool:
+    """model.mtp_layers.* (MiMo) or model.layers.{i >= num_hidden_layers}.* (DeepSeek NextN)."""
+    if key.startswith("model.mtp_layers."):
+        return True
+    parts = key.split(".")
+    return key.startswith("model.layers.") and parts[2].isdigit() and int(parts[2]) >= num_hidden_layers
+
+
 class LlamaForCausalLM(nn.Module):
     """Llama decoder; `forward` returns fp32 logits and the hidden states the LM head reads.
 
@@ -244,6 +252,8 @@ class LlamaForCausalLM(nn.Module):
             if sd["lm_head.weight"] is None:
                 sd.pop("lm_head.weight")
         sd = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}
+        if read_config(path).get("num_nextn_predict_layers"):  # MTP layers stored beside the target's (DeepSeek,
+            sd = {k: v for k, v in sd.items() if not _is_mtp_key(k, config.num_hidden_layers)}  # MiMo): not ours
         load_strict(model, sd, path)
         if dtype == "auto":
             dtype = config.dtype

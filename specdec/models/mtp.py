@@ -47,8 +47,12 @@ class MTPDraftModel(DraftModelBase):
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             layer = self.layers[k]
-            x = layer.eh_proj(torch.cat([layer.enorm(self.target.embed(input_ids)),
-                                         layer.hnorm(hidden_states.to(self.dtype))], dim=-1))
+            emb, hidden = layer.enorm(self.target.embed(input_ids)), layer.hnorm(hidden_states.to(self.dtype))
+            if self.config.mtp_layout == "mimo":  # MiMo: hidden first, and no token embedding at position 0
+                emb = emb.masked_fill((positions == 0)[..., None], 0.0)
+                x = layer.eh_proj(torch.cat([hidden, emb], dim=-1))
+            else:
+                x = layer.eh_proj(torch.cat([emb, hidden], dim=-1))
             cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
                                     self.config.rope_scaling)
             x = LlamaDecoderLayer.forward(layer, x, cos, sin, None if cache is None else cache.layer(k), meta)
@@ -57,6 +61,45 @@ class MTPDraftModel(DraftModelBase):
     def layer_logits(self, k: int, hidden):
         """hidden: (..., H), layer k's output -> its logits (..., V) fp32 (shared head norm, target LM head)."""
         return self.target.compute_logits(self.layers[k].shared_head.norm(hidden))
+
+
+#: Where real checkpoints keep their MTP layers, beside the target's weights in the target's directory:
+#: DeepSeek NextN at model.layers.{num_hidden_layers + k}.*, MiMo at model.mtp_layers.{k}.* (renamed parts).
+_MIMO_NAMES = {"token_layernorm": "enorm", "hidden_layernorm": "hnorm", "input_proj": "eh_proj",
+               "final_layernorm": "shared_head.norm"}
+
+
+def mtp_from_target_dir(path, target, layout: str, num_layers: int | None = None, device=None,
+                        dtype: torch.dtype | None = None) -> "MTPDraftModel":
+    """The MTP layers stored in a target's checkpoint directory, in DeepSeek NextN ("deepseek") or MiMo ("mimo")
+    layout, as an MTPDraftModel on `target`. num_layers: how many (default: the config's
+    num_nextn_predict_layers). The decoder block follows the target's family (Qwen2 biases for MiMo...); each
+    layer's own embedding and shared_head.head, when present, are not loaded: SGLang runs them with the target's."""
+    from .io import load_strict, read_config, read_state_dict
+    if layout not in ("deepseek", "mimo"):
+        raise ValueError(f"layout must be 'deepseek' or 'mimo', got {layout!r}")
+    raw = read_config(path)
+    S = num_layers if num_layers is not None else raw.get("num_nextn_predict_layers")
+    if isinstance(S, bool) or not isinstance(S, int) or S < 1:
+        raise ValueError(f"{path}: the number of MTP layers (num_nextn_predict_layers) must be an int >= 1, got {S!r}")
+    model = MTPDraftModel(draft_config_like(target, S, mtp_layout=layout), target)
+    L = target.config.num_hidden_layers
+    prefix = {k: f"model.layers.{L + k}." if layout == "deepseek" else f"model.mtp_layers.{k}." for k in range(S)}
+    sd = {}
+    for key, value in read_state_dict(path).items():
+        for k, p in prefix.items():
+            if not key.startswith(p):
+                continue
+            rest = key[len(p):]
+            part = rest.split(".", 1)[0]
+            if rest in ("embed_tokens.weight", "shared_head.head.weight"):
+                break
+            if layout == "mimo" and part in _MIMO_NAMES:
+                rest = _MIMO_NAMES[part] + rest[len(part):]
+            sd[f"layers.{k}.{rest}"] = value
+            break
+    load_strict(model, sd, path)
+    return model.to(device=device or target.device, dtype=dtype or target.dtype).eval()
 
 
 def random_mtp(target, num_layers, chain_hidden_states=False, seed=0, std=None, **overrides) -> MTPDraftModel:
