@@ -48,6 +48,24 @@ def main(argv=None) -> int:
     demo.add_argument("--max-new-tokens", type=positive_int, default=64)
     demo.add_argument("--num-prompts", type=positive_int, default=2)
     demo.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    gen = sub.add_parser("generate", help="decode a prompt (text) with a target, and optionally a draft, from "
+                                          "checkpoint directories; prints the continuation as it is produced")
+    gen.add_argument("prompt")
+    gen.add_argument("--target", required=True, help="the target's directory (config.json, safetensors, "
+                                                     "tokenizer.json; or a shipped zoo model's target/)")
+    gen.add_argument("--draft", default=None, help="the draft's directory (for mtp-deepseek / mtp-mimo: the "
+                                                   "directory holding the MTP layers, by default the target's)")
+    gen.add_argument("--draft-layout", default="auto",
+                     choices=["auto", "eagle", "mtp", "mtp-deepseek", "mtp-mimo"],
+                     help="auto: from the draft's config.json (this project's heads, or an EAGLE-1/2 checkpoint)")
+    gen.add_argument("--num-steps", type=positive_int, default=None)
+    gen.add_argument("--topk", type=positive_int, default=None)
+    gen.add_argument("--num-draft-tokens", type=positive_int, default=None)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--max-new-tokens", type=positive_int, default=64)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
+    gen.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo train --help`", add_help=False)
     bench = sub.add_parser("bench", help="acceptance and tokens/s of every worker against target-only; "
                                          "writes a CSV to results/ and its plot")
@@ -101,6 +119,9 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
+    if args.command == "generate":
+        from .generate_cli import run_generate
+        return run_generate(args)
     if args.command == "bench":
         if args.suite == "kernels":
             from .bench_kernels import main_kernels

@@ -182,15 +182,18 @@ class Engine:
 
     # ---- generation --------------------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
-                 seed: int = 0) -> list[GenerateOutput]:
+                 seed: int = 0, stream=None) -> list[GenerateOutput]:
         """prompts: list of B token-id lists (ragged); params: one SamplingParams or B of them.
         Returns B GenerateOutput, in order. Invalid input raises ValueError before any state changes.
+        stream(request_index, new_token_ids), when given, is called after every step that emitted tokens.
         Calls from several threads run one after another; whatever a call raises (KeyboardInterrupt
         included), every cache slot it took is free again when it returns."""
+        if stream is not None and not callable(stream):
+            raise ValueError(f"stream must be callable, got {type(stream).__name__}")
         with self._lock, torch.inference_mode():
-            return self._generate(prompts, params, seed)
+            return self._generate(prompts, params, seed, stream)
 
-    def _generate(self, prompts, params, seed) -> list[GenerateOutput]:
+    def _generate(self, prompts, params, seed, stream=None) -> list[GenerateOutput]:
         prompts, params = self._validate(prompts, params)
         try:
             seed = as_index(seed, "seed")
@@ -209,7 +212,12 @@ class Engine:
             step = worker.prefill(prompts, params, seed)
             while True:
                 host = HostStep.read(step)  # the one device-to-host transfer of the step
+                before = [len(outs[r].token_ids) for r in active]
                 done = self._emit(host, active, params, outs, step_index=steps)
+                if stream is not None:
+                    for r, n in zip(active, before):
+                        if len(outs[r].token_ids) > n:
+                            stream(r, outs[r].token_ids[n:])
                 if steps > 0:
                     worker.sync_lengths(host.accept_lens)
                 keep = [i for i, r in enumerate(active) if r not in done]

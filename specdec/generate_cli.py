@@ -1,0 +1,72 @@
+"""`specdec generate`: text in, text out, from checkpoint directories, streamed to the terminal."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .config import SamplingParams, SpecConfig
+from .engine import Engine
+from .text import eos_ids_of, generate_text, load_tokenizer
+
+
+def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
+    """-> the draft model (None without one) and the SpecConfig its layout suggests."""
+    from .models import EagleDraftHead, MTPDraftModel
+    from .models.io import read_config
+    from .models.mtp import mtp_from_target_dir
+    if layout in ("mtp-deepseek", "mtp-mimo"):
+        draft = mtp_from_target_dir(draft_dir or target_dir, target, layout.removeprefix("mtp-"))
+        return draft, SpecConfig(draft.num_layers)
+    if draft_dir is None:
+        if layout != "auto":
+            raise ValueError(f"--draft-layout {layout} needs --draft DIR")
+        return None, None
+    if layout == "auto":
+        archs = read_config(draft_dir).get("architectures") or []
+        layout = "mtp" if archs == [MTPDraftModel.architecture] else "eagle"
+    if layout == "mtp":
+        draft = MTPDraftModel.from_pretrained(draft_dir, target)
+        return draft, SpecConfig(draft.num_layers)
+    return EagleDraftHead.from_pretrained(draft_dir, target), SpecConfig(5, 4, 16)
+
+
+def run_generate(args) -> int:
+    from .models import LlamaForCausalLM
+    target_dir = Path(args.target)
+    if not target_dir.is_dir():
+        raise ValueError(f"--target {target_dir}: no such directory")
+    if args.draft is not None and not Path(args.draft).is_dir():
+        raise ValueError(f"--draft {args.draft}: no such directory")
+    tokenizer = load_tokenizer(target_dir)
+    target = LlamaForCausalLM.from_pretrained(target_dir)
+    draft, spec = load_draft(target, target_dir, Path(args.draft) if args.draft else None, args.draft_layout)
+    if draft is not None and (args.num_steps or args.topk or args.num_draft_tokens):
+        S = args.num_steps or spec.num_steps
+        spec = SpecConfig(S, args.topk or spec.topk, args.num_draft_tokens)
+    prompt_len = len(tokenizer.encode(args.prompt))
+    # room for the in-flight draft slots of any worker (MTP's extend writes up to 2 S past the length)
+    margin = 2 * max(spec.num_draft_tokens, spec.num_steps + 1) if spec else 0
+    engine = Engine(target, draft, spec, impl=args.impl, max_batch=1,
+                    max_seq_len=min(target.config.max_position_embeddings, prompt_len + args.max_new_tokens + margin))
+    eos = set(eos_ids_of(tokenizer))
+    shown = []
+
+    def show(_request, new_ids):
+        # decode the whole continuation each time: a multi-byte character can span two steps
+        before = tokenizer.decode(shown)
+        shown.extend(t for t in new_ids if t not in eos)
+        sys.stdout.write(tokenizer.decode(shown)[len(before):])
+        sys.stdout.flush()
+
+    sys.stdout.write(args.prompt)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    t0 = time.perf_counter()
+    out = generate_text(engine, tokenizer, [args.prompt], params, seed=args.seed, stream=show)[0]
+    wall = time.perf_counter() - t0
+    stats = engine.last_stats
+    n = len(out.output.token_ids)
+    what = "target-only" if draft is None else f"{type(draft).__name__} {spec}"
+    print(f"\n\n[{what}, impl={engine.impl}] {n} tokens in {wall:.2f} s ({n / wall:.1f} tokens/s), "
+          f"{stats.mean_accept_len:.2f} accepted per step, finish: {out.output.finish_reason}")
+    return 0

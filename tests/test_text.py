@@ -1,0 +1,105 @@
+"""Text in, text out: tokenizer.json through `tokenizers`, EOS as the default stop, `specdec generate`."""
+import json
+
+import pytest
+
+from specdec import Engine, SamplingParams
+from specdec.cli import main
+from specdec.models import LlamaForCausalLM
+from specdec.text import HFTokenizer, generate_text, load_tokenizer
+
+ZOO = "specdec/zoo/weights/stdlib-byte-6l"
+TEXT = "Grüße, 世界! Ελληνικά — naïve café 🚀 def f(x): return x**2"
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A random Llama written by transformers, with a byte-level BPE tokenizer.json (BOS added on encode)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+    path = tmp_path_factory.mktemp("hf_model")
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([TEXT, "the quick brown fox jumps over the lazy dog"] * 20, trainer)
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    tok.save(str(path / "tokenizer.json"))
+    cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=256, bos_token_id=bos, eos_token_id=eos)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def test_tokenizer_json_round_trips_multilingual_text(hf_dir):
+    tok = load_tokenizer(hf_dir)
+    assert isinstance(tok, HFTokenizer)
+    ids = tok.encode(TEXT)
+    assert ids[0] == tok._tok.token_to_id("<s>")  # the post-processor's BOS
+    assert tok.decode(ids) == TEXT
+    assert tok.eos_token_ids == [tok._tok.token_to_id("</s>")]
+
+
+def test_the_generation_config_eos_is_the_default_stop(hf_dir):
+    tok = load_tokenizer(hf_dir)
+    target = LlamaForCausalLM.from_pretrained(hf_dir)
+    engine = Engine(target, max_seq_len=128)
+    free = engine.generate([tok.encode("hello")], SamplingParams(max_new_tokens=12))[0].token_ids
+    stop = free[4]
+    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop, tok.eos_token_ids[0]]}))
+    try:
+        tok = load_tokenizer(hf_dir)
+        out = generate_text(engine, tok, ["hello"], SamplingParams(max_new_tokens=12))[0]
+    finally:
+        (hf_dir / "generation_config.json").unlink()
+    first = free.index(stop)
+    assert out.output.token_ids == free[:first + 1] and out.output.finish_reason == "stop"
+    assert out.text == tok.decode(free[:first])
+
+
+def test_generate_streams_what_it_returns():
+    from specdec import zoo
+    b = zoo.load()
+    engine = Engine(b.target, b.eagle, __import__("specdec").SpecConfig(3, 2, 6), max_seq_len=256)
+    pieces = []
+    out = generate_text(engine, b.tokenizer, ["import sys\n"], SamplingParams(max_new_tokens=30),
+                        stream=lambda r, ids: pieces.append((r, list(ids))))[0]
+    assert [t for _, ids in pieces for t in ids] == out.output.token_ids and {r for r, _ in pieces} == {0}
+    assert len(pieces) == len(out.output.accept_lens) + 1  # the prefill's token, then one piece per step
+
+
+@pytest.mark.parametrize("extra", [[], ["--draft", f"{ZOO}/eagle"], ["--draft", f"{ZOO}/mtp"],
+                                   ["--draft", f"{ZOO}/mtp_chain", "--num-steps", "3"]])
+def test_cli_generate_on_the_shipped_models(capsys, extra):
+    assert main(["generate", "--target", f"{ZOO}/target", "--max-new-tokens", "24", "def main(", *extra]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("def main(") and "tokens/s" in out and "accepted per step" in out
+
+
+def test_cli_generate_on_a_transformers_model(hf_dir, capsys):
+    assert main(["generate", "--target", str(hf_dir), "--max-new-tokens", "8", "--temperature", "0.7", TEXT]) == 0
+    assert capsys.readouterr().out.startswith(TEXT)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target", "/no/such/dir"], "--target /no/such/dir: no such directory"),
+    (["--target", f"{ZOO}/target", "--draft", "/no/such/draft"], "--draft /no/such/draft: no such directory"),
+    (["--target", f"{ZOO}/target", "--draft-layout", "mtp-mimo"], "number of MTP layers"),
+    (["--target", f"{ZOO}/target", "--draft-layout", "eagle"], "needs --draft DIR"),
+])
+def test_cli_generate_errors_are_one_line(capsys, argv, message):
+    assert main(["generate", *argv, "hello"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_directory_without_a_tokenizer_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable tokenizer.json"):
+        load_tokenizer(tmp_path)
