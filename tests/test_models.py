@@ -395,6 +395,13 @@ def test_rope_types_match_transformers(tmp_path, rope):
     assert out[0].token_ids == hf_tokens
     ours.save_pretrained(tmp_path / "again")  # and it round-trips through our own (4.x-style) config
     assert LlamaForCausalLM.from_pretrained(tmp_path / "again").config == ours.config
+    d = json.loads((tmp_path / "config.json").read_text())  # transformers 4.x's form of the same config
+    params = d.pop("rope_parameters")
+    d.update(rope_theta=params.pop("rope_theta"), rope_scaling=params)
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    with torch.no_grad():
+        old_style, _ = LlamaForCausalLM.from_pretrained(tmp_path)(ids, torch.arange(100).expand(2, 100))
+    assert torch.equal(old_style, got)
 
 
 FAMILIES = {
