@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from specdec import Engine, SamplingParams
 from specdec.cli import main
@@ -31,6 +32,7 @@ def hf_dir(tmp_path_factory):
     cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                    max_position_embeddings=256, bos_token_id=bos, eos_token_id=eos)
+    torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).save_pretrained(path)
     return path
 
@@ -50,13 +52,14 @@ def test_the_generation_config_eos_is_the_default_stop(hf_dir):
     engine = Engine(target, max_seq_len=128)
     free = engine.generate([tok.encode("hello")], SamplingParams(max_new_tokens=12))[0].token_ids
     stop = free[4]
-    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop, tok.eos_token_ids[0]]}))
+    stops = [stop, tok.eos_token_ids[0]]
+    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
     try:
         tok = load_tokenizer(hf_dir)
         out = generate_text(engine, tok, ["hello"], SamplingParams(max_new_tokens=12))[0]
     finally:
         (hf_dir / "generation_config.json").unlink()
-    first = free.index(stop)
+    first = min(free.index(t) for t in stops if t in free)  # whichever end-of-sequence id comes first
     assert out.output.token_ids == free[:first + 1] and out.output.finish_reason == "stop"
     assert out.text == tok.decode(free[:first])
 
