@@ -127,8 +127,9 @@ class Engine:
         if self.spec is None:
             raise ValueError("a draft model needs a SpecConfig(num_steps, topk, num_draft_tokens)")
         from .models.eagle import EagleDraftHead
+        from .models.eagle3 import Eagle3DraftHead
         from .models.mtp import MTPDraftModel
-        if isinstance(self.draft, EagleDraftHead):
+        if isinstance(self.draft, (EagleDraftHead, Eagle3DraftHead)):
             from .workers.eagle import EagleWorkerV2
             return EagleWorkerV2(self.target, self.draft, self.spec, ops, max_batch, max_seq_len,
                                  return_original_logprob)
@@ -136,7 +137,8 @@ class Engine:
             from .workers.multi_layer_eagle import MultiLayerEagleWorkerV2
             return MultiLayerEagleWorkerV2(self.target, self.draft, self.spec, ops, max_batch, max_seq_len,
                                            return_original_logprob)
-        raise ValueError(f"draft must be an EagleDraftHead or an MTPDraftModel, got {type(self.draft).__name__}")
+        raise ValueError(f"draft must be an EagleDraftHead, an Eagle3DraftHead or an MTPDraftModel, got "
+                         f"{type(self.draft).__name__}")
 
     # ---- validation --------------------------------------------------------------------------
     def _validate(self, prompts, params) -> tuple[list[list[int]], list[SamplingParams]]:

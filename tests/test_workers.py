@@ -421,7 +421,7 @@ def test_mismatched_or_misshapen_drafts_are_rejected_at_construction():
         Engine(target, draft=random_mtp(target, 3), spec=SpecConfig(3, 2, 5))
     with pytest.raises(ValueError, match="needs num_steps=2 layers, got 3"):
         Engine(target, draft=random_mtp(target, 3), spec=SpecConfig(2))
-    with pytest.raises(ValueError, match="EagleDraftHead or an MTPDraftModel"):
+    with pytest.raises(ValueError, match="an Eagle3DraftHead or an MTPDraftModel, got LlamaForCausalLM"):
         Engine(target, draft=target, spec=SpecConfig(2))
 
 

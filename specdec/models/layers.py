@@ -121,14 +121,16 @@ def hf_named_parameters(module: nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, in_features: int | None = None):
+        """in_features: the width q/k/v read (hidden_size unless given: EAGLE-3's midlayer reads 2H)."""
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         D = self.head_dim
-        self.qkv_proj = FusedLinear(cfg.hidden_size, {"q_proj": self.num_heads * D, "k_proj": self.num_kv_heads * D,
-                                                      "v_proj": self.num_kv_heads * D}, bias=cfg.qkv_bias)
+        self.qkv_proj = FusedLinear(in_features or cfg.hidden_size,
+                                    {"q_proj": self.num_heads * D, "k_proj": self.num_kv_heads * D,
+                                     "v_proj": self.num_kv_heads * D}, bias=cfg.qkv_bias)
         self.o_proj = Linear(self.num_heads * D, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm:  # Qwen3: each head's q and k RMS-normalised before the rotation
             self.q_norm = RMSNorm(D, cfg.rms_norm_eps)

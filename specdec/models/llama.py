@@ -215,18 +215,31 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden):
         return self.lm_head(hidden).float()
 
-    def forward(self, input_ids, positions, cache=None, meta: AttentionMetadata | None = None, return_logits=True):
+    def forward(self, input_ids, positions, cache=None, meta: AttentionMetadata | None = None, return_logits=True,
+                features: tuple[int, ...] | None = None):
         """input_ids, positions: (B, T) int64; cache: KVCache or None (then causal over the T tokens,
         no cache) -> logits (B, T, V) fp32 (None when not return_logits: a caller that reads a few rows
-        applies `compute_logits` to those), hidden (B, T, H) (final-normed: what the LM head reads)."""
+        applies `compute_logits` to those), hidden (B, T, H) (final-normed: what the LM head reads).
+
+        features: layer indices i whose input residual stream (i = num_hidden_layers: the last layer's
+        output, before the final norm) is returned too, concatenated: (B, T, len(features) * H) as a third
+        output. These are EAGLE-3's target features; without them nothing is kept."""
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             x = self.embed(input_ids)
             cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
+            captured = {}
             for i, layer in enumerate(self.model.layers):
+                if features is not None and i in features:
+                    captured[i] = x
                 x = layer(x, cos, sin, None if cache is None else cache.layer(i), meta)
+            if features is not None:
+                captured[len(self.model.layers)] = x
             hidden = self.model.norm(x)
-            return (self.compute_logits(hidden) if return_logits else None), hidden
+            logits = self.compute_logits(hidden) if return_logits else None
+            if features is None:
+                return logits, hidden
+            return logits, hidden, torch.cat([captured[i] for i in features], dim=-1)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict_for_save(self) -> dict:

@@ -113,6 +113,8 @@ class WorkerBase:
         self.timer: PhaseTimer | None = None
         self.seq_lens_host: list[int] = []  # per request, an upper bound on the committed target length
         self._unsynced_steps = 0
+        #: layers whose input residual streams the draft reads (EAGLE-3) instead of the final hidden state
+        self.target_features: tuple[int, ...] | None = None
 
     # ---- request lifecycle -------------------------------------------------------------------
     @property
@@ -240,10 +242,11 @@ class WorkerBase:
         ids = ids.to(self.device)
         positions = torch.arange(T, device=self.device).expand(len(prompts), T)
         meta = AttentionMetadata(self.state.slots, torch.zeros_like(self.state.seq_lens), attn_len=T, ops=self.ops)
-        _, hidden = self.target(ids, positions, self.cache, meta, return_logits=False)
+        out = self.target(ids, positions, self.cache, meta, return_logits=False, features=self.target_features)
+        hidden = out[1]
         last = self.state.seq_lens - 1
         logits_last = self.target.compute_logits(hidden[torch.arange(len(prompts), device=self.device), last])
-        return logits_last, hidden, ids, positions
+        return logits_last, hidden if self.target_features is None else out[2], ids, positions
 
     def sample_tokens(self, logits, uniforms):
         """logits: (B, V); uniforms: (B,) -> (B,) int64 (argmax for greedy requests)."""
@@ -347,7 +350,8 @@ class SpeculativeWorkerBase(WorkerBase):
         st = self.state
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(W), tree_mask=tree_mask, ops=self.ops)
         with self.phase("verify_forward"):
-            logits, hidden = self.target(candidates, positions, self.cache, meta)
+            out = self.target(candidates, positions, self.cache, meta, features=self.target_features)
+            logits, hidden = out[0], out[-1]  # the final hidden state, or the draft's features
         with self.phase("verify"):
             step = self._verify_and_commit(logits, candidates, retrieve_index, retrieve_next_token,
                                            retrieve_next_sibling)

@@ -16,6 +16,10 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
         self.draft_cache = KVCache.for_model(draft.config, 1, max_batch, max_seq_len, draft.dtype, self.device)
+        # EAGLE-3 heads read target features from several layers and propose ids of a reduced vocabulary:
+        # the same algorithm, with the features asked of the target and the ids mapped after each top-K
+        self.target_features = getattr(draft, "feature_layers", None)
+        self._draft_to_target = getattr(draft, "draft_to_target", None)
         # Row j marks in-flight draft slot j itself; a frontier node's ancestry is its parent's | its own row.
         self._own_slot = torch.eye(max(spec.num_steps - 1, 1) * spec.topk, dtype=torch.bool, device=self.device)
 
@@ -42,8 +46,13 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     def _set_next_root_children(self, hidden):
         """hidden: (B, H), the draft's output at each request's last committed position."""
         st = self.state
-        st.topk_p, st.topk_index = self.ops.softmax_topk(self.draft.compute_logits(hidden), self.topk)
+        st.topk_p, st.topk_index = self._draft_topk(self.draft.compute_logits(hidden), self.topk)
         st.draft_hidden = hidden
+
+    def _draft_topk(self, logits, K):
+        """softmax_topk of the draft's logits, its ids mapped to target ids (EAGLE-3's d2t) when it has a map."""
+        p, index = self.ops.softmax_topk(logits, K)
+        return p, index if self._draft_to_target is None else self._draft_to_target(index)
 
     def draft_forward(self):
         """S draft steps of select_top_k_tokens + draft forward -> the lists organize_draft_results takes."""
@@ -72,7 +81,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
                                      write_offset=i * K, tree_mask=ancestry[:, :, :(i + 1) * K].contiguous())
             positions = (st.seq_lens + i)[:, None].expand(B, K)
             logits, hidden = self.draft(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
-            topk_p, topk_index = self.ops.softmax_topk(logits.view(B * K, -1), K)
+            topk_p, topk_index = self._draft_topk(logits.view(B * K, -1), K)
             hidden = hidden.reshape(B * K, -1)
         return score_list, token_list, parents_list
 

@@ -1,0 +1,185 @@
+"""EAGLE-3 draft head: target features from several layers, a 2H-wide midlayer, a reduced draft vocabulary.
+
+Layout and names as SGLang's `LlamaForCausalLMEagle3` loads them (`fc.weight`, `midlayer.*` with
+`hidden_norm`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`):
+
+- `fc` projects the target's features (the residual streams entering `feature_layers`, concatenated, 3H)
+  to H; it applies only to target features: draft steps feed back the head's own H-wide output.
+- the midlayer's q/k/v read cat(input_layernorm(token embedding), hidden_norm(hidden)), 2H wide; the
+  residual stream is the hidden state; then the usual post-attention norm and MLP.
+- `norm` and `lm_head` give logits over `draft_vocab_size` ids; a draft id d is target id d + d2t[d].
+  The hidden state the head returns (and the next step reads) is the pre-norm sum.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .draft_common import DraftConfig, DraftModelBase, draft_config_like
+from .io import load_strict, read_config, read_state_dict
+from .layers import AttentionMetadata, LlamaAttention, LlamaMLP, RMSNorm, rope_cos_sin
+from .linear import Linear
+
+
+@dataclass
+class Eagle3Config(DraftConfig):
+    """A DraftConfig plus the draft vocabulary size and the target layers whose inputs are the features."""
+
+    draft_vocab_size: int | None = None
+    feature_layers: list = field(default_factory=list)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.draft_vocab_size is None:
+            self.draft_vocab_size = self.vocab_size
+        v = self.draft_vocab_size
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= self.vocab_size:
+            raise ValueError(f"config field draft_vocab_size must be an int in [1, vocab_size={self.vocab_size}], "
+                             f"got {v!r}")
+        if not isinstance(self.feature_layers, (list, tuple)) or not self.feature_layers or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.feature_layers):
+            raise ValueError(f"config field feature_layers must be a non-empty list of layer indices, got "
+                             f"{self.feature_layers!r}")
+        self.feature_layers = list(self.feature_layers)
+
+
+def default_feature_layers(num_target_layers: int) -> list[int]:
+    """SGLang's default capture points: the inputs of layers 2, L // 2 and L - 3 (low, middle, high)."""
+    L = num_target_layers
+    return [min(2, L), L // 2, max(L - 3, 0)]
+
+
+class Eagle3MidLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        H = cfg.hidden_size
+        self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, in_features=2 * H)
+        self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, embeds, hidden, cos, sin, kv_cache=None, meta=None):
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        h = hidden + self.self_attn(x, cos, sin, kv_cache, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3DraftHead(DraftModelBase):
+    """An EAGLE-3 head on `target` (see the module docstring). `feature_layers` is what the worker asks the
+    target's forward for; `d2t` (draft_vocab_size,) int64 maps draft ids to target ids."""
+
+    architecture = "LlamaForCausalLMEagle3"
+
+    def __init__(self, config: Eagle3Config, target):
+        super().__init__(config, target)
+        if config.num_hidden_layers != 1:
+            raise ValueError(f"an EAGLE-3 head here has one midlayer, got num_hidden_layers={config.num_hidden_layers}")
+        L = target.config.num_hidden_layers
+        bad = [i for i in config.feature_layers if i > L]
+        if bad:
+            raise ValueError(f"feature_layers {bad} exceed the target's {L} layers")
+        H = config.hidden_size
+        self.fc = Linear(len(config.feature_layers) * H, H, bias=False)
+        self.midlayer = Eagle3MidLayer(config)
+        self.norm = RMSNorm(H, config.rms_norm_eps)
+        self.lm_head = Linear(H, config.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+
+    @property
+    def layers(self):  # the draft cache and dtype helpers look for decoder layers
+        return [self.midlayer]
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return tuple(self.config.feature_layers)
+
+    def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None,
+                return_logits=True):
+        """input_ids, positions: (B, T) int64; hidden_states: (B, T, F * H) target features or (B, T, H) the
+        head's own output -> logits over the draft vocabulary (B, T, draft_vocab_size) fp32 (None when not
+        return_logits), hidden (B, T, H) (pre-norm: what the next draft step reads)."""
+        with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
+            h = hidden_states.to(self.dtype)
+            if h.shape[-1] != self.config.hidden_size:
+                h = self.fc(h)
+            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
+            out = self.midlayer(self.target.embed(input_ids), h, cos, sin, None if cache is None else cache.layer(0),
+                                meta)
+            return (self.compute_logits(out) if return_logits else None), out
+
+    def compute_logits(self, hidden):
+        """hidden: (..., H), the head's output -> logits (..., draft_vocab_size) fp32."""
+        return self.lm_head(self.norm(hidden)).float()
+
+    def draft_to_target(self, draft_ids):
+        """Draft ids -> target ids (d + d2t[d])."""
+        return draft_ids + self.d2t[draft_ids]
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save_pretrained(self, path) -> None:
+        from .io import save_dir
+        from .llama import dtype_name
+        d = self.config.to_dict()
+        if min(self.config.feature_layers) < 1:
+            raise ValueError("SGLang's config names layer outputs: a feature taken at layer 0's input (the "
+                             "embeddings) cannot be saved in its format")
+        d.update(architectures=[self.architecture], torch_dtype=dtype_name(self.dtype),
+                 eagle_config={"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.config.feature_layers]})
+        d.pop("feature_layers")
+        save_dir(path, d, self.state_dict())
+
+    @classmethod
+    def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None):
+        """An EAGLE-3 checkpoint directory in SGLang's layout (architectures ["LlamaForCausalLMEagle3"]). Its
+        feature layers come from `eagle_config.eagle_aux_hidden_state_layer_ids` when set (each id's output,
+        i.e. the input of layer id + 1, as SGLang captures them), else SGLang's default."""
+        raw = read_config(path)
+        archs = raw.get("architectures")
+        if archs != [cls.architecture]:
+            raise ValueError(f"{path}: architectures={archs!r}, expected [{cls.architecture!r}]")
+        ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        layers = [i + 1 for i in ids] if ids else default_feature_layers(target.config.num_hidden_layers)
+        fields = {k: v for k, v in raw.items() if k not in ("eagle_config", "architectures")}
+        config = Eagle3Config.from_dict(dict(fields, feature_layers=layers), where=f"{path}/config.json")
+        model = cls(config, target)
+        sd = {k.removeprefix("model."): v for k, v in read_state_dict(path).items()
+              if k.removeprefix("model.") != "embed_tokens.weight"}
+        if "t2d" not in sd and "d2t" in sd:  # SGLang does not read it: rebuild it from d2t
+            t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+            t2d[torch.arange(len(sd["d2t"])) + sd["d2t"].long()] = True
+            sd["t2d"] = t2d
+        for name, want in (("d2t", (config.draft_vocab_size,)), ("t2d", (config.vocab_size,))):
+            if name not in sd:
+                raise ValueError(f"{path}: the checkpoint has no {name!r} (draft-to-target id map)")
+            if tuple(sd[name].shape) != want:
+                raise ValueError(f"{path}: {name!r} has shape {tuple(sd[name].shape)}, expected {want}")
+        sd["d2t"] = sd["d2t"].long()
+        sd["t2d"] = sd["t2d"].bool()
+        load_strict(model, sd, path)
+        return model.to(device=device or target.device, dtype=dtype or target.dtype).eval()
+
+
+def random_eagle3_head(target, draft_vocab_size: int | None = None, feature_layers=None, seed=0, std=None,
+                       **overrides) -> Eagle3DraftHead:
+    """A random EAGLE-3 head; its draft vocabulary is a seeded random subset of the target's (id 0 first)."""
+    base = draft_config_like(target, 1, **overrides)
+    V = target.config.vocab_size
+    cfg = Eagle3Config(**{f: getattr(base, f) for f in DraftConfig.__dataclass_fields__},
+                       draft_vocab_size=draft_vocab_size or V,
+                       feature_layers=list(feature_layers or default_feature_layers(target.config.num_hidden_layers)))
+    head = Eagle3DraftHead(cfg, target)
+    g = torch.Generator().manual_seed(seed)
+    std = std if std is not None else target.config.hidden_size ** -0.5
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight")
+                    else std * torch.randn(p.shape, generator=g))
+        chosen = torch.randperm(V, generator=g)[:cfg.draft_vocab_size].sort().values
+        head.d2t.copy_(chosen - torch.arange(cfg.draft_vocab_size))
+        head.t2d.zero_()
+        head.t2d[chosen] = True
+    return head.to(device=target.device, dtype=target.dtype).eval()
