@@ -235,9 +235,19 @@ def _step_through(worker, prompts, params, steps):
         yield lens
 
 
-def test_eagle_draft_and_target_kv_equal_a_fresh_prefill():
-    target = near_bigram_target(seed=8, mix=0.4, num_key_value_heads=2)
-    draft = perfect_eagle(target)
+@pytest.mark.parametrize("head", ["eagle", "eagle3"])
+def test_eagle_draft_and_target_kv_equal_a_fresh_prefill(head):
+    """After every step, the draft's and the target's caches over the committed tokens equal a fresh prefill
+    of them: for an EAGLE head (reading the target's final hidden states) and an EAGLE-3 head (reading the
+    features of several layers, through its fc)."""
+    target = near_bigram_target(seed=8, mix=0.4, num_key_value_heads=2,
+                                num_hidden_layers=2 if head == "eagle" else 4)
+    if head == "eagle":
+        draft = perfect_eagle(target)
+    else:
+        from specdec.models import random_eagle3_head
+        draft = random_eagle3_head(target, draft_vocab_size=40, seed=3)
+    features = getattr(draft, "feature_layers", None)
     engine = Engine(target, draft=draft, spec=SpecConfig(3, 2, 6), impl="reference", max_seq_len=96)
     w = engine.worker
     prompts = [[1, 2, 3, 4], [9, 9]]
@@ -249,7 +259,8 @@ def test_eagle_draft_and_target_kv_equal_a_fresh_prefill():
             seq = torch.tensor([committed[b] + [w.state.last_tokens[b].item()]])
             nb = n[b]
             with torch.no_grad():
-                _, h = target(seq[:, :nb], torch.arange(nb)[None])
+                out = target(seq[:, :nb], torch.arange(nb)[None], features=features)
+                h = out[1] if features is None else out[2]
                 fresh_cache = _fresh_draft_kv(draft, seq[:, 1:nb + 1], h, nb)
                 fresh_target = _fresh_target_kv(target, seq[:, :nb], nb)
             slot = w.slot_list[b]
@@ -285,7 +296,7 @@ def _fresh_draft_kv(draft, ids, hidden, n):
     from specdec.models import AttentionMetadata
     cache = KVCache.for_model(draft.config, draft.config.num_hidden_layers, 1, n + 1, torch.float32, "cpu")
     meta = AttentionMetadata(torch.tensor([0]), torch.tensor([0]), attn_len=n, ops=reference)
-    draft(ids, hidden, torch.arange(n)[None], cache, meta)
+    draft(ids, hidden, torch.arange(n)[None], cache, meta)  # an EAGLE-3 head's fc maps the target features
     return [(cache.k[i][0, :n], cache.v[i][0, :n]) for i in range(len(cache.k))]
 
 
