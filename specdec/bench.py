@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from . import Engine, SamplingParams, SpecConfig
+from .config import worker_label
 
 COLUMNS = ["run_id", "timestamp", "commit", "device", "torch", "triton", "threads", "load_avg", "impl", "dtype",
            "model", "worker", "num_steps", "topk", "num_draft_tokens", "prompt_lookup_num_tokens", "batch_size",
@@ -189,7 +190,6 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
 def case_name(case: BenchCase) -> str:
     if case.is_peer:
         return case.worker + (f" {case.prompt_lookup}" if case.prompt_lookup else "")
-    from .bench_e2e import worker_label
     return worker_label(case.worker, case.spec)
 
 

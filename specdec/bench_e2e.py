@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from . import Engine, SamplingParams, SpecConfig
+from .config import worker_label
 from .workers.base import PhaseTimer
 
 COLUMNS = ["suite", "run_id", "timestamp", "commit", "device", "torch", "triton", "threads", "load_avg", "model",
@@ -36,18 +37,6 @@ class E2EModel:
     target: object
     drafts: dict  # worker kind -> draft model
     prompts: list[list[int]]
-
-
-def worker_label(kind: str, spec: SpecConfig | None) -> str:
-    """One name per worker configuration, used in every CSV and plot: `EAGLE tree S5 K4 W16`,
-    `EAGLE chain S3`, `MTP MiMo S3`, `MTP Step-3.5 S3`, `target-only`."""
-    if spec is None:
-        return "target-only"
-    if kind == "eagle":
-        if spec.topk == 1:
-            return f"EAGLE chain S{spec.num_steps}"
-        return f"EAGLE tree S{spec.num_steps} K{spec.topk} W{spec.num_draft_tokens}"
-    return f"MTP {'MiMo' if kind == 'mtp' else 'Step-3.5'} S{spec.num_steps}"
 
 
 CASES = [("target-only", None), ("eagle", SpecConfig(5, 4, 16)), ("eagle", SpecConfig(3, 1)), ("mtp", SpecConfig(3))]

@@ -170,3 +170,20 @@ class SpecConfig:
     def kv_margin(self) -> int:
         """Cache slots a decode step may write past the committed length."""
         return max(self.num_draft_tokens, (self.num_steps - 1) * self.topk, self.num_steps + 1)
+
+
+def worker_label(kind: str, spec: SpecConfig | None) -> str:
+    """One name per worker configuration, used by the demo, every CSV and every plot: `target-only`,
+    `EAGLE tree S5 K4 W16`, `EAGLE chain S3`, `EAGLE-3 tree S5 K4 W16`, `MTP MiMo S3`, `MTP Step-3.5 S3`.
+    kind: the draft's kind ("eagle", "eagle3", "mtp" (MiMo style), "mtp_chain" (Step-3.5 style)); spec None:
+    target-only."""
+    if spec is None:
+        return "target-only"
+    if kind in ("eagle", "eagle3"):
+        name = "EAGLE" if kind == "eagle" else "EAGLE-3"
+        if spec.topk == 1:
+            return f"{name} chain S{spec.num_steps}"
+        return f"{name} tree S{spec.num_steps} K{spec.topk} W{spec.num_draft_tokens}"
+    if kind in ("mtp", "mtp_chain"):
+        return f"MTP {'MiMo' if kind == 'mtp' else 'Step-3.5'} S{spec.num_steps}"
+    raise ValueError(f"unknown draft kind {kind!r}")

@@ -7,12 +7,11 @@ import textwrap
 import torch
 
 from . import Engine, SamplingParams, SpecConfig
+from .config import worker_label
 
-RUNS = [("target-only", None, None),
-        ("EAGLE tree S=5 K=4 W=16", "eagle", SpecConfig(5, 4, 16)),
-        ("EAGLE chain S=3 K=1", "eagle", SpecConfig(3, 1)),
-        ("MTP MiMo S=3", "mtp", SpecConfig(3)),
-        ("MTP Step-3.5 S=3", "mtp_chain", SpecConfig(3))]
+RUNS = [(worker_label(kind, spec), kind, spec) for kind, spec in
+        [(None, None), ("eagle", SpecConfig(5, 4, 16)), ("eagle", SpecConfig(3, 1)), ("mtp", SpecConfig(3)),
+         ("mtp_chain", SpecConfig(3))]]
 
 
 def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160) -> int:
@@ -30,7 +29,7 @@ def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160) -> i
         print("note: no CUDA device: the fast path's Triton kernels run under Triton's interpreter (exact, slow)")
     base, base_tps, status = None, None, 0
     for name, draft_key, spec in RUNS:
-        draft = getattr(bundle, draft_key) if draft_key else None
+        draft = getattr(bundle, draft_key) if spec else None
         engine = Engine(bundle.target, draft, spec, impl=impl, max_batch=1,
                         max_seq_len=prompt_len + max_new_tokens + 64)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=8))  # warm-up

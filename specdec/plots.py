@@ -14,15 +14,15 @@ def load_results(results_dir="results", pattern="*.csv") -> pd.DataFrame:
 
 
 def case_label(row) -> str:
-    if row["worker"] == "target-only":
-        return "target-only"
+    """A CSV row's worker, named as everywhere else (`specdec.config.worker_label`; peers as `transformers ...`)."""
+    from .config import SpecConfig, worker_label
     if str(row["worker"]).startswith("hf-"):
         lookup = int(row.get("prompt_lookup_num_tokens", 0) or 0)
         return f"transformers {row['worker'][3:]}" + (f" {lookup}" if lookup else "")
-    if row["worker"] == "eagle":
-        return f"EAGLE S={row['num_steps']} K={row['topk']} W={row['num_draft_tokens']}"
-    style = "MiMo" if row["worker"] == "mtp" else "Step-3.5"
-    return f"MTP {style} S={row['num_steps']}"
+    if row["worker"] == "target-only":
+        return "target-only"
+    spec = SpecConfig(int(row["num_steps"]), int(row["topk"]), int(row["num_draft_tokens"]))
+    return worker_label(row["worker"], spec)
 
 
 def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
