@@ -39,18 +39,32 @@ THREADS_HELP = ("torch CPU threads (default 1: the shipped models are small enou
                 "a loaded machine slows one thread least; 0 leaves torch's default)")
 
 
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("specdec")
+    except Exception:  # not installed as a distribution (a source checkout on sys.path)
+        return "unknown"
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="specdec", description="EAGLE-style speculative decoding toolkit")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="specdec", description="EAGLE-style speculative decoding toolkit",
+                                     formatter_class=fmt)
+    parser.add_argument("--version", action="version", version=f"specdec {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="decode held-out prompts with target-only, EAGLE and MTP decoding")
-    demo.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
-    demo.add_argument("--max-new-tokens", type=positive_int, default=64)
-    demo.add_argument("--num-prompts", type=positive_int, default=2)
+    impl_help = "ops: reference (PyTorch), fast (Triton; interpreted on a CPU), auto (fast on CUDA)"
+    demo = sub.add_parser("demo", formatter_class=fmt,
+                          help="decode held-out prompts with target-only, EAGLE and MTP decoding")
+    demo.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
+    demo.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate per prompt")
+    demo.add_argument("--num-prompts", type=positive_int, default=2, help="held-out prompts, decoded one at a time")
     demo.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
-    gen = sub.add_parser("generate", help="decode a prompt (text) with a target, and optionally a draft, from "
-                                          "checkpoint directories; prints the continuation as it is produced")
-    gen.add_argument("prompt")
+    gen = sub.add_parser("generate", formatter_class=fmt,
+                         help="decode a prompt (text) with a target, and optionally a draft, from checkpoint "
+                              "directories; prints the continuation as it is produced")
+    gen.add_argument("prompt", help="the prompt, as text")
     gen.add_argument("--target", required=True, help="the target's directory (config.json, safetensors, "
                                                      "tokenizer.json; or a shipped zoo model's target/)")
     gen.add_argument("--draft", default=None, help="the draft's directory (for mtp-deepseek / mtp-mimo: the "
@@ -58,40 +72,54 @@ def main(argv=None) -> int:
     gen.add_argument("--draft-layout", default="auto",
                      choices=["auto", "eagle", "mtp", "mtp-deepseek", "mtp-mimo"],
                      help="auto: from the draft's config.json (this project's heads, or an EAGLE-1/2 checkpoint)")
-    gen.add_argument("--num-steps", type=positive_int, default=None)
-    gen.add_argument("--topk", type=positive_int, default=None)
-    gen.add_argument("--num-draft-tokens", type=positive_int, default=None)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--max-new-tokens", type=positive_int, default=64)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
+    gen.add_argument("--num-steps", type=positive_int, default=None,
+                     help="draft depth S (default: 5 for EAGLE heads, the layer count for MTP)")
+    gen.add_argument("--topk", type=positive_int, default=None, help="draft top-K per step (default: 4 for EAGLE)")
+    gen.add_argument("--num-draft-tokens", type=positive_int, default=None,
+                     help="tree size W, root included (default: 16 for EAGLE, S+1 for chains)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
+    gen.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     gen.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
-    sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo train --help`", add_help=False)
-    bench = sub.add_parser("bench", help="acceptance and tokens/s of every worker against target-only; "
-                                         "writes a CSV to results/ and its plot")
+    zoo_help = sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo list`, `specdec zoo train --help`",
+                              add_help=False)
+    zoo_help.add_argument("action", nargs="?", choices=["list", "train"])
+    report = sub.add_parser("report", formatter_class=fmt,
+                            help="print the README's results table from a committed acceptance CSV")
+    report.add_argument("csv", help="an acceptance-*.csv of results/ (run with the transformers peers)")
+    report.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
+    bench = sub.add_parser("bench", formatter_class=fmt,
+                           help="acceptance and tokens/s of every worker against target-only; "
+                                "writes a CSV to results/ and its plot")
     bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e"],
-                       help="acceptance: every worker against target-only on the shipped models (default); "
+                       help="acceptance: every worker against target-only on the shipped models; "
                             "kernels: every op of the decode step, reference / fast / torch.compile, against "
                             "the copy bandwidth (the full B x S+1 x V sweep on CUDA, a corner of it on CPU); "
                             "e2e: every worker, reference / fast / fast + CUDA graphs, tokens/s and the phases "
                             "of a step, on the shipped model and (CUDA) a random 1.2B Llama")
-    bench.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"])
+    bench.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     bench.add_argument("--batch-sizes", type=positive_int_list, default=None,
                        help="comma-separated batch sizes (default: 1,4 for acceptance, 1,8,32 for e2e)")
-    bench.add_argument("--temperatures", type=float_list, default=[0.0, 0.7])
-    bench.add_argument("--num-prompts", type=positive_int, default=16)
-    bench.add_argument("--prompt-len", type=positive_int, default=96)
-    bench.add_argument("--max-new-tokens", type=positive_int, default=128)
-    bench.add_argument("--repeats", type=positive_int, default=3)
+    bench.add_argument("--temperatures", type=float_list, default=[0.0, 0.7],
+                       help="comma-separated temperatures, 0 = greedy (acceptance suite)")
+    bench.add_argument("--num-prompts", type=positive_int, default=16, help="held-out prompts per batch size")
+    bench.add_argument("--prompt-len", type=positive_int, default=96, help="prompt length in tokens (bytes)")
+    bench.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate per prompt")
+    bench.add_argument("--repeats", type=positive_int, default=3,
+                       help="timed passes per case (the CSV has their median and p20 / p80)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="the models' dtype (acceptance suite; greedy agreement with target-only in low "
                             "precision is in the identical_request_fraction column)")
-    bench.add_argument("--out", default="results")
+    bench.add_argument("--out", default="results", help="directory for the CSV and its plot")
     bench.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     if argv[:1] == ["zoo"]:
         rest = argv[1:]
+        if rest[:1] == ["list"]:
+            return _zoo_list()
         if rest[:1] != ["train"]:
-            print("usage: specdec zoo train [options]  (see `specdec zoo train --help`)", file=sys.stderr)
+            print("usage: specdec zoo list | specdec zoo train [options]  (see `specdec zoo train --help`)",
+                  file=sys.stderr)
             return 2
         from .zoo.train import main as train_main
         return train_main(rest[1:]) or 0
@@ -118,7 +146,26 @@ def main(argv=None) -> int:
         return 1
 
 
+def _zoo_list() -> int:
+    """`specdec zoo list`: each shipped checkpoint, its models and their sizes."""
+    import json
+
+    from . import zoo
+    for name in zoo.names():
+        root = zoo.WEIGHTS_DIR / name
+        card = json.loads((root / "card.json").read_text())
+        models = [d.name for d in sorted(root.iterdir()) if (d / "config.json").is_file()]
+        size = sum(f.stat().st_size for d in root.iterdir() if d.is_dir() for f in d.iterdir()) / 2 ** 20
+        tok = card.get("tokenizer", {})
+        tok = tok.get("type", "?") if isinstance(tok, dict) else tok
+        print(f"{name}: {', '.join(models)} ({size:.1f} MiB in float16, {tok}); directory {root}")
+    return 0
+
+
 def _run(args) -> int:
+    if args.command == "report":
+        from .report import print_report
+        return print_report(args.csv)
     if args.command == "generate":
         from .generate_cli import run_generate
         return run_generate(args)

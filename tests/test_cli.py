@@ -37,3 +37,42 @@ def test_errors_inside_a_command_are_one_line(monkeypatch, capsys):
     monkeypatch.setenv("SPECDEC_TRACEBACK", "1")
     with pytest.raises(ValueError):
         main(["demo"])
+
+
+def test_version_and_zoo_list(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("specdec ")
+    assert main(["zoo", "list"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("stdlib-byte-6l: eagle, mtp, mtp_chain, target") and "ByteTokenizer" in out
+
+
+def test_every_option_says_what_it_is(capsys):
+    """Each option of each command has a help text (argparse prints its default beside it)."""
+    import re
+    for command in ("demo", "generate", "bench", "report"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        options = re.findall(r"^  (--[a-z-]+)", text, flags=re.M)
+        assert options or command == "report", command  # report takes only its CSV
+        for option in options:
+            block = text.split(option, 1)[1].split("\n  -", 1)[0]
+            assert len(block.split()) > 1, (command, option)
+
+
+def test_the_readme_results_table_is_the_report_of_its_csv(capsys):
+    """The README quotes no number that its committed CSV does not give: `specdec report` prints its table."""
+    from pathlib import Path
+    readme = Path("README.md").read_text()
+    csv = "results/acceptance-20261129-223857.csv"
+    assert csv in readme
+    assert main(["report", csv]) == 0
+    table = capsys.readouterr().out.split("\n\n", 1)[1].strip()
+    assert table in readme
+
+
+def test_report_errors_are_one_line(capsys):
+    assert main(["report", "results/no-such-file.csv"]) == 1
+    assert "no such file" in capsys.readouterr().err

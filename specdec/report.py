@@ -1,0 +1,53 @@
+"""`specdec report results/<acceptance CSV>`: the README's results table, printed from a committed CSV, so the
+README never quotes a number that no file backs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .plots import case_label
+
+
+def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
+    """Markdown: one row per worker (peers last), accepted tokens per step, step cost at the smallest batch
+    size, and CPU tokens/s relative to transformers' target-only at each batch size; then the baseline."""
+    df = df[df["temperature"] == temperature].copy()
+    if df.empty:
+        raise ValueError(f"no rows at temperature {temperature}")
+    if "cpu_speedup_vs_hf_target_only" not in df or df["cpu_speedup_vs_hf_target_only"].isna().all():
+        raise ValueError("this CSV has no transformers peer rows (run `specdec bench` with transformers installed)")
+    df["case"] = df.apply(case_label, axis=1)
+    sizes = sorted(df["batch_size"].unique())
+    cases = list(dict.fromkeys(df["case"]))
+    cases = [c for c in cases if not c.startswith("transformers")] + [c for c in cases if c.startswith("transformers")
+                                                                      and c != "transformers target-only"]
+    head = ["worker", "accepted / step", f"step cost (B={sizes[0]})"] + [f"B={b}" for b in sizes]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for case in cases:
+        rows = df[df["case"] == case].set_index("batch_size")
+        first = rows.iloc[0]
+        acc = first.get("mean_accept_len")
+        cost = first.get("step_cost_in_target_only_steps")
+        cells = [case, "" if pd.isna(acc) else f"{acc:.2f}", "" if pd.isna(cost) else f"{cost:.2f}"]
+        cells += [f"{rows.loc[b, 'cpu_speedup_vs_hf_target_only']:.2f}x" if b in rows.index else "" for b in sizes]
+        lines.append("| " + " | ".join(cells) + " |")
+    hf = df[df["worker"] == "hf-target-only"].set_index("batch_size")["cpu_tokens_per_s"]
+    lines.append("")
+    lines.append("transformers' target-only `generate`: " + ", ".join(f"{hf[b]:.0f}" for b in sizes if b in hf.index)
+                 + " tokens per CPU second at B = " + ", ".join(str(b) for b in sizes if b in hf.index) + ".")
+    return "\n".join(lines)
+
+
+def print_report(csv_path) -> int:
+    path = Path(csv_path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    df = pd.read_csv(path)
+    info = df.iloc[0]
+    print(f"{path.name}: {info['model']} on {info['device']}, impl={info['impl']}, commit {info['commit']}, "
+          f"{int(info['threads'])} thread(s), {int(info['num_prompts'])} prompts x {int(info['max_new_tokens'])} "
+          f"new tokens, {int(info['repeats'])} repeats (median); CPU tokens/s relative to transformers' target-only")
+    print()
+    print(results_table(df))
+    return 0
