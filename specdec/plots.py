@@ -39,18 +39,22 @@ def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
     peers = "cpu_speedup_vs_hf_target_only" in df and pd.to_numeric(
         df["cpu_speedup_vs_hf_target_only"], errors="coerce").notna().any()
     cols = 3 if peers else 2
-    fig, axes = plt.subplots(len(temps), cols, figsize=(6.2 * cols, 3.9 * len(temps)), squeeze=False)
+    # rows (temperatures) share each column's scale, so they compare at a glance
+    fig, axes = plt.subplots(len(temps), cols, figsize=(6.2 * cols, 3.9 * len(temps)), squeeze=False, sharex="col")
+    panels = [("mean_accept_len", "mean accepted tokens / verify step", "tokens per verify step (bonus included)"),
+              ("speedup_vs_target_only", "speedup vs specdec target-only", "tokens/s ÷ target-only tokens/s (wall)")]
     for r, temp in enumerate(temps):
         sub = df[(df["temperature"] == temp) & (df["worker"] != "target-only")]
-        for c, (col, title) in enumerate([("mean_accept_len", "mean accepted tokens / verify step"),
-                                          ("speedup_vs_target_only", "speedup vs target-only (tokens/s)")]):
+        for c, (col, title, xlabel) in enumerate(panels):
             pivot = sub.pivot_table(index="case", columns="batch_size", values=col, aggfunc="mean")
             pivot.plot.barh(ax=axes[r][c], legend=False)
             axes[r][c].set_title(f"{title}, T={temp}", fontsize="medium")
             axes[r][c].set_ylabel("")
+            axes[r][c].set_xlabel(xlabel)
+            axes[r][c].xaxis.set_tick_params(labelbottom=True)
             if col == "speedup_vs_target_only":
                 axes[r][c].axvline(1.0, color="k", lw=0.8)
-        axes[r][0].legend(title="batch size", fontsize="small", ncol=5, loc="upper left", bbox_to_anchor=(0.0, -0.12))
+        axes[r][0].legend(title="batch size", fontsize="small", ncol=5, loc="upper left", bbox_to_anchor=(0.0, -0.28))
         if peers:
             ax = axes[r][2]
             rel = df[df["temperature"] == temp].assign(
@@ -58,11 +62,16 @@ def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
             for case, g in rel.groupby("case", sort=False):
                 g = g.sort_values("batch_size")
                 style = dict(ls="--", marker="s") if case.startswith("transformers") else dict(marker="o")
-                ax.plot(g["batch_size"], g["rel"], label=case, **style)
+                # spread of the repeats: the p20 / p80 passes' tokens/s relative to the median pass's
+                lo = g["rel"] * (1 - g["tokens_per_s_p20"] / g["tokens_per_s"])
+                hi = g["rel"] * (g["tokens_per_s_p80"] / g["tokens_per_s"] - 1)
+                ax.errorbar(g["batch_size"], g["rel"], yerr=[lo.clip(lower=0), hi.clip(lower=0)], capsize=2,
+                            label=case, **style)
             ax.axhline(1.0, color="k", lw=0.8)
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(rel["batch_size"].unique()), [str(b) for b in sorted(rel["batch_size"].unique())])
             ax.set_xlabel("batch size")
+            ax.set_ylabel("CPU tokens/s ÷ transformers target-only")
             ax.set_title(f"CPU tokens/s vs transformers target-only, T={temp}", fontsize="medium")
             if rel.empty:  # the peers run greedy only
                 ax.text(0.5, 0.5, "no transformers rows at this temperature", ha="center", va="center",
@@ -70,7 +79,11 @@ def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
             else:
                 ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     device = df["device"].iloc[0]
-    fig.suptitle(f"{df['model'].iloc[0]} on {device}, impl={df['impl'].iloc[0]}, commit {df['commit'].iloc[0]}")
+    impls = ", ".join(sorted(set(df["impl"]) - {"transformers"}))
+    threads = ", ".join(str(t) for t in sorted(df["threads"].unique())) if "threads" in df else "?"
+    dtypes = ", ".join(sorted(set(df["dtype"]))) if "dtype" in df else "?"
+    fig.suptitle(f"{df['model'].iloc[0]} ({dtypes}) on {device}, impl={impls}, {threads} thread(s), commit "
+                 f"{df['commit'].iloc[0]}; error bars: p20-p80 of the repeats")
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
