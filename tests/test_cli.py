@@ -76,3 +76,13 @@ def test_the_readme_results_table_is_the_report_of_its_csv(capsys):
 def test_report_errors_are_one_line(capsys):
     assert main(["report", "results/no-such-file.csv"]) == 1
     assert "no such file" in capsys.readouterr().err
+
+
+def test_the_design_document_covers_every_op():
+    """docs/design.md (linked from the README) names every op a worker calls: a new op cannot land undocumented."""
+    from pathlib import Path
+
+    from specdec.op_checks import WORKER_OPS
+    design = Path("docs/design.md").read_text()
+    assert "docs/design.md" in Path("README.md").read_text()
+    assert [op for op in WORKER_OPS if f"`{op}(" not in design] == []
