@@ -71,7 +71,8 @@ def main(argv=None) -> int:
                                                    "directory holding the MTP layers, by default the target's)")
     gen.add_argument("--draft-layout", default="auto",
                      choices=["auto", "eagle", "mtp", "mtp-deepseek", "mtp-mimo"],
-                     help="auto: from the draft's config.json (this project's heads, or an EAGLE-1/2 checkpoint)")
+                     help="auto: from the draft's config.json (this project's heads, an EAGLE-1/2 or an EAGLE-3 "
+                          "checkpoint)")
     gen.add_argument("--num-steps", type=positive_int, default=None,
                      help="draft depth S (default: 5 for EAGLE heads, the layer count for MTP)")
     gen.add_argument("--topk", type=positive_int, default=None, help="draft top-K per step (default: 4 for EAGLE)")

@@ -72,15 +72,7 @@ class Engine:
         self.spec = spec
         self.impl = self._resolve_impl(impl, target.device)
         ops = self._ops_module(self.impl)
-        try:
-            self.worker = self._make_worker(ops, max_batch, max_seq_len, return_original_logprob)
-        except (RuntimeError, MemoryError) as e:  # the allocator's own message is about bytes, not settings
-            cfg = target.config
-            per_row = 2 * cfg.num_hidden_layers * max_seq_len * cfg.num_key_value_heads * cfg.head_dim
-            gib = per_row * (max_batch + 1) * target.dtype.itemsize / 2 ** 30
-            raise ValueError(f"the KV cache for max_batch={max_batch}, max_seq_len={max_seq_len} (the target's "
-                             f"alone: {gib:.1f} GiB on {target.device}) could not be allocated: "
-                             f"{str(e).splitlines()[0]}") from None
+        self.worker = self._make_worker(ops, max_batch, max_seq_len, return_original_logprob)
         on_cuda = torch.device(target.device).type == "cuda"
         if cuda_graphs is None:
             cuda_graphs = on_cuda and self.impl == "fast"
@@ -214,7 +206,7 @@ class Engine:
             step = worker.prefill(prompts, params, seed)
             while True:
                 host = HostStep.read(step)  # the one device-to-host transfer of the step
-                before = [len(outs[r].token_ids) for r in active]
+                before = [len(outs[r].token_ids) for r in active] if stream is not None else None
                 done = self._emit(host, active, params, outs, step_index=steps)
                 if stream is not None:
                     for r, n in zip(active, before):

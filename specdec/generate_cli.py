@@ -12,7 +12,7 @@ from .text import eos_ids_of, generate_text, load_tokenizer
 
 def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
     """-> the draft model (None without one) and the SpecConfig its layout suggests."""
-    from .models import EagleDraftHead, MTPDraftModel
+    from .models import Eagle3DraftHead, EagleDraftHead, MTPDraftModel
     from .models.io import read_config
     from .models.mtp import mtp_from_target_dir
     if layout in ("mtp-deepseek", "mtp-mimo"):
@@ -24,6 +24,8 @@ def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
         return None, None
     if layout == "auto":
         archs = read_config(draft_dir).get("architectures") or []
+        if archs == [Eagle3DraftHead.architecture]:
+            return Eagle3DraftHead.from_pretrained(draft_dir, target), SpecConfig(5, 4, 16)
         layout = "mtp" if archs == [MTPDraftModel.architecture] else "eagle"
     if layout == "mtp":
         draft = MTPDraftModel.from_pretrained(draft_dir, target)

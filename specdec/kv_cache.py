@@ -16,8 +16,13 @@ class KVCache:
     def __init__(self, num_layers, max_batch, max_seq_len, num_kv_heads, head_dim, dtype=torch.float32,
                  device="cpu"):
         # One buffer for every layer's k and v, so a commit is one op over all of them.
-        self.kv = torch.zeros((2, num_layers, max_batch + 1, max_seq_len, num_kv_heads, head_dim), dtype=dtype,
-                              device=device)
+        shape = (2, num_layers, max_batch + 1, max_seq_len, num_kv_heads, head_dim)
+        try:
+            self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        except (RuntimeError, MemoryError) as e:  # the allocator speaks in bytes; say which settings asked for them
+            gib = torch.Size(shape).numel() * dtype.itemsize / 2 ** 30
+            raise ValueError(f"a KV cache for max_batch={max_batch}, max_seq_len={max_seq_len} ({num_layers} layers, "
+                             f"{gib:.1f} GiB on {device}) could not be allocated: {str(e).splitlines()[0]}") from None
         self.k = [self.kv[0, i] for i in range(num_layers)]
         self.v = [self.kv[1, i] for i in range(num_layers)]
         self.max_batch = max_batch

@@ -106,3 +106,12 @@ def test_a_directory_without_a_tokenizer_is_a_clear_error(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a readable tokenizer.json"):
         load_tokenizer(tmp_path)
+
+
+def test_cli_generate_with_an_eagle3_checkpoint(tmp_path, capsys):
+    from specdec import zoo
+    from specdec.models import random_eagle3_head
+    random_eagle3_head(zoo.load().target, draft_vocab_size=100, seed=0).save_pretrained(tmp_path)
+    assert main(["generate", "--target", f"{ZOO}/target", "--draft", str(tmp_path), "--max-new-tokens", "12",
+                 "def f("]) == 0
+    assert "Eagle3DraftHead" in capsys.readouterr().out

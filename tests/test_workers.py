@@ -470,21 +470,8 @@ def test_decode_step_makes_no_host_sync(kind):
     assert step.accept_lens.shape == (2,)
 
 
-def _unbound_worker_with(kind, target, draft, spec):
-    from specdec.workers.eagle import EagleWorkerV2
-    from specdec.workers.multi_layer_eagle import MultiLayerEagleWorkerV2
-    cls = EagleWorkerV2 if kind == "eagle" else MultiLayerEagleWorkerV2
-    return cls(target, draft, spec, reference, max_batch=2, max_seq_len=96)
-
-
 def _run_on_meta(kind):
-    target = near_bigram_target(seed=3, mix=0.3)
-    draft, spec = _worker_kinds(target)[kind]
-    if draft is None:
-        from specdec.workers.base import TargetOnlyWorker
-        w = TargetOnlyWorker(target.to("meta"), reference, max_batch=2, max_seq_len=96)
-    else:
-        w = _unbound_worker_with(kind, target.to("meta"), draft.to("meta"), spec)
+    w = _unbound_worker(kind, near_bigram_target(seed=3, mix=0.3).to("meta"), reference, max_batch=2, max_seq_len=96)
     params = [_lp(temperature=0.7, top_k=5, top_p=0.9), SamplingParams(max_new_tokens=14)]
     with torch.inference_mode():
         w.prefill([[1, 2, 3], [4, 5]], params, seed=0)

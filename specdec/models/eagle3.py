@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .draft_common import DraftConfig, DraftModelBase, draft_config_like
+from .draft_common import DraftConfig, DraftModelBase, draft_config_like, randomize_
 from .io import load_strict, read_config, read_state_dict
 from .layers import AttentionMetadata, LlamaAttention, LlamaMLP, RMSNorm, rope_cos_sin
 from .linear import Linear
@@ -172,12 +172,9 @@ def random_eagle3_head(target, draft_vocab_size: int | None = None, feature_laye
                        draft_vocab_size=draft_vocab_size or V,
                        feature_layers=list(feature_layers or default_feature_layers(target.config.num_hidden_layers)))
     head = Eagle3DraftHead(cfg, target)
-    g = torch.Generator().manual_seed(seed)
-    std = std if std is not None else target.config.hidden_size ** -0.5
+    randomize_(head, seed, std if std is not None else target.config.hidden_size ** -0.5)
+    g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        for name, p in head.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight")
-                    else std * torch.randn(p.shape, generator=g))
         chosen = torch.randperm(V, generator=g)[:cfg.draft_vocab_size].sort().values
         head.d2t.copy_(chosen - torch.arange(cfg.draft_vocab_size))
         head.t2d.zero_()

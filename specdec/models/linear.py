@@ -2,7 +2,7 @@
 
 On the x86 CPUs this project is measured on, PyTorch's default fp32 path (MKL sgemm) runs a
 (M x 256) @ (256 x 1376) product at 2.2-2.4x the time of oneDNN with the weight prepacked into its
-blocked layout, for every M from 2 to 256; for M = 1 (a matrix-vector product) MKL is ~25 % faster
+blocked layout, for every M from 2 to 256; for M = 1 (a matrix-vector product) MKL is 10-25 % faster
 (`python -m specdec.models.linear` prints both on the machine at hand). A decode step multiplies
 mostly small M (B x W tree nodes), so a CPU fp32 forward without autograd uses the prepacked copy
 for M >= 2; everything else (one row, autograd, other dtypes and devices, torch.compile, which packs

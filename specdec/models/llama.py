@@ -256,7 +256,8 @@ class LlamaForCausalLM(nn.Module):
     def from_pretrained(cls, path, device="cpu", dtype: torch.dtype | str = torch.float32) -> "LlamaForCausalLM":
         """Load a Hugging Face Llama directory. dtype: fp32 by default (as `specdec.zoo.load`; the exactness
         claims hold in fp32), or "auto" for the checkpoint's own `torch_dtype`."""
-        config = LlamaConfig.from_dict(read_config(path), where=f"{path}/config.json")
+        raw = read_config(path)
+        config = LlamaConfig.from_dict(raw, where=f"{path}/config.json")
         model = cls(config)
         sd = read_state_dict(path)
         if config.tie_word_embeddings:
@@ -265,7 +266,7 @@ class LlamaForCausalLM(nn.Module):
             if sd["lm_head.weight"] is None:
                 sd.pop("lm_head.weight")
         sd = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}
-        if read_config(path).get("num_nextn_predict_layers"):  # MTP layers stored beside the target's (DeepSeek,
+        if raw.get("num_nextn_predict_layers"):  # MTP layers stored beside the target's (DeepSeek,
             sd = {k: v for k, v in sd.items() if not _is_mtp_key(k, config.num_hidden_layers)}  # MiMo): not ours
         load_strict(model, sd, path)
         if dtype == "auto":
