@@ -35,7 +35,7 @@ from tests.test_tree_ops import (
     _valid_build_args,
     _valid_verify_inputs,
     target_predict_for,
-    target_probs_for,
+    sampling_inputs,
 )
 
 # Every output compared here is an integer or boolean tensor: bit-equal, the tolerance table unused.
@@ -142,12 +142,7 @@ def _run_case(S: int, K: int, W: int, seed: int, mode: str) -> None:
             where=f"greedy p_follow={p_follow} steps={steps}",
         )
     for (ts, ta), steps in (((1.0, 1.0), S), ((0.5, 0.7), below)):
-        probs = target_probs_for(tree, paths_per_b, gen)
-        u = torch.rand(B, W, generator=gen)
-        uf = torch.rand(B, generator=gen)
-        if rng.random() < 0.3:
-            u[:, 0] = 0.0  # a coin of exactly 0 must not accept a zero-probability child
-            uf[0] = 0.0
+        probs, u, uf = sampling_inputs(tree, paths_per_b, gen, rng)
         _sampling_agreement(cand, ri, nt, ns, u, uf, probs, steps, ts, ta)
 
 

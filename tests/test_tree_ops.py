@@ -320,17 +320,25 @@ def _run_case(S: int, K: int, W: int, seed: int, mode: str):
 
     # sampling verify: naive == vectorised (exact), also with thresholds below 1
     for (ts, ta), steps in itertools.product(((1.0, 1.0), (0.5, 0.7)), steps_values):
-        probs = target_probs_for(tree, paths_per_b, gen)
-        u = torch.rand(B, W, generator=gen)
-        uf = torch.rand(B, generator=gen)
-        if rng.random() < 0.3:
-            u[:, 0] = 0.0  # a coin of exactly 0 must not accept a zero-probability child
-            uf[0] = 0.0
+        probs, u, uf = sampling_inputs(tree, paths_per_b, gen, rng)
         got = tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, probs, steps, ts, ta)
         assert_same(
             got, tree_speculative_sampling_target_only_naive(cand, ri, nt, ns, u, uf, probs, steps, ts, ta)
         )
         check_sampling_output(got, cand, probs, paths_per_b, steps)
+
+
+def sampling_inputs(tree, paths_per_b, gen, rng):
+    """-> target_probs (B, W, V) over the tree's paths, coins (B, W) and final coins (B,) for a sampling verify;
+    sometimes coins of exactly 0, which must not accept a zero-probability child."""
+    B, W = tree.B, tree.W
+    probs = target_probs_for(tree, paths_per_b, gen)
+    u = torch.rand(B, W, generator=gen)
+    uf = torch.rand(B, generator=gen)
+    if rng.random() < 0.3:
+        u[:, 0] = 0.0
+        uf[0] = 0.0
+    return probs, u, uf
 
 
 def check_greedy_brute_force(got, cand, tp, paths_per_b, S):
