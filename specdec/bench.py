@@ -34,7 +34,7 @@ COLUMNS = ["run_id", "timestamp", "commit", "device", "torch", "triton", "thread
 
 @dataclass
 class BenchCase:
-    """worker: "target-only", "eagle", "mtp" (MiMo style), "mtp_chain" (Step-3.5 style), or a peer from
+    """worker: "target-only", "eagle", "eagle3", "mtp" (MiMo style), "mtp_chain" (Step-3.5 style), or a peer from
     Hugging Face transformers: "hf-target-only" (`generate`) and "hf-prompt-lookup" (`generate` with
     `prompt_lookup_num_tokens=prompt_lookup`; batch size 1 only, as transformers allows)."""
 
@@ -209,6 +209,8 @@ DEFAULT_CASES = [
     BenchCase("target-only", None),
     BenchCase("eagle", SpecConfig(5, 4, 16)),
     BenchCase("eagle", SpecConfig(3, 1, 4)),
+    BenchCase("eagle3", SpecConfig(5, 4, 16)),
+    BenchCase("eagle3", SpecConfig(3, 1, 4)),
     BenchCase("mtp", SpecConfig(3)),
     BenchCase("mtp_chain", SpecConfig(3)),
 ]
@@ -226,17 +228,21 @@ def main_bench(args) -> int:
         torch.set_num_threads(args.threads)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     bundle = zoo.load(dtype=dtype)
-    drafts = {"eagle": bundle.eagle, "mtp": bundle.mtp, "mtp_chain": bundle.mtp_chain}
+    workers = getattr(args, "workers", None) or ["eagle", "eagle3", "mtp", "mtp_chain"]
+    drafts = {kind: getattr(bundle, kind) for kind in workers}
+    missing = [kind for kind, draft in drafts.items() if draft is None]
+    if missing:
+        raise ValueError(f"zoo checkpoint {bundle.name!r} ships no {missing} draft")
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
-    cases = list(DEFAULT_CASES)
-    try:
-        import transformers  # noqa: F401
-        if dtype == torch.float32:
+    cases = [c for c in DEFAULT_CASES if c.spec is None or c.worker in drafts]
+    if getattr(args, "peers", True) and dtype != torch.float32:
+        print(f"note: the transformers peers run in float32 only: no peer rows for {args.dtype}")
+    elif getattr(args, "peers", True):
+        try:
+            import transformers  # noqa: F401
             cases += PEER_CASES
-        else:
-            print(f"note: the transformers peers run in float32 only: no peer rows for {args.dtype}")
-    except ImportError:
-        print("note: transformers is not installed (pip install -e '.[bench]'): no peer rows")
+        except ImportError:
+            print("note: transformers is not installed (pip install -e '.[bench]'): no peer rows")
     path = run_benchmark(bundle.target, drafts, cases, prompts,
                          args.batch_sizes or [1, 4], args.temperatures, args.max_new_tokens,
                          model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,

@@ -35,6 +35,20 @@ def float_list(text: str) -> list[float]:
     return values
 
 
+#: The shipped drafts `specdec bench` can run (the zoo Bundle's attributes).
+DRAFT_KINDS = ("eagle", "eagle3", "mtp", "mtp_chain")
+
+
+def _draft_kinds(text: str) -> list[str]:
+    """'eagle,eagle3' -> ['eagle', 'eagle3'] (each one of DRAFT_KINDS)."""
+    kinds = [p.strip() for p in text.split(",")]
+    bad = [k for k in kinds if k not in DRAFT_KINDS]
+    if bad or not kinds:
+        raise argparse.ArgumentTypeError(f"unknown draft(s) {bad or [text]}; expected a comma-separated subset of "
+                                         f"{','.join(DRAFT_KINDS)}")
+    return kinds
+
+
 THREADS_HELP = ("torch CPU threads (default 1: the shipped models are small enough that one thread is fastest, and "
                 "a loaded machine slows one thread least; 0 leaves torch's default)")
 
@@ -109,6 +123,11 @@ def main(argv=None) -> int:
     bench.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate per prompt")
     bench.add_argument("--repeats", type=positive_int, default=3,
                        help="timed passes per case (the CSV has their median and p20 / p80)")
+    bench.add_argument("--workers", type=_draft_kinds, default=list(DRAFT_KINDS),
+                       help="comma-separated drafts to run beside target-only (acceptance suite), of "
+                            f"{','.join(DRAFT_KINDS)}")
+    bench.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
+                       help="also run the transformers peers (acceptance suite, float32, needs the bench extra)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="the models' dtype (acceptance suite; greedy agreement with target-only in low "
                             "precision is in the identical_request_fraction column)")
@@ -159,7 +178,7 @@ def _zoo_list() -> int:
         size = sum(f.stat().st_size for d in root.iterdir() if d.is_dir() for f in d.iterdir()) / 2 ** 20
         tok = card.get("tokenizer", {})
         tok = tok.get("type", "?") if isinstance(tok, dict) else tok
-        print(f"{name}: {', '.join(models)} ({size:.1f} MiB in float16, {tok}); directory {root}")
+        print(f"{name}: {', '.join(models)} ({size:.1f} MiB on disk, {tok}); directory {root}")
     return 0
 
 

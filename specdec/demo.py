@@ -1,5 +1,6 @@
-"""`specdec demo`: the shipped models decode held-out prompts target-only, with EagleWorkerV2 and with
-MultiLayerEagleWorkerV2 (both MTP styles); prints text, acceptance, speed and the logprob check."""
+"""`specdec demo`: the shipped models decode held-out prompts target-only, with EagleWorkerV2 (the EAGLE and
+the EAGLE-3 head, side by side at the same S, K, W) and with MultiLayerEagleWorkerV2 (both MTP styles);
+prints text, acceptance, speed and the logprob check."""
 from __future__ import annotations
 
 import textwrap
@@ -10,8 +11,8 @@ from . import Engine, SamplingParams, SpecConfig
 from .config import worker_label
 
 RUNS = [(worker_label(kind, spec), kind, spec) for kind, spec in
-        [(None, None), ("eagle", SpecConfig(5, 4, 16)), ("eagle", SpecConfig(3, 1)), ("mtp", SpecConfig(3)),
-         ("mtp_chain", SpecConfig(3))]]
+        [(None, None), ("eagle", SpecConfig(5, 4, 16)), ("eagle3", SpecConfig(5, 4, 16)), ("eagle", SpecConfig(3, 1)),
+         ("eagle3", SpecConfig(3, 1)), ("mtp", SpecConfig(3)), ("mtp_chain", SpecConfig(3))]]
 
 
 def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160) -> int:

@@ -12,6 +12,7 @@ from specdec.cli import main
     (["bench", "--max-new-tokens", "0"], "expected an integer >= 1, got 0"),
     (["bench", "--temperatures", "0,hot"], "comma-separated numbers"),
     (["bench", "--temperatures", "-1"], "finite and >= 0"),
+    (["bench", "--workers", "eagle,eagle4"], "unknown draft(s) ['eagle4']"),
     (["demo", "--max-new-tokens", "0"], "expected an integer >= 1, got 0"),
     (["demo", "--threads", "-2"], "--threads must be >= 0"),
 ])
@@ -45,7 +46,7 @@ def test_version_and_zoo_list(capsys):
     assert exit_.value.code == 0 and capsys.readouterr().out.startswith("specdec ")
     assert main(["zoo", "list"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("stdlib-byte-6l: eagle, mtp, mtp_chain, target") and "ByteTokenizer" in out
+    assert out.startswith("stdlib-byte-6l: eagle, eagle3, mtp, mtp_chain, target") and "ByteTokenizer" in out
 
 
 def test_every_option_says_what_it_is(capsys):
@@ -86,3 +87,15 @@ def test_the_design_document_covers_every_op():
     design = Path("docs/design.md").read_text()
     assert "docs/design.md" in Path("README.md").read_text()
     assert [op for op in WORKER_OPS if f"`{op}(" not in design] == []
+
+
+def test_bench_runs_the_asked_drafts_only(tmp_path, capsys):
+    """`specdec bench --workers eagle3 --no-peers`: target-only and the EAGLE-3 head at both default specs."""
+    import csv
+    argv = ["bench", "--workers", "eagle3", "--no-peers", "--batch-sizes", "1", "--num-prompts", "1",
+            "--max-new-tokens", "8", "--repeats", "1", "--temperatures", "0", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = list(csv.DictReader(next(tmp_path.glob("acceptance-*.csv")).open()))
+    assert [(r["worker"], r["num_steps"], r["topk"]) for r in rows] == [("target-only", "0", "0"),
+                                                                         ("eagle3", "5", "4"), ("eagle3", "3", "1")]
+    assert all(r["same_tokens_as_target_only"] == "True" for r in rows)

@@ -8,6 +8,9 @@ from specdec.models.eagle3 import default_feature_layers
 from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, chi_square_pvalue, near_bigram_target
 from tests.test_workers import _exact_joint, assert_same_as_baseline
 
+#: Every optional norm of an EAGLE-3 head switched on (off is the default).
+ALL_NORMS = {"norm_before_fc": True, "fc_norm": True, "norm_output": True}
+
 
 def test_the_target_returns_the_residual_streams_entering_the_asked_layers():
     """Features = the input of each asked layer (SGLang's capture points), checked with forward hooks."""
@@ -26,11 +29,12 @@ def test_the_target_returns_the_residual_streams_entering_the_asked_layers():
     assert default_feature_layers(32) == [2, 16, 29]
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 4, 10), SpecConfig(2, 2, 4)])
-@pytest.mark.parametrize("draft_vocab", [64, 23])
-def test_eagle3_greedy_is_lossless(spec, draft_vocab):
+@pytest.mark.parametrize("spec, draft_vocab, norms", [
+    (spec, vocab, {}) for spec in (SpecConfig(3, 1), SpecConfig(3, 4, 10), SpecConfig(2, 2, 4)) for vocab in (64, 23)
+] + [(SpecConfig(3, 4, 10), 23, ALL_NORMS), (SpecConfig(3, 1), 64, ALL_NORMS)])
+def test_eagle3_greedy_is_lossless(spec, draft_vocab, norms):
     target = near_bigram_target(seed=3, mix=0.4, num_hidden_layers=4)
-    head = random_eagle3_head(target, draft_vocab_size=draft_vocab, seed=1)
+    head = random_eagle3_head(target, draft_vocab_size=draft_vocab, seed=1, **norms)
     prompts = [[1, 2, 3, 4, 5], [9, 8], [7] * 11]
     sp = SamplingParams(max_new_tokens=20, return_logprob=True, top_logprobs_num=2)
     base = Engine(target, max_seq_len=64).generate(prompts, sp)
@@ -75,14 +79,20 @@ def test_eagle3_sampling_follows_the_target_distribution(spec, temperature, top_
     assert chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells]) > FALSE_FAILURE_RATE
 
 
-def test_eagle3_checkpoints_in_sglang_layout_round_trip(tmp_path):
+@pytest.mark.parametrize("norms", [{}, ALL_NORMS])
+def test_eagle3_checkpoints_in_sglang_layout_round_trip(tmp_path, norms):
+    import json
+
     from safetensors.torch import load_file
     target = near_bigram_target(seed=3, num_hidden_layers=4)
-    head = random_eagle3_head(target, draft_vocab_size=23, seed=1, feature_layers=[1, 2, 4])
+    head = random_eagle3_head(target, draft_vocab_size=23, seed=1, feature_layers=[1, 2, 4], **norms)
     head.save_pretrained(tmp_path)
     keys = set(load_file(str(tmp_path / "model.safetensors")))
     assert {"fc.weight", "midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight",
             "midlayer.self_attn.q_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= keys
+    assert ({"input_norm.weight", "fc_norm.0.weight", "fc_norm.2.weight"} <= keys) == bool(norms)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert all(config[k] == bool(norms) for k in ALL_NORMS)
     loaded = Eagle3DraftHead.from_pretrained(tmp_path, target)
     assert loaded.feature_layers == (1, 2, 4)  # saved as SGLang's layer-output ids [0, 1, 3]
     for (k, a), (k2, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
@@ -94,6 +104,45 @@ def test_eagle3_checkpoints_in_sglang_layout_round_trip(tmp_path):
     assert [o.token_ids for o in a] == [o.token_ids for o in b] and [o.accept_lens for o in a] == [o.accept_lens
                                                                                                 for o in b]
     assert max(abs(x - y) for o, p in zip(a, b) for x, y in zip(o.logprobs, p.logprobs)) <= LOGPROB_ATOL
+
+
+def _rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def test_the_feature_norms_and_norm_output_compute_as_specified():
+    """norm_before_fc: one RMSNorm over the concatenated features; fc_norm: one per feature; norm_output: the
+    returned hidden is the final-normed one and the LM head reads it as it is. Checked against the midlayer
+    run on a hand-normed, hand-projected input."""
+    target = near_bigram_target(seed=3, num_hidden_layers=4)
+    head = random_eagle3_head(target, draft_vocab_size=23, seed=1, feature_layers=[1, 3, 4], **ALL_NORMS)
+    plain = random_eagle3_head(target, draft_vocab_size=23, seed=1, feature_layers=[1, 3, 4])
+    eps = head.config.rms_norm_eps
+    with torch.no_grad():
+        for p in (head.input_norm.weight, *[n.weight for n in head.fc_norm]):
+            p.uniform_(0.5, 1.5)
+        ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0))
+        pos = torch.arange(6).expand(2, 6)
+        _, _, feats = target(ids, pos, features=head.feature_layers)
+        logits, hidden = head(ids, feats, pos)
+        x = _rms(feats, head.input_norm.weight, eps)
+        x = torch.cat([_rms(c, n.weight, eps) for c, n in zip(x.chunk(3, -1), head.fc_norm)], -1)
+        plain.load_state_dict({k: v for k, v in head.state_dict().items() if k in plain.state_dict()})
+        _, pre_norm = plain(ids, head.fc(x), pos)  # the plain head skips fc on an H-wide input
+        want_hidden = _rms(pre_norm, head.norm.weight, eps)
+        torch.testing.assert_close(hidden, want_hidden, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(logits, want_hidden @ head.lm_head.weight.T, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(head.compute_logits(hidden), logits)
+
+
+def test_an_unimplemented_eagle3_option_is_refused(tmp_path):
+    import json
+    target = near_bigram_target(seed=3, num_hidden_layers=4)
+    random_eagle3_head(target, draft_vocab_size=23, seed=1).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(config, norm_before_residual=True)))
+    with pytest.raises(ValueError, match="norm_before_residual"):
+        Eagle3DraftHead.from_pretrained(tmp_path, target)
 
 
 @pytest.mark.parametrize("break_it, match", [
@@ -122,3 +171,132 @@ def test_eagle3_on_the_fast_path_equals_the_reference():
     ref = Engine(target, head, SpecConfig(2, 2, 4), impl="reference", max_seq_len=32).generate(prompts, sp)
     fast = Engine(target, head, SpecConfig(2, 2, 4), impl="fast", max_seq_len=32).generate(prompts, sp)
     assert_same_as_baseline(fast, ref)
+
+
+def _cycle_target_and_perfect_eagle3(n=12, V=40, H=16, feature_layers=(1, 2)):
+    """A target that continues the cycle c_0 -> c_1 -> ... -> c_{n-1} -> c_0 over the even ids c_k = 2k, and
+    an EAGLE-3 head that predicts it exactly at every depth, through its features, its MLP and its d2t map.
+
+    Target: every residual branch zeroed (o_proj = down_proj = 0), so each layer's input is the token's
+    embedding e(c_k) = onehot(k); its LM head scores c_{k+1} from onehot(k). Head: fc reads the first feature
+    chunk (onehot(k)); attention is off (o_proj = 0); the MLP adds onehot(k+1) - onehot(k), so each draft step
+    advances the state by one; its LM head, over the even ids, reads state onehot(m) as c_{m+1}."""
+    from specdec.models import random_llama
+
+    target = random_llama(vocab_size=V, hidden_size=H, intermediate_size=24, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, seed=5)
+    eye = torch.eye(H)
+    shift = torch.zeros(H, H)  # onehot(k) -> onehot(k + 1 mod n)
+    shift[:n, :n] = torch.roll(torch.eye(n), 1, dims=0)
+    sd = target.state_dict()
+    for k in sd:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            sd[k] = torch.zeros_like(sd[k])
+        elif k.endswith("norm.weight"):
+            sd[k] = torch.ones_like(sd[k])
+    embed = torch.zeros(V, H)
+    embed[torch.arange(n) * 2, torch.arange(n)] = 1.0
+    lm = torch.zeros(V, H)
+    lm[((torch.arange(n) + 1) % n) * 2, torch.arange(n)] = 1.0
+    sd["model.embed_tokens.weight"], sd["lm_head.weight"] = embed, lm
+    target.load_state_dict(sd)
+
+    vocab = torch.arange(0, V, 2)
+    head = random_eagle3_head(target, draft_vocab_size=len(vocab), feature_layers=list(feature_layers), seed=1)
+    hs = head.state_dict()
+    F = len(feature_layers)
+    hs["d2t"], hs["t2d"] = vocab - torch.arange(len(vocab)), torch.zeros(V, dtype=torch.bool).index_fill(0, vocab, True)
+    hs["fc.weight"] = torch.cat([eye] + [torch.zeros(H, H)] * (F - 1), 1)
+    hs["midlayer.self_attn.o_proj.weight"] = torch.zeros(H, H)
+    for k in ("midlayer.post_attention_layernorm.weight", "norm.weight"):
+        hs[k] = torch.ones(H)
+    s = (1 / H + head.config.rms_norm_eps) ** -0.5  # RMSNorm of onehot(k): s * onehot(k)
+    inter = hs["midlayer.mlp.gate_proj.weight"].shape[0]
+    gain = 4.0
+    gate, up = torch.zeros(inter, H), torch.zeros(inter, H)
+    gate[:H, :H], up[:H, :H] = gain * eye, eye
+    act = torch.nn.functional.silu(torch.tensor(gain * s)) * s  # the MLP's hidden value on the active unit
+    down = torch.zeros(H, inter)
+    down[:, :H] = (shift - eye) / act
+    hs["midlayer.mlp.gate_proj.weight"], hs["midlayer.mlp.up_proj.weight"] = gate, up
+    hs["midlayer.mlp.down_proj.weight"] = down
+    lm_d = torch.zeros(len(vocab), H)  # draft id m + 1 (target c_{m+1}) reads state onehot(m)
+    lm_d[(torch.arange(n) + 1) % n, torch.arange(n)] = 1.0
+    hs["lm_head.weight"] = lm_d
+    head.load_state_dict(hs)
+    return target, head, n
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(1, 1), SpecConfig(3, 1), SpecConfig(5, 1), SpecConfig(4, 4, 16)])
+def test_a_perfect_eagle3_draft_accepts_every_drafted_token(spec):
+    """Built so that its mapped argmax equals the target's at every depth: every step accepts S + 1 (K = 1: the
+    chain; K = 4: the tree holds the chain as each node's top child), and the tokens are target-only's."""
+    target, head, n = _cycle_target_and_perfect_eagle3()
+    prompts = [[0, 2, 4], [10], [6, 8, 10, 12, 14]]
+    sp = SamplingParams(max_new_tokens=31, return_logprob=True)
+    base = Engine(target, max_seq_len=64).generate(prompts, sp)
+    for p, b in zip(prompts, base):  # the target continues the cycle
+        assert b.token_ids == [(p[-1] + 2 * (i + 1)) % (2 * n) for i in range(31)]
+    outs = Engine(target, head, spec, impl="reference", max_seq_len=64).generate(prompts, sp)
+    assert_same_as_baseline(outs, base)
+    for o in outs:
+        assert o.accept_lens == [spec.num_steps + 1] * len(o.accept_lens), o.accept_lens
+
+
+# ---- the zoo's trained EAGLE-3 head --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def zoo_bundle():
+    from specdec import zoo
+    b = zoo.load()
+    if b.eagle3 is None:
+        pytest.fail("the shipped checkpoint has no eagle3 head")
+    return b
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(5, 4, 16), SpecConfig(3, 1, 4)])
+def test_the_trained_eagle3_head_is_lossless_and_speculates(zoo_bundle, spec):
+    from specdec.zoo.corpus import heldout_prompts
+    prompts = heldout_prompts(3, 64, seed=11)
+    sp = SamplingParams(max_new_tokens=40, return_logprob=True, top_logprobs_num=2)
+    base = Engine(zoo_bundle.target, max_seq_len=160).generate(prompts, sp)
+    outs = Engine(zoo_bundle.target, zoo_bundle.eagle3, spec, impl="reference", max_seq_len=160).generate(prompts, sp)
+    assert_same_as_baseline(outs, base)
+    acc = [a for o in outs for a in o.accept_lens]
+    assert sum(acc) / len(acc) > 2.0  # a trained head: an untrained one accepts about 1 per step
+
+
+def _exact_joint_pruned(target, prompt, n_tokens, temperature, floor=1e-5):
+    """Exact probabilities of the first n_tokens sampled tokens for every sequence whose probability is at least
+    `floor` (sequences below it are grouped by the caller as one "other" cell), by batched enumeration."""
+    probs = {(): 1.0}
+    for _ in range(n_tokens):
+        seqs = list(probs)
+        ids = torch.tensor([prompt + list(s) for s in seqs])
+        with torch.no_grad():
+            logits, _ = target(ids, torch.arange(ids.shape[1]).expand_as(ids))
+        p_next = torch.softmax(logits[:, -1].double() / temperature, dim=-1)
+        probs = {s + (t,): probs[s] * float(p_next[i, t]) for i, s in enumerate(seqs)
+                 for t in torch.nonzero(p_next[i] * probs[s] >= floor).flatten().tolist()}
+    return probs
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(2, 1), SpecConfig(2, 4, 6)])
+def test_the_trained_eagle3_head_samples_the_targets_distribution(zoo_bundle, spec):
+    prompt = list(b"    def __init__(self, ")
+    n_tokens, N, temperature = 3, 3000, 1.0
+    exact = _exact_joint_pruned(zoo_bundle.target, prompt, n_tokens, temperature)
+    engine = Engine(zoo_bundle.target, zoo_bundle.eagle3, spec, impl="reference", max_batch=N, max_seq_len=40)
+    outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=n_tokens, temperature=temperature), seed=7)
+    counts = dict.fromkeys(exact, 0)
+    other = 0
+    for o in outs:
+        key = tuple(o.token_ids)
+        if key in counts:
+            counts[key] += 1
+        else:
+            other += 1
+    assert sum(a for o in outs for a in o.accept_lens) > 1.3 * sum(len(o.accept_lens) for o in outs)
+    cells = list(exact)
+    p_other = max(0.0, 1.0 - sum(exact.values()))
+    assert chi_square_pvalue([counts[c] for c in cells] + [other],
+                             [exact[c] for c in cells] + [p_other]) > FALSE_FAILURE_RATE

@@ -169,6 +169,48 @@ def test_integer_weights_are_refused_not_cast(tmp_path):
         LlamaForCausalLM.from_pretrained(tmp_path)
 
 
+def test_int8_stored_matrices_load_within_half_a_step_of_their_scale(tmp_path):
+    """A draft saved with int8 matrices (one scale per output row) loads as fp32 with every element within
+    half a quantisation step of the original and keeps its 1-D weights as they were."""
+    from safetensors.torch import load_file
+
+    from specdec.models.io import quantize_int8_matrices, save_dir
+    target = random_llama(num_hidden_layers=2, seed=1)
+    head = random_eagle_head(target, seed=2)
+    with torch.no_grad():
+        head.fc.weight[3].zero_()  # an all-zero row: scale 0, stored and loaded as zeros
+    cfg, sd = head.checkpoint()
+    save_dir(tmp_path, cfg, quantize_int8_matrices(sd))
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    assert stored["fc.weight"].dtype == torch.int8 and stored["fc.weight_scale"].shape == (head.fc.weight.shape[0], 1)
+    assert stored["norm.weight"].dtype == torch.float32
+    loaded = EagleDraftHead.from_pretrained(tmp_path, target)
+    own = dict(head.named_parameters())
+    for name, p in loaded.named_parameters():
+        if p.dim() == 2:
+            step = own[name].abs().amax(1, keepdim=True).half().float() / 127
+            assert ((p - own[name]).abs() <= step / 2 + 1e-3 * step).all(), name
+            assert not torch.equal(p, own[name])  # it was rounded
+        else:
+            assert torch.equal(p, own[name]), name
+    assert (loaded.fc.weight[3] == 0).all()
+
+
+@pytest.mark.parametrize("break_it, match", [
+    (lambda sd: sd.pop("fc.weight_scale"), "int8 tensor 'fc.weight' has no floating-point 'fc.weight_scale'"),
+    (lambda sd: sd.update({"fc.weight_scale": torch.ones(3, 1)}), r"'fc.weight_scale' has shape \(3, 1\)"),
+])
+def test_a_broken_int8_matrix_names_the_key(tmp_path, break_it, match):
+    from specdec.models.io import quantize_int8_matrices, save_dir
+    target = random_llama(num_hidden_layers=1, seed=1)
+    cfg, sd = random_eagle_head(target, seed=2).checkpoint()
+    sd = quantize_int8_matrices(sd)
+    break_it(sd)
+    save_dir(tmp_path, cfg, sd)
+    with pytest.raises(ValueError, match=match):
+        EagleDraftHead.from_pretrained(tmp_path, target)
+
+
 def test_missing_files_and_mismatched_weights_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="no config.json"):
         LlamaForCausalLM.from_pretrained(tmp_path)

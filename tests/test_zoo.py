@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdec import zoo
-from specdec.models import LlamaConfig, random_eagle_head, random_llama
+from specdec.models import LlamaConfig, random_eagle3_head, random_eagle_head, random_llama
 from specdec.zoo import corpus
 from specdec.zoo import train as zt
 from specdec.zoo.tokenizer import ByteTokenizer
@@ -79,7 +79,7 @@ def test_unknown_name_is_a_value_error():
 
 def test_load_gives_fp32_models_and_a_card(bundle):
     assert bundle.name == zoo.DEFAULT_NAME
-    for m in (bundle.target, bundle.eagle, bundle.mtp, bundle.mtp_chain):
+    for m in (bundle.target, bundle.eagle, bundle.eagle3, bundle.mtp, bundle.mtp_chain):
         assert m is not None and m.dtype == torch.float32 and not m.training
     assert bundle.mtp.num_layers == 3 and not bundle.mtp.chain_hidden_states
     assert bundle.mtp_chain.num_layers == 3 and bundle.mtp_chain.chain_hidden_states
@@ -87,17 +87,31 @@ def test_load_gives_fp32_models_and_a_card(bundle):
     card = bundle.card
     for key in ("corpus", "training", "heldout", "models", "command", "seed", "total_train_seconds"):
         assert key in card
-    for stage in ("target", "eagle", "mtp", "mtp_chain"):
+    for stage in ("target", "eagle", "eagle3", "mtp", "mtp_chain"):
         assert card["training"][stage]["train_seconds"] > 0
-    assert card["total_bytes_on_disk"] < 24e6
+    assert card["total_bytes_on_disk"] <= 20e6  # the budget of what ships
+    on_disk = sum(f.stat().st_size for f in bundle.path.rglob("*") if f.is_file())
+    assert on_disk <= 20e6
+
+
+def test_the_shipped_eagle3_head_is_the_card_s(bundle):
+    """Its draft vocabulary is the most frequent ids of the train stream, its features the card's layers."""
+    e3, tr = bundle.eagle3, bundle.card["training"]["eagle3"]
+    vocab = zt.draft_vocabulary(corpus.token_stream("train"), 258, tr["draft_vocab_size"])
+    assert torch.equal(e3.draft_to_target(torch.arange(len(vocab))), vocab)
+    assert torch.equal(torch.nonzero(e3.t2d).flatten(), vocab)
+    assert list(e3.feature_layers) == tr["feature_layers"] == zt.zoo_feature_layers(6)
+    sd = load_file(str(bundle.path / "eagle3" / "model.safetensors"))
+    assert sd["fc.weight"].dtype == torch.int8 and sd["d2t"].dtype == torch.int64 and sd["t2d"].dtype == torch.bool
 
 
 def test_shipped_models_are_trained(bundle):
     win = torch.from_numpy(corpus.heldout_windows(4, 259, seed=7))
     t = zt.evaluate_target(bundle.target, win[:, :257])
     assert t["heldout_nats_per_byte"] < 2.0  # a uniform byte guess is log(258) = 5.55
-    e = zt.evaluate_eagle(bundle.target, bundle.eagle, win[:, :257], depths=2)
-    assert e["depth1"]["top1_agreement"] > 0.5 and e["depth2"]["top1_agreement"] > 0.3  # chance ~ 1/258
+    for head in (bundle.eagle, bundle.eagle3):
+        e = zt.evaluate_eagle(bundle.target, head, win[:, :257], depths=2)
+        assert e["depth1"]["top1_agreement"] > 0.5 and e["depth2"]["top1_agreement"] > 0.3  # chance ~ 1/258
     for key in ("mtp", "mtp_chain"):
         r = zt.evaluate_mtp(bundle.target, getattr(bundle, key), win)
         assert r["layer1"]["top1_agreement"] > 0.5 and r["layer3"]["top1_agreement"] > 0.2
@@ -152,6 +166,14 @@ def test_train_drafts_smoke():
     head, st = zt.train_eagle(target, opts, seed=0, log=lambda s: None)
     assert st["unroll"] == 2 and all(p.grad is not None for p in head.parameters())
     assert all(p.grad is None for p in target.parameters())  # the target stays frozen
+    opts = zt.StageOpts(steps=2, batch_size=2, seq_len=32, warmup=1,
+                        extra={"unroll": 2, "draft_vocab_size": 50, "fc_norm": True, "norm_output": True})
+    head3, st = zt.train_eagle3(target, opts, seed=0, log=lambda s: None)
+    assert st["feature_layers"] == [1, 2] and st["draft_vocab_size"] == 50
+    assert 0.9 < st["draft_vocab_train_coverage"] <= 1
+    assert head3.config.fc_norm and head3.config.norm_output and not head3.config.norm_before_fc
+    assert all(p.grad is not None for p in head3.parameters())
+    assert all(p.grad is None for p in target.parameters())
     for chain in (False, True):
         opts = zt.StageOpts(steps=2, batch_size=2, seq_len=32, warmup=1, extra={"num_layers": 3})
         m, _ = zt.train_mtp(target, opts, chain_hidden_states=chain, seed=0, log=lambda s: None)
@@ -185,6 +207,44 @@ def test_ttt_unrolling_matches_step_by_step_drafting():
                 torch.testing.assert_close(g[:, t], outs[j][1][:, t], atol=1e-4, rtol=1e-4)
 
 
+def test_ttt_unrolling_matches_step_by_step_drafting_for_eagle3():
+    """The same for an EAGLE-3 head (every optional norm on): pass 0 projects the target's features, later
+    passes read the head's own output."""
+    torch.manual_seed(0)
+    tgt = random_llama(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2)
+    head = random_eagle3_head(tgt, draft_vocab_size=24, feature_layers=[1, 2, 3], seed=3, norm_before_fc=True,
+                              fc_norm=True, norm_output=True)
+    B, T = 2, 10
+    x = torch.randint(0, 40, (B, T + 1))
+    pos = lambda n: torch.arange(n)[None].expand(B, n)  # noqa: E731
+    with torch.no_grad():
+        _, _, feats = tgt(x[:, :-1], pos(T), features=head.feature_layers)
+        outs = zt.eagle_unrolled(head, feats, x[:, 1:], 4)
+        for a in range(T):
+            hid = head.project_features(feats[:, :a + 1])
+            lg, g = head(x[:, 1:a + 2], hid, pos(a + 1))
+            torch.testing.assert_close(lg[:, a], outs[0][0][:, a], atol=1e-4, rtol=1e-4)
+            for j in range(1, 4):
+                t = a + j
+                if t >= T:
+                    break
+                hid = torch.cat([hid, g[:, -1:]], dim=1)
+                lg, g = head(x[:, 1:t + 2], hid, pos(t + 1))
+                torch.testing.assert_close(lg[:, t], outs[j][0][:, t], atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(g[:, t], outs[j][1][:, t], atol=1e-4, rtol=1e-4)
+
+
+def test_draft_vocabulary_is_the_most_frequent_ids_ascending():
+    stream = np.array([5, 5, 5, 2, 2, 9, 9, 7, 0], dtype=np.uint16)
+    assert zt.draft_vocabulary(stream, 12, 3).tolist() == [2, 5, 9]  # 5 thrice, 2 and 9 twice
+    assert zt.draft_vocabulary(stream, 12, 4).tolist() == [0, 2, 5, 9]  # 0 and 7 tie once: the lower id
+    assert zt.draft_vocabulary(stream, 12, 12).tolist() == list(range(12))
+    with pytest.raises(ValueError, match="draft vocabulary size"):
+        zt.draft_vocabulary(stream, 12, 13)
+    assert zt.zoo_feature_layers(6) == [2, 4, 6] and zt.zoo_feature_layers(2) == [1, 2]
+
+
 def test_ttt_mask_shape_and_rows():
     m = zt.ttt_mask(6, 2)
     assert m.shape == (6, 18)
@@ -194,15 +254,23 @@ def test_ttt_mask_shape_and_rows():
 
 def test_main_end_to_end_tiny(tmp_path):
     argv = ["--out", str(tmp_path), "--name", "tiny", "--target-steps", "2", "--eagle-steps", "1", "--mtp-steps",
-            "1", "--mtp-chain-steps", "1", "--layers", "1", "--hidden", "32", "--intermediate", "64",
+            "1", "--mtp-chain-steps", "1", "--eagle3-steps", "1", "--eagle3-vocab", "200",
+            "--layers", "1", "--hidden", "32", "--intermediate", "64",
             "--heads", "2", "--kv-heads", "1", "--seq-len", "32", "--batch-size", "2", "--threads",
             str(torch.get_num_threads()), "--eval-windows", "2", "--eval-len", "32",
             "--model-card", str(tmp_path / "card.md")]
     assert zt.main(argv) == 0
     b = zoo._load_dir(tmp_path / "tiny", "tiny")
     assert b.card["command"].startswith("specdec zoo train --out")
-    assert set(b.card["heldout"]) == {"target", "eagle", "mtp", "mtp_chain"}
-    assert b.target.dtype == torch.float32
+    assert set(b.card["heldout"]) == {"target", "eagle", "eagle3", "mtp", "mtp_chain"}
+    assert b.target.dtype == torch.float32 and b.eagle3.config.draft_vocab_size == 200
     sd = load_file(str(tmp_path / "tiny" / "target" / "model.safetensors"))
     assert all(v.dtype == torch.float16 for v in sd.values())
+    for draft in ("eagle", "eagle3", "mtp", "mtp_chain"):  # matrices int8 with a scale per row, the rest fp16
+        sd = load_file(str(tmp_path / "tiny" / draft / "model.safetensors"))
+        for k, v in sd.items():
+            if k.endswith("_scale") or k in ("d2t", "t2d"):
+                continue
+            assert v.dtype == (torch.int8 if v.dim() == 2 else torch.float16), (draft, k)
+            assert v.dim() != 2 or sd[k + "_scale"].dtype == torch.float16
     assert "# `tiny`" in (tmp_path / "card.md").read_text()

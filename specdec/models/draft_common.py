@@ -65,11 +65,15 @@ class DraftModelBase(nn.Module):
     def dtype(self):
         return self.layers[0].post_attention_layernorm.weight.dtype
 
-    def save_pretrained(self, path) -> None:
+    def checkpoint(self) -> tuple[dict, dict]:
+        """-> (config.json as a dict, state dict): what save_pretrained writes."""
         d = self.config.to_dict()
         d["architectures"] = [self.architecture]
         d["torch_dtype"] = dtype_name(self.dtype)
-        save_dir(path, d, self.state_dict())
+        return d, self.state_dict()
+
+    def save_pretrained(self, path) -> None:
+        save_dir(path, *self.checkpoint())
 
     @classmethod
     def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None):

@@ -4,11 +4,14 @@ Layout and names as SGLang's `LlamaForCausalLMEagle3` loads them (`fc.weight`, `
 `hidden_norm`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`):
 
 - `fc` projects the target's features (the residual streams entering `feature_layers`, concatenated, 3H)
-  to H; it applies only to target features: draft steps feed back the head's own H-wide output.
+  to H; it applies only to target features: draft steps feed back the head's own H-wide output. Options
+  (config fields, as SGLang reads them): `norm_before_fc` applies one RMSNorm (`input_norm`) to the
+  concatenation first, `fc_norm` one RMSNorm per feature (`fc_norm.i`).
 - the midlayer's q/k/v read cat(input_layernorm(token embedding), hidden_norm(hidden)), 2H wide; the
   residual stream is the hidden state; then the usual post-attention norm and MLP.
 - `norm` and `lm_head` give logits over `draft_vocab_size` ids; a draft id d is target id d + d2t[d].
-  The hidden state the head returns (and the next step reads) is the pre-norm sum.
+  The hidden state the head returns (and the next step reads) is the pre-norm sum, or with `norm_output`
+  the normed one (then the LM head reads it as it is).
 """
 from __future__ import annotations
 
@@ -29,6 +32,11 @@ class Eagle3Config(DraftConfig):
 
     draft_vocab_size: int | None = None
     feature_layers: list = field(default_factory=list)
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+
+    BOOLEAN = DraftConfig.BOOLEAN + ("norm_before_fc", "fc_norm", "norm_output")
 
     def __post_init__(self):
         super().__post_init__()
@@ -81,8 +89,12 @@ class Eagle3DraftHead(DraftModelBase):
         bad = [i for i in config.feature_layers if i > L]
         if bad:
             raise ValueError(f"feature_layers {bad} exceed the target's {L} layers")
-        H = config.hidden_size
-        self.fc = Linear(len(config.feature_layers) * H, H, bias=False)
+        H, F = config.hidden_size, len(config.feature_layers)
+        if config.norm_before_fc:
+            self.input_norm = RMSNorm(F * H, config.rms_norm_eps)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(H, config.rms_norm_eps) for _ in range(F))
+        self.fc = Linear(F * H, H, bias=False)
         self.midlayer = Eagle3MidLayer(config)
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.lm_head = Linear(H, config.draft_vocab_size, bias=False)
@@ -103,34 +115,46 @@ class Eagle3DraftHead(DraftModelBase):
         head's own output -> logits over the draft vocabulary (B, T, draft_vocab_size) fp32 (None when not
         return_logits), hidden (B, T, H) (pre-norm: what the next draft step reads)."""
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
-            h = hidden_states.to(self.dtype)
-            if h.shape[-1] != self.config.hidden_size:
-                h = self.fc(h)
             cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
-            out = self.midlayer(self.target.embed(input_ids), h, cos, sin, None if cache is None else cache.layer(0),
-                                meta)
+            out = self.step(input_ids, hidden_states, cos, sin, None if cache is None else cache.layer(0), meta)
             return (self.compute_logits(out) if return_logits else None), out
+
+    def project_features(self, features):
+        """features: (..., F * H) the target's -> (..., H), what the midlayer's residual stream starts from."""
+        h = features.to(self.dtype)
+        if self.config.norm_before_fc:
+            h = self.input_norm(h)
+        if self.config.fc_norm:
+            h = torch.cat([norm(c) for norm, c in zip(self.fc_norm, h.chunk(len(self.fc_norm), dim=-1))], dim=-1)
+        return self.fc(h)
+
+    def step(self, input_ids, hidden_states, cos, sin, kv, meta):
+        """The midlayer on (token, hidden) pairs, target features projected first -> the output hidden
+        (B, T, H). `kv` is a layer's (k, v) cache or None (causal over the T tokens)."""
+        h = hidden_states.to(self.dtype)
+        if h.shape[-1] != self.config.hidden_size:
+            h = self.project_features(h)
+        out = self.midlayer(self.target.embed(input_ids), h, cos, sin, kv, meta)
+        return self.norm(out) if self.config.norm_output else out
 
     def compute_logits(self, hidden):
         """hidden: (..., H), the head's output -> logits (..., draft_vocab_size) fp32."""
-        return self.lm_head(self.norm(hidden)).float()
+        return self.lm_head(hidden if self.config.norm_output else self.norm(hidden)).float()
 
     def draft_to_target(self, draft_ids):
         """Draft ids -> target ids (d + d2t[d])."""
         return draft_ids + self.d2t[draft_ids]
 
     # ---- checkpoints -------------------------------------------------------------------------
-    def save_pretrained(self, path) -> None:
-        from .io import save_dir
-        from .llama import dtype_name
-        d = self.config.to_dict()
+    def checkpoint(self) -> tuple[dict, dict]:
+        """-> (config.json in SGLang's layout, state dict): what save_pretrained writes."""
         if min(self.config.feature_layers) < 1:
             raise ValueError("SGLang's config names layer outputs: a feature taken at layer 0's input (the "
                              "embeddings) cannot be saved in its format")
-        d.update(architectures=[self.architecture], torch_dtype=dtype_name(self.dtype),
-                 eagle_config={"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.config.feature_layers]})
+        d, sd = super().checkpoint()
+        d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.config.feature_layers]}
         d.pop("feature_layers")
-        save_dir(path, d, self.state_dict())
+        return d, sd
 
     @classmethod
     def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None):
@@ -143,6 +167,9 @@ class Eagle3DraftHead(DraftModelBase):
             raise ValueError(f"{path}: architectures={archs!r}, expected [{cls.architecture!r}]")
         ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         layers = [i + 1 for i in ids] if ids else default_feature_layers(target.config.num_hidden_layers)
+        if raw.get("norm_before_residual"):
+            raise ValueError(f"{path}/config.json: norm_before_residual=True (the midlayer's residual taken after "
+                             f"hidden_norm) changes the computation and is not implemented")
         fields = {k: v for k, v in raw.items() if k not in ("eagle_config", "architectures")}
         config = Eagle3Config.from_dict(dict(fields, feature_layers=layers), where=f"{path}/config.json")
         model = cls(config, target)
@@ -164,13 +191,14 @@ class Eagle3DraftHead(DraftModelBase):
 
 
 def random_eagle3_head(target, draft_vocab_size: int | None = None, feature_layers=None, seed=0, std=None,
-                       **overrides) -> Eagle3DraftHead:
-    """A random EAGLE-3 head; its draft vocabulary is a seeded random subset of the target's (id 0 first)."""
+                       norm_before_fc=False, fc_norm=False, norm_output=False, **overrides) -> Eagle3DraftHead:
+    """A random EAGLE-3 head; its draft vocabulary is a seeded random subset of the target's."""
     base = draft_config_like(target, 1, **overrides)
     V = target.config.vocab_size
     cfg = Eagle3Config(**{f: getattr(base, f) for f in DraftConfig.__dataclass_fields__},
                        draft_vocab_size=draft_vocab_size or V,
-                       feature_layers=list(feature_layers or default_feature_layers(target.config.num_hidden_layers)))
+                       feature_layers=list(feature_layers or default_feature_layers(target.config.num_hidden_layers)),
+                       norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output)
     head = Eagle3DraftHead(cfg, target)
     randomize_(head, seed, std if std is not None else target.config.hidden_size ** -0.5)
     g = torch.Generator().manual_seed(seed + 1)

@@ -42,16 +42,57 @@ def _load_checked(f: Path) -> dict[str, torch.Tensor]:
 
 
 def read_state_dict(path) -> dict[str, torch.Tensor]:
+    """A checkpoint directory's tensors (one file or `model-*.safetensors` shards), int8-stored matrices
+    dequantized to fp32 (see `quantize_int8_matrices`)."""
     path = Path(path)
     f = path / "model.safetensors"
     if f.is_file():
-        return _load_checked(f)
+        return dequantize_int8_matrices(_load_checked(f), f)
     shards = sorted(path.glob("model-*.safetensors"))
     if not shards:
         raise ValueError(f"{path}: no model.safetensors")
     sd = {}
     for s in shards:
         sd.update(_load_checked(s))
+    return dequantize_int8_matrices(sd, path)
+
+
+#: Suffix of the per-output-channel scale stored beside an int8 matrix `name` (SGLang's int8 layouts name
+#: it `weight_scale` beside `weight`).
+INT8_SCALE_SUFFIX = "_scale"
+
+
+def quantize_int8_matrices(state_dict: dict, scale_dtype: torch.dtype = torch.float16) -> dict:
+    """Weight-only storage: every 2-D floating-point tensor W (out, in) becomes int8 q = round(W / s) with
+    s = max|W[o, :]| / 127 per output row, stored (out, 1) in `scale_dtype` under name + "_scale"; other
+    tensors are returned as they are. The error per element is at most s / 2 (plus the scale's rounding)."""
+    out = {}
+    for name, t in state_dict.items():
+        if not (t.is_floating_point() and t.dim() == 2):
+            out[name] = t
+            continue
+        w = t.detach().float()
+        scale = (w.abs().amax(dim=1, keepdim=True) / 127).to(scale_dtype)
+        s = scale.float()
+        q = torch.where(s > 0, w / torch.where(s > 0, s, 1.0), 0.0).round().clamp(-127, 127).to(torch.int8)
+        out[name], out[name + INT8_SCALE_SUFFIX] = q, scale
+    return out
+
+
+def dequantize_int8_matrices(state_dict: dict, where) -> dict:
+    """The inverse of `quantize_int8_matrices`: int8 `name` with a float `name_scale` (out, 1) or (out,)
+    -> fp32 q * scale. A scale of the wrong shape or an int8 tensor without one is a ValueError."""
+    sd = dict(state_dict)
+    for name in [k for k, t in sd.items() if t.dtype == torch.int8]:
+        scale = sd.pop(name + INT8_SCALE_SUFFIX, None)
+        q = sd[name]
+        if scale is None or not scale.is_floating_point():
+            raise ValueError(f"{where}: int8 tensor {name!r} has no floating-point {name + INT8_SCALE_SUFFIX!r} "
+                             f"beside it")
+        if q.dim() != 2 or scale.numel() != q.shape[0] or (scale.dim() == 2 and scale.shape[1] != 1):
+            raise ValueError(f"{where}: {name + INT8_SCALE_SUFFIX!r} has shape {tuple(scale.shape)}; int8 "
+                             f"{name!r} of shape {tuple(q.shape)} needs one scale per row ({q.shape[0]}, 1)")
+        sd[name] = q.float() * scale.float().reshape(-1, 1)
     return sd
 
 

@@ -248,9 +248,13 @@ class LlamaForCausalLM(nn.Module):
             sd.pop("lm_head.weight", None)
         return sd
 
+    def checkpoint(self) -> tuple[dict, dict]:
+        """-> (config.json as a dict, state dict): what save_pretrained writes."""
+        return dict(self.config.to_dict(), torch_dtype=dtype_name(self.dtype)), self.state_dict_for_save()
+
     def save_pretrained(self, path) -> None:
         """Hugging Face layout; config.json's torch_dtype is the weights' dtype as saved."""
-        save_dir(path, dict(self.config.to_dict(), torch_dtype=dtype_name(self.dtype)), self.state_dict_for_save())
+        save_dir(path, *self.checkpoint())
 
     @classmethod
     def from_pretrained(cls, path, device="cpu", dtype: torch.dtype | str = torch.float32) -> "LlamaForCausalLM":

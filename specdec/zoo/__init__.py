@@ -1,10 +1,11 @@
 """Shipped tiny checkpoints trained on real text (the Python standard library), and their trainer.
 
 `specdec.zoo.names()` lists what ships; `specdec.zoo.load(name)` returns a `Bundle` with `.target`
-(a byte-level Llama), `.eagle` (EAGLE head), `.mtp` (MiMo-style MTP layers), `.mtp_chain`
-(Step-3.5-style), `.tokenizer` (`ByteTokenizer`) and `.card` (sizes, corpus, split, training time,
-held-out losses, seed, command). Weights are stored in float16 and loaded as fp32. Retrain with
-`specdec zoo train` (see `specdec.zoo.train`); the card records the exact command.
+(a byte-level Llama), `.eagle` (EAGLE head), `.eagle3` (EAGLE-3 head), `.mtp` (MiMo-style MTP layers),
+`.mtp_chain` (Step-3.5-style), `.tokenizer` (`ByteTokenizer`) and `.card` (sizes, corpus, split, training
+time, held-out losses, seed, command). The target is stored in float16, the drafts' matrices in int8 with
+per-row scales; everything loads as fp32. Retrain with `specdec zoo train` (see `specdec.zoo.train`); the
+card records the exact command.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Bundle:
     name: str
     target: object
     eagle: object = None
+    eagle3: object = None
     mtp: object = None
     mtp_chain: object = None
     tokenizer: ByteTokenizer = field(default_factory=ByteTokenizer)
@@ -46,12 +48,15 @@ def names() -> list[str]:
 
 def _load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:
     from ..models import EagleDraftHead, LlamaForCausalLM, MTPDraftModel
+    from ..models.eagle3 import Eagle3DraftHead
 
     root = Path(root)
     target = LlamaForCausalLM.from_pretrained(root / "target", device=device, dtype=dtype)
     b = Bundle(name=name, target=target, path=root)
     if (root / "eagle" / "config.json").is_file():
         b.eagle = EagleDraftHead.from_pretrained(root / "eagle", target, device=device, dtype=dtype)
+    if (root / "eagle3" / "config.json").is_file():
+        b.eagle3 = Eagle3DraftHead.from_pretrained(root / "eagle3", target, device=device, dtype=dtype)
     for key in ("mtp", "mtp_chain"):
         if (root / key / "config.json").is_file():
             setattr(b, key, MTPDraftModel.from_pretrained(root / key, target, device=device, dtype=dtype))

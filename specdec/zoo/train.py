@@ -13,9 +13,12 @@ windows of the train stream; bf16 autocast on CPU, fp32 master weights):
 3. mtp      - S MTP layers, MiMo style (every layer reads the target's hidden states), distilled from
               the target's distribution S+1 positions ahead.
 4. mtp_chain- the same in Step-3.5 style (layer k reads layer k-1's output), trained jointly.
+5. eagle3   - an EAGLE-3 head: features from three target layers, its own LM head over the most
+              frequent ids, cross-entropy only, with the EAGLE head's unrolling and budget.
 
-Weights are stored in float16 (the loader casts to fp32); held-out metrics in the card are measured
-on the stored (fp16-rounded) weights, in fp32, without autocast, as inference runs.
+The target is stored in float16, the drafts' matrices in int8 with per-row scales (`save_stored`); the
+loader dequantizes to fp32. Held-out metrics in the card are measured on the stored weights, in fp32,
+without autocast, as inference runs.
 """
 from __future__ import annotations
 
@@ -38,8 +41,9 @@ from tqdm import tqdm
 import reference
 
 from ..models import EagleDraftHead, LlamaConfig, LlamaForCausalLM, MTPDraftModel
-from ..models.draft_common import draft_config_like
-from ..models.io import save_dir
+from ..models.draft_common import DraftConfig, draft_config_like
+from ..models.eagle3 import Eagle3Config, Eagle3DraftHead
+from ..models.io import quantize_int8_matrices, save_dir
 from ..models.layers import AttentionMetadata, hf_named_parameters, rope_cos_sin
 from . import DEFAULT_NAME, WEIGHTS_DIR, corpus
 from .tokenizer import ByteTokenizer
@@ -89,6 +93,10 @@ def default_opts() -> dict[str, StageOpts]:
     return {
         "target": StageOpts(steps=2200, warmup=100, lr=2e-3, eval_every=500),
         "eagle": StageOpts(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "w_reg": 1.0, "w_cls": 1.0}),
+        # the EAGLE head's budget (steps, tokens, unrolled passes), so that the two heads compare fairly
+        # per-feature norms before fc and a normed output hidden: the recipe of current EAGLE-3 trainers
+        "eagle3": StageOpts(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "draft_vocab_size": 128,
+                                                                   "fc_norm": True, "norm_output": True}),
         "mtp": StageOpts(steps=750, warmup=50, lr=2e-3, extra={"num_layers": 3}),
         "mtp_chain": StageOpts(steps=750, warmup=50, lr=2e-3, extra={"num_layers": 3}),
     }
@@ -266,9 +274,23 @@ def ttt_mask(T: int, j: int, device="cpu") -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
-def eagle_unrolled(head: EagleDraftHead, hidden: torch.Tensor, input_ids: torch.Tensor, passes: int):
-    """hidden: (B, T, H) the target's h_t; input_ids: (B, T) x_{t+1} -> list of `passes` pairs
-    (logits (B, T, V), hidden_out (B, T, H)).
+def _head_pass(head, input_ids, h_in, cos, sin, kv, meta):
+    """One pass of an EAGLE or EAGLE-3 head over every position, attending through an explicit (k, v)
+    cache -> (logits over the head's vocabulary, the hidden state the next draft step reads). The heads'
+    forward, spelled out: their cached path is inference-only (no graph), and here the decoder layer must
+    attend, with gradients, to the keys that earlier passes left in the cache. tests/test_zoo.py checks
+    that the unrolled passes equal step-by-step calls of the head."""
+    if isinstance(head, Eagle3DraftHead):
+        out = head.step(input_ids, h_in, cos, sin, kv, meta)
+        return head.compute_logits(out), out
+    x = head.fc(torch.cat([head.target.embed(input_ids), h_in.to(head.dtype)], dim=-1))
+    out = head.norm(head.layers[0](x, cos, sin, kv, meta))
+    return head.target.compute_logits(out), out
+
+
+def eagle_unrolled(head, hidden: torch.Tensor, input_ids: torch.Tensor, passes: int):
+    """hidden: (B, T, H) the target's h_t (an EAGLE-3 head: its features, (B, T, F * H)); input_ids:
+    (B, T) x_{t+1} -> list of `passes` pairs (logits (B, T, V or draft_vocab_size), hidden_out (B, T, H)).
 
     Pass 0 is the draft extend (reads h_t); pass j >= 1 at position t reads pass j-1's output hidden at
     t-1 and stands for draft step j anchored at the last real position t - j. Every pass at t predicts
@@ -291,23 +313,20 @@ def eagle_unrolled(head: EagleDraftHead, hidden: torch.Tensor, input_ids: torch.
         mask = None if j == 0 else ttt_mask(T, j, dev)[None].expand(B, T, (j + 1) * T)
         meta = AttentionMetadata(slots=slots, cache_start=start, attn_len=(j + 1) * T, ops=reference,
                                  write_offset=j * T, tree_mask=mask)
-        # EagleDraftHead.forward, spelled out: its cached path is inference-only (no graph), and here the
-        # decoder layer must attend, with gradients, to the keys that earlier passes left in the cache.
-        # tests/test_zoo.py checks that this equals step-by-step calls of the head.
-        x = head.fc(torch.cat([head.target.embed(input_ids), h_in.to(head.dtype)], dim=-1))
-        x = head.layers[0](x, cos, sin, (k_cache, v_cache), meta)
-        out_h = head.norm(x)
-        logits = head.target.compute_logits(out_h)
+        logits, out_h = _head_pass(head, input_ids, h_in, cos, sin, (k_cache, v_cache), meta)
         outs.append((logits, out_h))
         prev_k, prev_v = k_cache, v_cache
-        h_in = torch.cat([hidden[:, :1], out_h[:, :-1].to(hidden.dtype)], dim=1)
+        # position 0 of a later pass is never read by a query that counts (see ttt_mask): any filler will do
+        h_in = torch.cat([out_h[:, :1], out_h[:, :-1]], dim=1)
     return outs
 
 
-def _target_features(target, x: torch.Tensor, amp: bool):
+def _target_features(target, x: torch.Tensor, amp: bool, features=None):
+    """-> the frozen target's logits (B, T, V) and hidden (B, T, H) in fp32; with `features`, the
+    concatenated residual streams entering those layers (B, T, F * H) instead of the hidden."""
     with torch.no_grad(), _autocast(amp):
-        logits, hidden = target(x, _positions(*x.shape, x.device))
-    return logits.float(), hidden.float()
+        out = target(x, _positions(*x.shape, x.device), features=features)
+    return out[0].float(), out[-1].float()
 
 
 def eagle_loss(target, head, batch: torch.Tensor, passes: int, w_reg: float, w_cls: float, amp: bool):
@@ -344,6 +363,99 @@ def train_eagle(target, opts: StageOpts, seed: int = 0, log=print):
     stats = _run_loop("eagle", opts, head.named_parameters(),
                       lambda b: eagle_loss(target, head, b, passes, w_reg, w_cls, opts.amp), windows, seed + 12,
                       None, log)
+    return head.eval(), stats
+
+
+# ----------------------------------------------------------------------------------------------
+# EAGLE-3 head: multi-layer target features, a reduced draft vocabulary, training-time test
+# ----------------------------------------------------------------------------------------------
+def draft_vocabulary(stream: np.ndarray, vocab_size: int, size: int) -> torch.Tensor:
+    """The `size` most frequent ids of a token stream (ties: the lower id), ascending -> (size,) int64:
+    draft id d is target id vocab[d], as EAGLE-3's d2t = vocab - arange(size) records it."""
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"draft vocabulary size must be in [1, {vocab_size}], got {size}")
+    counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    most = np.lexsort((np.arange(vocab_size), -counts))[:size]
+    return torch.from_numpy(np.sort(most)).long()
+
+
+def zoo_feature_layers(num_target_layers: int) -> list[int]:
+    """Low, middle and high features for a shallow target: the inputs of layers L // 3 and 2L // 3 and the
+    last layer's output (L). SGLang's default, the inputs of 2, L // 2 and L - 3, gives [2, 3, 3] at L = 6:
+    one layer twice and nothing from the top half."""
+    L = num_target_layers
+    return sorted({max(1, L // 3), max(1, 2 * L // 3), L})
+
+
+def new_eagle3_head(target, vocab: torch.Tensor, feature_layers, seed: int, **norms) -> Eagle3DraftHead:
+    """An untrained EAGLE-3 head on `target` whose draft vocabulary is `vocab` (ascending target ids); `norms`:
+    Eagle3Config's norm_before_fc / fc_norm / norm_output. Weights as `init_weights_`, except the final norm
+    and the LM head, which start as the target's (its rows of the draft vocabulary): the head then begins
+    by reading its output hidden state as the target reads its own."""
+    base = draft_config_like(target, 1)
+    cfg = Eagle3Config(**{f: getattr(base, f) for f in DraftConfig.__dataclass_fields__},
+                       draft_vocab_size=len(vocab), feature_layers=list(feature_layers), **norms)
+    head = Eagle3DraftHead(cfg, target)
+    init_weights_(head, 1, seed)
+    with torch.no_grad():
+        head.d2t.copy_(vocab - torch.arange(len(vocab)))
+        head.t2d.zero_()
+        head.t2d[vocab] = True
+        head.lm_head.weight.copy_(target.lm_head.weight[vocab])
+        head.norm.weight.copy_(target.model.norm.weight)
+    return head
+
+
+def _draft_vocab_targets(head, z: torch.Tensor):
+    """z: (B, T, V) target logits -> (the target's distribution over the head's vocabulary (B, T, Vd),
+    renormalised; (B, T) bool: the target's argmax is an id the head can propose). An EAGLE head's
+    vocabulary is the target's."""
+    if not isinstance(head, Eagle3DraftHead):
+        return torch.softmax(z, dim=-1), torch.ones(z.shape[:-1], dtype=torch.bool, device=z.device)
+    vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=z.device))
+    return torch.softmax(z[..., vocab], dim=-1), head.t2d[z.argmax(-1)]
+
+
+def eagle3_loss(target, head, batch: torch.Tensor, passes: int, amp: bool):
+    """batch: (B, T+1) = x_0..x_T -> (loss, parts). Pass j at t (j <= t <= T-2) matches the target's
+    distribution z_{t+1} restricted to the draft vocabulary, where the target's argmax is in it (as EAGLE-3
+    trains: cross-entropy only, no feature regression); pass losses are averaged."""
+    x = batch[:, :-1]
+    B, T = x.shape
+    z, feats = _target_features(target, x, amp, head.feature_layers)
+    p, in_vocab = _draft_vocab_targets(head, z)
+    with _autocast(amp):
+        outs = eagle_unrolled(head, feats, batch[:, 1:], passes)
+    t = torch.arange(T)[None, :]
+    total, parts = 0.0, {}
+    for j, (logits, _) in enumerate(outs):
+        mask = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1] & in_vocab[:, 1:]
+        ce = soft_ce(logits[:, :-1], p[:, 1:], mask)
+        total = total + ce / passes
+        parts[f"ce{j + 1}"] = float(ce.detach())
+    return total, parts
+
+
+def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
+    """-> (trained Eagle3DraftHead fp32, stats). Its draft vocabulary is the opts.extra['draft_vocab_size']
+    most frequent ids of the train stream; its features the inputs of opts.extra['feature_layers'] (default
+    `zoo_feature_layers`). The target is frozen; the token embedding is shared, the LM head is the head's."""
+    passes = int(opts.extra.get("unroll", 3))
+    stream = corpus.token_stream("train")
+    V = target.config.vocab_size
+    vocab = draft_vocabulary(stream, V, int(opts.extra.get("draft_vocab_size", V)))
+    layers = list(opts.extra.get("feature_layers") or zoo_feature_layers(target.config.num_hidden_layers))
+    norms = {k: bool(opts.extra.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
+    _freeze(target)
+    torch.manual_seed(seed)
+    head = new_eagle3_head(target, vocab, layers, seed + 40, **norms)
+    head.train()
+    windows = Windows(stream, opts.batch_size, opts.seq_len + 1, seed + 41)
+    stats = _run_loop("eagle3", opts, head.named_parameters(),
+                      lambda b: eagle3_loss(target, head, b, passes, opts.amp), windows, seed + 42, None, log)
+    counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=V)
+    stats.update(unroll=passes, draft_vocab_size=len(vocab), feature_layers=layers, **norms,
+                 draft_vocab_train_coverage=round(float(counts[vocab.numpy()].sum() / counts.sum()), 6))
     return head.eval(), stats
 
 
@@ -423,22 +535,34 @@ def evaluate_target(target, windows: torch.Tensor) -> dict:
 def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5) -> dict:
     """windows: (N, T+1) -> per draft depth d = 1..depths: cross-entropy against the true next byte,
     cross-entropy against the target's distribution, and top-1 agreement with the target's argmax
-    (depth d = draft step d-1: d = 1 reads the target's hidden, d >= 2 the head's own output)."""
+    (depth d = draft step d-1: d = 1 reads the target's hidden, d >= 2 the head's own output).
+
+    An EAGLE-3 head is scored over its draft vocabulary: the target's distribution restricted to it and
+    renormalised, the true byte where it is in it; agreement compares its mapped argmax with the target's
+    over every position (a target argmax it cannot propose counts as a miss)."""
     x = windows[:, :-1]
     B, T = x.shape
-    z, h = target(x, _positions(B, T))
+    out = target(x, _positions(B, T), features=getattr(head, "feature_layers", None))
+    z, h = out[0], out[-1]
     outs = eagle_unrolled(head, h, windows[:, 1:], depths)
     tgt_arg = z.argmax(-1)
+    p, _ = _draft_vocab_targets(head, z)
+    if isinstance(head, Eagle3DraftHead):
+        true_in_vocab = head.t2d[windows[:, 2:]]
+        true_draft = (torch.cumsum(head.t2d.long(), 0) - 1).clamp_min(0)[windows[:, 2:]]
+    else:
+        true_in_vocab, true_draft = torch.ones_like(windows[:, 2:], dtype=torch.bool), windows[:, 2:]
+    to_target = getattr(head, "draft_to_target", lambda ids: ids)
     res = {}
     t = torch.arange(T)[None, :]
     for j, (logits, _) in enumerate(outs):
         mask = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1]
         lp = torch.log_softmax(logits[:, :-1], -1)
-        ce_true = -lp.gather(-1, windows[:, 2:, None])[..., 0]
-        ce_tgt = -(torch.softmax(z[:, 1:], -1) * lp).sum(-1)
-        agree = (logits[:, :-1].argmax(-1) == tgt_arg[:, 1:]).float()
-        m = mask.float()
-        res[f"depth{j + 1}"] = {"ce_true_nats": round(float((ce_true * m).sum() / m.sum()), 4),
+        ce_true = -lp.gather(-1, true_draft[..., None])[..., 0]
+        ce_tgt = -(p[:, 1:] * lp).sum(-1)
+        agree = (to_target(logits[:, :-1].argmax(-1)) == tgt_arg[:, 1:]).float()
+        m, mt = mask.float(), (mask & true_in_vocab).float()
+        res[f"depth{j + 1}"] = {"ce_true_nats": round(float((ce_true * mt).sum() / mt.sum()), 4),
                                 "ce_target_nats": round(float((ce_tgt * m).sum() / m.sum()), 4),
                                 "top1_agreement": round(float((agree * m).sum() / m.sum()), 4)}
     return res
@@ -468,15 +592,22 @@ def evaluate_mtp(target, model, windows: torch.Tensor) -> dict:
 # ----------------------------------------------------------------------------------------------
 # saving, the card, the whole pipeline
 # ----------------------------------------------------------------------------------------------
-def save_half(model, path: Path) -> int:
-    """Save `model` (target or draft) with float16 weights and torch_dtype "float16"; -> bytes on disk."""
-    if isinstance(model, LlamaForCausalLM):
-        sd, cfg = model.state_dict_for_save(), model.config.to_dict()
-    else:
-        sd, cfg = model.state_dict(), model.config.to_dict()
-        cfg["architectures"] = [model.architecture]
+#: How a draft's matrices are stored (see `save_stored`); recorded in its config.json and the card.
+DRAFT_STORAGE = "int8 matrices with one float16 scale per output row (`<name>_scale`), other weights float16"
+
+
+def save_stored(model, path: Path) -> int:
+    """Save `model` as the zoo ships it -> bytes on disk. The target: float16. A draft: its matrices int8
+    per output row (`quantize_int8_matrices`, from the fp32 weights), its norms float16, its id maps as
+    they are; the loader dequantizes to fp32. Drafts only propose, so their rounding cannot change what
+    the workers decode; it halves their share of the ~20 MB that ships."""
+    cfg, sd = model.checkpoint()
     cfg["torch_dtype"] = "float16"
-    save_dir(path, cfg, {k: v.detach().to(STORE_DTYPE) for k, v in sd.items()})
+    sd = {k: v.detach().float() if v.is_floating_point() else v.detach() for k, v in sd.items()}
+    if not isinstance(model, LlamaForCausalLM):
+        sd = quantize_int8_matrices(sd)
+        cfg["specdec_storage"] = DRAFT_STORAGE
+    save_dir(path, cfg, {k: v.to(STORE_DTYPE) if v.is_floating_point() else v for k, v in sd.items()})
     for f in Path(path).iterdir():
         f.chmod(0o644)
     return sum(f.stat().st_size for f in Path(path).iterdir())
@@ -503,6 +634,9 @@ def _shape_summary(cfg) -> dict:
     d = {k: getattr(cfg, k) for k in keys}
     if hasattr(cfg, "chain_hidden_states"):
         d["chain_hidden_states"] = cfg.chain_hidden_states
+    for extra in ("draft_vocab_size", "feature_layers"):  # EAGLE-3 heads
+        if hasattr(cfg, extra):
+            d[extra] = getattr(cfg, extra)
     return d
 
 
@@ -511,8 +645,9 @@ def evaluate_bundle(bundle, n_windows: int = 32, seq_len: int = 512, seed: int =
     res = {}
     win = _heldout(n_windows, seq_len + 3, seed)
     res["target"] = evaluate_target(bundle.target, win[:, :seq_len + 1])
-    if bundle.eagle is not None:
-        res["eagle"] = evaluate_eagle(bundle.target, bundle.eagle, win[:, :seq_len + 1])
+    for key in ("eagle", "eagle3"):
+        if getattr(bundle, key) is not None:
+            res[key] = evaluate_eagle(bundle.target, getattr(bundle, key), win[:, :seq_len + 1])
     for key in ("mtp", "mtp_chain"):
         m = getattr(bundle, key)
         if m is not None:
@@ -520,13 +655,14 @@ def evaluate_bundle(bundle, n_windows: int = 32, seq_len: int = 512, seed: int =
     return res
 
 
-STAGES = ("target", "eagle", "mtp", "mtp_chain")
+STAGES = ("target", "eagle", "mtp", "mtp_chain", "eagle3")
+DRAFTS = ("eagle", "eagle3", "mtp", "mtp_chain")
 
 
 def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=STAGES, shape: TargetShape | None = None,
               opts: dict[str, StageOpts] | None = None, command: str = "", log=print,
               eval_windows: int = 32, eval_len: int = 512) -> dict:
-    """Train `stages` in order and write out/name/{target,eagle,mtp,mtp_chain}/ (fp16 weights) and
+    """Train `stages` in order and write out/name/{target,eagle,eagle3,mtp,mtp_chain}/ and
     out/name/card.json. A stage after `target` loads the existing target from out/name/target.
     -> the card (dict)."""
     from . import _load_dir
@@ -540,15 +676,17 @@ def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=S
     card["tokenizer"] = {"type": "ByteTokenizer", "vocab_size": ByteTokenizer.vocab_size,
                          "bos_token_id": ByteTokenizer.bos_token_id, "eos_token_id": ByteTokenizer.eos_token_id}
     card["corpus"] = corpus.corpus_info()
-    card["stored_dtype"] = "float16"
+    card["stored_dtype"] = "target float16; drafts " + DRAFT_STORAGE
     card.setdefault("training", {})
-    if stages:  # a pure re-evaluation (no stage) keeps the record of the training run
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if set(stages) == set(STAGES) or (stages and "command" not in card):
+        # a whole run; a single stage (or a re-evaluation) keeps the record of the run it adds to
         card["seed"] = seed
         card["command"] = command
         card["environment"] = {"python": sys.version.split()[0], "torch": torch.__version__,
                                "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
                                "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
-        card["created"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        card["created"] = now
     target = None
     for stage in stages:
         if stage not in STAGES:
@@ -557,7 +695,7 @@ def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=S
         if stage == "target":
             log(f"== target: {asdict(shape)}")
             model, stats = train_target(shape, o, seed, log)
-            stats["bytes_on_disk"] = save_half(model, root / "target")
+            stats["bytes_on_disk"] = save_stored(model, root / "target")
             target = None
         else:
             if target is None:
@@ -565,19 +703,22 @@ def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=S
             _freeze(target)
             if stage == "eagle":
                 model, stats = train_eagle(target, o, seed, log)
+            elif stage == "eagle3":
+                model, stats = train_eagle3(target, o, seed, log)
             else:
                 model, stats = train_mtp(target, o, stage == "mtp_chain", seed, log)
-            stats["bytes_on_disk"] = save_half(model, root / stage)
+            stats["bytes_on_disk"] = save_stored(model, root / stage)
         stats["parameters"] = num_params(model)
+        stats.update(command=command, seed=seed, finished=now, torch_threads=torch.get_num_threads())
         card["training"][stage] = stats
         _write_card(out, name, card)
         log(f"== {stage} done in {stats['train_seconds']:.0f}s")
     bundle = _load_dir(root, name)
-    log("== evaluating the stored (fp16) weights on held-out windows")
+    log("== evaluating the stored weights on held-out windows")
     card["heldout"] = evaluate_bundle(bundle, eval_windows, eval_len)
     card["heldout_eval"] = {"windows": eval_windows, "length": eval_len, "seed": 4321}
     card["models"] = {}
-    for key in ("target", "eagle", "mtp", "mtp_chain"):
+    for key in ("target",) + DRAFTS:
         m = getattr(bundle, key)
         if m is not None:
             card["models"][key] = {"parameters": num_params(m), **_shape_summary(m.config)}
@@ -605,17 +746,20 @@ def render_model_card(card: dict) -> str:
              f"(content digests {c.get('train', {}).get('sha256')} / {c.get('heldout', {}).get('sha256')}).",
              "- Tokenizer: bytes (ids 0-255), BOS = 256, EOS = 257 (vocab 258); every file ends with EOS.", "",
              "## Models", "",
-             "Why this size: the ~20 MB cap on what ships binds first, since seven draft decoder layers of the "
-             "target's shape ship beside it (1 EAGLE + 3 + 3 MTP); hidden 256 with 6 layers fits (21 MB in "
-             "float16), trains in about 18 minutes at ~8k bytes/s on two cores (about one pass over the train "
-             "split), and leaves the target six times as deep as one draft step, so drafting stays cheap "
-             "relative to verifying.", "",
+             "Why this size: the ~20 MB cap on what ships binds first, since eight draft decoder layers of the "
+             "target's width ship beside it (1 EAGLE + 1 EAGLE-3 + 3 + 3 MTP); hidden 256 with 6 layers fits "
+             "(the target in float16, the drafts' matrices in int8), trains in about 18 minutes at ~8k bytes/s "
+             "on two cores (about one pass over the train split), and leaves the target six times as deep as "
+             "one draft step, so drafting stays cheap relative to verifying.", "",
              "| model | what | parameters | layers | hidden | intermediate | heads (kv) | train steps | tokens seen | "
              "train time | on disk |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    e3 = mo.get("eagle3", {})
     what = {"target": "Llama-architecture byte LM", "eagle": "EAGLE head (1 decoder layer, shared embedding/LM head)",
+            "eagle3": f"EAGLE-3 head (features entering target layers {e3.get('feature_layers')}, its own LM head "
+                      f"over the {e3.get('draft_vocab_size')} most frequent ids)",
             "mtp": "3 MTP layers, MiMo style", "mtp_chain": "3 MTP layers, Step-3.5 style (chained hidden)"}
-    for k in ("target", "eagle", "mtp", "mtp_chain"):
+    for k in ("target",) + DRAFTS:
         if k not in mo:
             continue
         m, t = mo[k], tr.get(k, {})
@@ -627,7 +771,7 @@ def render_model_card(card: dict) -> str:
               f"{card.get('environment', {}).get('cpu_count')} CPU cores "
               f"({card.get('environment', {}).get('torch_threads')} torch threads, bf16 autocast, fp32 master "
               f"weights); total on disk {card.get('total_bytes_on_disk', 0) / 1e6:.1f} MB "
-              f"(weights stored in {card.get('stored_dtype')}, loaded as fp32).", "",
+              f"(stored: {card.get('stored_dtype')}; loaded as fp32).", "",
               "## Held-out metrics", "",
               "Measured on the stored weights in fp32 over windows of the held-out files "
               "(%s windows of %s bytes)." % (card.get("heldout_eval", {}).get("windows"),
@@ -638,7 +782,7 @@ def render_model_card(card: dict) -> str:
                      f"bits/byte), top-1 accuracy {t['heldout_top1_accuracy']:.3f}.")
     lines += ["", "| draft | step | CE vs true byte (nats) | CE vs target distribution (nats) | "
               "top-1 agreement with target |", "|---|---|---|---|---|"]
-    for k in ("eagle", "mtp", "mtp_chain"):
+    for k in DRAFTS:
         for step, r in ho.get(k, {}).items():
             lines.append(f"| `{k}` | {step} | {r['ce_true_nats']:.3f} | {r['ce_target_nats']:.3f} | "
                          f"{r['top1_agreement']:.3f} |")
@@ -649,13 +793,22 @@ def render_model_card(card: dict) -> str:
               "the fraction of positions where the draft's argmax equals the target's; the speculative "
               "workers' acceptance is measured separately (`specdec bench`)." % tr.get("eagle", {}).get("unroll", "?"),
               "",
+              "The EAGLE-3 head is scored over its draft vocabulary (%s ids, %.2f %% of the train bytes): "
+              "cross-entropy against the target's distribution restricted to it and renormalised, against the "
+              "true byte where the byte is in it; its agreement counts every position, so a target argmax "
+              "outside its vocabulary is a miss." % (tr.get("eagle3", {}).get("draft_vocab_size", "?"),
+                                                    100 * tr.get("eagle3", {}).get("draft_vocab_train_coverage", 0)),
+              "",
               "## Training", "",
               "AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), linear warm-up then cosine decay to 10 %, "
               "gradient clipping at 1.0, random windows of the train stream. The target minimises next-byte "
               "cross-entropy. The drafts are trained on the frozen target: the EAGLE head with smooth-L1 "
               "regression onto the target's next hidden state plus cross-entropy against the target's "
               "distribution through the shared LM head, unrolled as at inference (training-time test); the "
-              "MTP layers with cross-entropy against the target's distribution, all layers jointly.", "",
+              "EAGLE-3 head with the EAGLE head's budget (steps, tokens per step, unrolled passes) and "
+              "cross-entropy only, against the target's distribution over its draft vocabulary, at the positions "
+              "where the target's argmax is in it; the MTP layers with cross-entropy against the target's "
+              "distribution, all layers jointly.", "",
               f"Seed {card.get('seed')}; created {card.get('created')}; torch "
               f"{card.get('environment', {}).get('torch')}.", "",
               "Retrain (writes the weights and this card's data into the package):", "",
@@ -667,7 +820,7 @@ def main(argv=None) -> int:
     """`specdec zoo train`: argparse front end of `train_all`."""
     d = default_opts()
     p = argparse.ArgumentParser(prog="specdec zoo train", description="Train the zoo's checkpoints on the "
-                                "Python standard library (target, EAGLE head, MTP layers in two styles).")
+                                "Python standard library (target, EAGLE and EAGLE-3 heads, MTP layers in two styles).")
     p.add_argument("--out", default=str(WEIGHTS_DIR), help="weights root (default: the package's own)")
     p.add_argument("--name", default=DEFAULT_NAME)
     p.add_argument("--seed", type=int, default=0)
@@ -685,7 +838,10 @@ def main(argv=None) -> int:
     p.add_argument("--intermediate", type=int, default=TargetShape.intermediate_size)
     p.add_argument("--heads", type=int, default=TargetShape.num_attention_heads)
     p.add_argument("--kv-heads", type=int, default=TargetShape.num_key_value_heads)
-    p.add_argument("--eagle-unroll", type=int, default=d["eagle"].extra["unroll"])
+    p.add_argument("--eagle-unroll", type=int, default=d["eagle"].extra["unroll"],
+                   help="unrolled training-time-test passes of the EAGLE and EAGLE-3 heads (default: %(default)s)")
+    p.add_argument("--eagle3-vocab", type=int, default=d["eagle3"].extra["draft_vocab_size"],
+                   help="the EAGLE-3 head's draft vocabulary: this many most frequent ids (default: %(default)s)")
     p.add_argument("--eval-windows", type=int, default=32, help="held-out windows for the card's metrics")
     p.add_argument("--eval-len", type=int, default=512, help="length of those windows")
     p.add_argument("--model-card", default=None,
@@ -699,7 +855,8 @@ def main(argv=None) -> int:
         o.steps = getattr(a, f"{st}_steps")
         o.batch_size, o.seq_len, o.amp = a.batch_size, a.seq_len, not a.no_amp
         o.warmup = min(o.warmup, max(1, o.steps // 10))
-    opts["eagle"].extra["unroll"] = a.eagle_unroll
+    opts["eagle"].extra["unroll"] = opts["eagle3"].extra["unroll"] = a.eagle_unroll
+    opts["eagle3"].extra["draft_vocab_size"] = min(a.eagle3_vocab, ByteTokenizer.vocab_size)
     shape = TargetShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                         num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate)
     stages = STAGES if a.stage == "all" else () if a.stage == "eval" else (a.stage,)
