@@ -67,7 +67,7 @@ def test_the_readme_results_table_is_the_report_of_its_csv(capsys):
     """The README quotes no number that its committed CSV does not give: `specdec report` prints its table."""
     from pathlib import Path
     readme = Path("README.md").read_text()
-    csv = "results/acceptance-20261129-223857.csv"
+    csv = "results/acceptance-20261130-010414.csv"
     assert csv in readme
     assert main(["report", csv]) == 0
     table = capsys.readouterr().out.split("\n\n", 1)[1].strip()
