@@ -132,7 +132,7 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                     key = (c.worker, c.prompt_lookup)
                     if key not in peers:
                         from .bench_peers import HFGenerate
-                        peers[key] = HFGenerate(peer_dir, prompt_lookup=c.prompt_lookup)
+                        peers[key] = HFGenerate(peer_dir, prompt_lookup=c.prompt_lookup, device=target.device)
                     runners.append(peers[key])
                 else:
                     runners.append(Engine(target, drafts.get(c.worker) if c.spec else None, c.spec, impl=impl,
@@ -227,7 +227,7 @@ def main_bench(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    bundle = zoo.load(dtype=dtype)
+    bundle = zoo.load(device=getattr(args, "device", "cpu"), dtype=dtype)
     workers = getattr(args, "workers", None) or ["eagle", "eagle3", "mtp", "mtp_chain"]
     drafts = {kind: getattr(bundle, kind) for kind in workers}
     missing = [kind for kind, draft in drafts.items() if draft is None]

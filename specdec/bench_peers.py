@@ -13,10 +13,11 @@ class HFGenerate:
     """`transformers.LlamaForCausalLM.generate` on a target directory (greedy), optionally with prompt-lookup
     decoding (`prompt_lookup_num_tokens`). Ragged batches are left-padded with an attention mask."""
 
-    def __init__(self, target_dir, prompt_lookup: int = 0):
+    def __init__(self, target_dir, prompt_lookup: int = 0, device="cpu"):
         from transformers import LlamaForCausalLM
 
-        self.model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+        self.device = torch.device(device)
+        self.model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(self.device).eval()
         self.prompt_lookup = prompt_lookup
         self.last_stats: GenerateStats | None = None
 
@@ -34,8 +35,9 @@ class HFGenerate:
                       pad_token_id=0)
         if self.prompt_lookup:
             kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup
+        ids, mask = ids.to(self.device), mask.to(self.device)
         t0 = time.perf_counter()
-        out = self.model.generate(ids, attention_mask=mask, **kwargs)
+        out = self.model.generate(ids, attention_mask=mask, **kwargs).cpu()  # .cpu() waits for the device
         wall = time.perf_counter() - t0
         outs = [GenerateOutput(out[b, L:L + params.max_new_tokens].tolist(), "length") for b in range(B)]
         self.last_stats = GenerateStats(B, 0, sum(len(o.token_ids) for o in outs), wall, math.nan)

@@ -35,6 +35,25 @@ def float_list(text: str) -> list[float]:
     return values
 
 
+DEVICE_HELP = "where the models run: auto (cuda when a CUDA device is present, else cpu), cpu, cuda or cuda:N"
+
+
+def device_choice(text: str) -> str:
+    """'auto' | a torch device string whose device exists here -> the device to run on."""
+    import torch
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"--device {text}: no CUDA device is available here")
+    if dev.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
 #: The shipped drafts `specdec bench` can run (the zoo Bundle's attributes).
 DRAFT_KINDS = ("eagle", "eagle3", "mtp", "mtp_chain")
 
@@ -49,8 +68,8 @@ def _draft_kinds(text: str) -> list[str]:
     return kinds
 
 
-THREADS_HELP = ("torch CPU threads (default 1: the shipped models are small enough that one thread is fastest, and "
-                "a loaded machine slows one thread least; 0 leaves torch's default)")
+THREADS_HELP = ("torch CPU threads; 0 leaves torch's default. One is the default because the shipped models are "
+                "small enough that one thread is fastest, and a loaded machine slows one thread least")
 
 
 def _version() -> str:
@@ -70,11 +89,18 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     impl_help = "ops: reference (PyTorch), fast (Triton; interpreted on a CPU), auto (fast on CUDA)"
     demo = sub.add_parser("demo", formatter_class=fmt,
-                          help="decode held-out prompts with target-only, EAGLE and MTP decoding")
+                          help="decode held-out prompts with target-only, EAGLE, EAGLE-3 and MTP decoding",
+                          description="Decode held-out prompts of the shipped checkpoint (`specdec zoo list`) one at "
+                                      "a time, greedy: target-only, then EagleWorkerV2 with the EAGLE and the "
+                                      "EAGLE-3 head (tree S5 K4 W16 and chain S3) and MultiLayerEagleWorkerV2 (MTP "
+                                      "in MiMo and Step-3.5 style). Prints the text, tokens accepted per step, "
+                                      "tokens/s against target-only, and whether each worker's tokens and logprobs "
+                                      "equal target-only's; exits 1 if one does not.")
     demo.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     demo.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate per prompt")
     demo.add_argument("--num-prompts", type=positive_int, default=2, help="held-out prompts, decoded one at a time")
     demo.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    demo.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
     gen = sub.add_parser("generate", formatter_class=fmt,
                          help="decode a prompt (text) with a target, and optionally a draft, from checkpoint "
                               "directories; prints the continuation as it is produced")
@@ -106,7 +132,10 @@ def main(argv=None) -> int:
     report.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     bench = sub.add_parser("bench", formatter_class=fmt,
                            help="acceptance and tokens/s of every worker against target-only; "
-                                "writes a CSV to results/ and its plot")
+                                "writes a CSV to results/ and its plot",
+                           description="Benchmarks that write one CSV per run to --out (schemas: results/README.md) "
+                                       "and its plot; `specdec report` prints an acceptance CSV as the README's "
+                                       "table.")
     bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e"],
                        help="acceptance: every worker against target-only on the shipped models; "
                             "kernels: every op of the decode step, reference / fast / torch.compile, against "
@@ -133,6 +162,7 @@ def main(argv=None) -> int:
                             "precision is in the identical_request_fraction column)")
     bench.add_argument("--out", default="results", help="directory for the CSV and its plot")
     bench.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    bench.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
     if argv[:1] == ["zoo"]:
         rest = argv[1:]
         if rest[:1] == ["list"]:
@@ -200,7 +230,8 @@ def _run(args) -> int:
         return main_bench(args) or 0
     if args.command == "demo":
         from .demo import run_demo
-        return run_demo(impl=args.impl, max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts) or 0
+        return run_demo(impl=args.impl, max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts,
+                        device=args.device) or 0
     return 0
 
 

@@ -15,6 +15,7 @@ from specdec.cli import main
     (["bench", "--workers", "eagle,eagle4"], "unknown draft(s) ['eagle4']"),
     (["demo", "--max-new-tokens", "0"], "expected an integer >= 1, got 0"),
     (["demo", "--threads", "-2"], "--threads must be >= 0"),
+    (["bench", "--device", "tpu"], "expected auto, cpu, cuda or cuda:N, got 'tpu'"),
 ])
 def test_bad_arguments_are_one_usage_error(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
