@@ -180,49 +180,27 @@ def test_train_drafts_smoke():
         assert m.num_layers == 3 and m.chain_hidden_states == chain
 
 
-def test_ttt_unrolling_matches_step_by_step_drafting():
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_ttt_unrolling_matches_step_by_step_drafting(kind):
     """Pass j at position t of the unrolled training forward = draft step j anchored at t - j: the head
-    run over the real hidden states up to t - j, then fed its own output hidden state j times."""
-    torch.manual_seed(0)
-    tgt = random_llama(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2)
-    head = random_eagle_head(tgt, seed=3)
-    B, T = 2, 10
-    x = torch.randint(0, 40, (B, T + 1))
-    pos = lambda n: torch.arange(n)[None].expand(B, n)  # noqa: E731
-    with torch.no_grad():
-        _, h = tgt(x[:, :-1], pos(T))
-        outs = zt.eagle_unrolled(head, h, x[:, 1:], 4)
-        for a in range(T):
-            hid = h[:, :a + 1]
-            lg, g = head(x[:, 1:a + 2], hid, pos(a + 1))
-            torch.testing.assert_close(lg[:, a], outs[0][0][:, a], atol=1e-4, rtol=1e-4)
-            for j in range(1, 4):
-                t = a + j
-                if t >= T:
-                    break
-                hid = torch.cat([hid, g[:, -1:]], dim=1)
-                lg, g = head(x[:, 1:t + 2], hid, pos(t + 1))
-                torch.testing.assert_close(lg[:, t], outs[j][0][:, t], atol=1e-4, rtol=1e-4)
-                torch.testing.assert_close(g[:, t], outs[j][1][:, t], atol=1e-4, rtol=1e-4)
-
-
-def test_ttt_unrolling_matches_step_by_step_drafting_for_eagle3():
-    """The same for an EAGLE-3 head (every optional norm on): pass 0 projects the target's features, later
-    passes read the head's own output."""
+    run over the real hidden states up to t - j, then fed its own output hidden state j times. An EAGLE-3
+    head (every optional norm on) projects the target's features at pass 0 and reads its own output after."""
     torch.manual_seed(0)
     tgt = random_llama(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
                        num_attention_heads=4, num_key_value_heads=2)
-    head = random_eagle3_head(tgt, draft_vocab_size=24, feature_layers=[1, 2, 3], seed=3, norm_before_fc=True,
-                              fc_norm=True, norm_output=True)
+    if kind == "eagle":
+        head = random_eagle_head(tgt, seed=3)
+    else:
+        head = random_eagle3_head(tgt, draft_vocab_size=24, feature_layers=[1, 2, 3], seed=3, norm_before_fc=True,
+                                  fc_norm=True, norm_output=True)
     B, T = 2, 10
     x = torch.randint(0, 40, (B, T + 1))
     pos = lambda n: torch.arange(n)[None].expand(B, n)  # noqa: E731
     with torch.no_grad():
-        _, _, feats = tgt(x[:, :-1], pos(T), features=head.feature_layers)
-        outs = zt.eagle_unrolled(head, feats, x[:, 1:], 4)
+        h = tgt(x[:, :-1], pos(T), features=getattr(head, "feature_layers", None))[-1]
+        outs = zt.eagle_unrolled(head, h, x[:, 1:], 4)
         for a in range(T):
-            hid = head.project_features(feats[:, :a + 1])
+            hid = h[:, :a + 1] if kind == "eagle" else head.project_features(h[:, :a + 1])
             lg, g = head(x[:, 1:a + 2], hid, pos(a + 1))
             torch.testing.assert_close(lg[:, a], outs[0][0][:, a], atol=1e-4, rtol=1e-4)
             for j in range(1, 4):
