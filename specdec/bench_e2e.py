@@ -39,7 +39,8 @@ class E2EModel:
     prompts: list[list[int]]
 
 
-CASES = [("target-only", None), ("eagle", SpecConfig(5, 4, 16)), ("eagle", SpecConfig(3, 1)), ("mtp", SpecConfig(3))]
+CASES = [("target-only", None), ("eagle", SpecConfig(5, 4, 16)), ("eagle", SpecConfig(3, 1)),
+         ("eagle3", SpecConfig(5, 4, 16)), ("mtp", SpecConfig(3))]
 
 
 def shipped_model(num_prompts: int, prompt_len: int, device, dtype=torch.float32) -> E2EModel:
@@ -48,21 +49,23 @@ def shipped_model(num_prompts: int, prompt_len: int, device, dtype=torch.float32
 
     b = zoo.load()
     cast = dict(device=device, dtype=dtype)
-    return E2EModel(b.name, b.target.to(**cast), {"eagle": b.eagle.to(**cast), "mtp": b.mtp.to(**cast)},
-                    heldout_prompts(num_prompts, prompt_len, seed=0))
+    drafts = {"eagle": b.eagle.to(**cast), "eagle3": b.eagle3.to(**cast), "mtp": b.mtp.to(**cast)}
+    return E2EModel(b.name, b.target.to(**cast), drafts, heldout_prompts(num_prompts, prompt_len, seed=0))
 
 
 def random_1b_model(num_prompts: int, prompt_len: int, device, dtype=torch.bfloat16) -> E2EModel:
     """Llama-3.2-1B-like shapes (hidden 2048, 16 layers, 32 heads / 8 KV heads, MLP 8192, V 128,256)."""
-    from .models import random_eagle_head, random_llama, random_mtp
+    from .models import random_eagle3_head, random_eagle_head, random_llama, random_mtp
 
     target = random_llama(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                           num_attention_heads=32, num_key_value_heads=8, seed=0, dtype=dtype, device=device,
                           max_position_embeddings=4096)
     gen = torch.Generator().manual_seed(1)
     prompts = torch.randint(128256, (num_prompts, prompt_len), generator=gen).tolist()
-    return E2EModel("random-llama-1.2b", target, {"eagle": random_eagle_head(target), "mtp": random_mtp(target, 3)},
-                    prompts)
+    # an EAGLE-3 head with the 32k draft vocabulary of the public Llama-3 heads, SGLang's default features
+    drafts = {"eagle": random_eagle_head(target), "eagle3": random_eagle3_head(target, draft_vocab_size=32000),
+              "mtp": random_mtp(target, 3)}
+    return E2EModel("random-llama-1.2b", target, drafts, prompts)
 
 
 def _measure(engine: Engine, batches, params, repeats: int, phases: bool):
@@ -110,6 +113,8 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
         params_m = sum(p.numel() for p in m.target.parameters()) / 1e6
         sp = SamplingParams(max_new_tokens=max_new_tokens, return_logprob=True)
         for kind, spec in CASES:
+            if spec is not None and kind not in m.drafts:
+                continue  # a model without this draft
             for B in batch_sizes:
                 batches = [m.prompts[:B]]
                 ref_tps, ref_outs = None, None
