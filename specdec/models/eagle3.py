@@ -113,7 +113,7 @@ class Eagle3DraftHead(DraftModelBase):
                 return_logits=True):
         """input_ids, positions: (B, T) int64; hidden_states: (B, T, F * H) target features or (B, T, H) the
         head's own output -> logits over the draft vocabulary (B, T, draft_vocab_size) fp32 (None when not
-        return_logits), hidden (B, T, H) (pre-norm: what the next draft step reads)."""
+        return_logits), hidden (B, T, H) (what the next draft step reads: pre-norm, or normed with norm_output)."""
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
             out = self.step(input_ids, hidden_states, cos, sin, None if cache is None else cache.layer(0), meta)

@@ -793,7 +793,7 @@ def render_model_card(card: dict) -> str:
               "the fraction of positions where the draft's argmax equals the target's; the speculative "
               "workers' acceptance is measured separately (`specdec bench`)." % tr.get("eagle", {}).get("unroll", "?"),
               "",
-              "The EAGLE-3 head is scored over its draft vocabulary (%s ids, %.2f %% of the train bytes): "
+              "The EAGLE-3 head is scored over its draft vocabulary (%s ids, %.4f %% of the train bytes): "
               "cross-entropy against the target's distribution restricted to it and renormalised, against the "
               "true byte where the byte is in it; its agreement counts every position, so a target argmax "
               "outside its vocabulary is a miss." % (tr.get("eagle3", {}).get("draft_vocab_size", "?"),
@@ -807,8 +807,9 @@ def render_model_card(card: dict) -> str:
               "distribution through the shared LM head, unrolled as at inference (training-time test); the "
               "EAGLE-3 head with the EAGLE head's budget (steps, tokens per step, unrolled passes) and "
               "cross-entropy only, against the target's distribution over its draft vocabulary, at the positions "
-              "where the target's argmax is in it; the MTP layers with cross-entropy against the target's "
-              "distribution, all layers jointly.", "",
+              "where the target's argmax is in it (one RMSNorm per feature before fc, the normed output hidden fed "
+              "back, its LM head and final norm initialised from the target's); the MTP layers with "
+              "cross-entropy against the target's distribution, all layers jointly.", "",
               f"Seed {card.get('seed')}; created {card.get('created')}; torch "
               f"{card.get('environment', {}).get('torch')}.", "",
               "Retrain (writes the weights and this card's data into the package):", "",
