@@ -223,6 +223,12 @@ def test_draft_vocabulary_is_the_most_frequent_ids_ascending():
     assert zt.zoo_feature_layers(6) == [2, 4, 6] and zt.zoo_feature_layers(2) == [1, 2]
 
 
+def test_a_bad_eagle3_vocabulary_is_refused_before_any_training(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        zt.main(["--eagle3-vocab", "300", "--out", "/nonexistent"])
+    assert exit_.value.code == 2 and "--eagle3-vocab must be in [1, 258]" in capsys.readouterr().err
+
+
 def test_ttt_mask_shape_and_rows():
     m = zt.ttt_mask(6, 2)
     assert m.shape == (6, 18)

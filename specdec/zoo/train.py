@@ -857,7 +857,10 @@ def main(argv=None) -> int:
         o.batch_size, o.seq_len, o.amp = a.batch_size, a.seq_len, not a.no_amp
         o.warmup = min(o.warmup, max(1, o.steps // 10))
     opts["eagle"].extra["unroll"] = opts["eagle3"].extra["unroll"] = a.eagle_unroll
-    opts["eagle3"].extra["draft_vocab_size"] = min(a.eagle3_vocab, ByteTokenizer.vocab_size)
+    if not 1 <= a.eagle3_vocab <= ByteTokenizer.vocab_size:  # checked before hours of earlier stages
+        p.error(f"--eagle3-vocab must be in [1, {ByteTokenizer.vocab_size}] (the byte vocabulary), "
+                f"got {a.eagle3_vocab}")
+    opts["eagle3"].extra["draft_vocab_size"] = a.eagle3_vocab
     shape = TargetShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                         num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate)
     stages = STAGES if a.stage == "all" else () if a.stage == "eval" else (a.stage,)
