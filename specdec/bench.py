@@ -227,17 +227,16 @@ def main_bench(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    bundle = zoo.load(device=getattr(args, "device", "cpu"), dtype=dtype)
-    workers = getattr(args, "workers", None) or ["eagle", "eagle3", "mtp", "mtp_chain"]
-    drafts = {kind: getattr(bundle, kind) for kind in workers}
+    bundle = zoo.load(device=args.device, dtype=dtype)
+    drafts = {kind: getattr(bundle, kind) for kind in args.workers}
     missing = [kind for kind, draft in drafts.items() if draft is None]
     if missing:
         raise ValueError(f"zoo checkpoint {bundle.name!r} ships no {missing} draft")
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
     cases = [c for c in DEFAULT_CASES if c.spec is None or c.worker in drafts]
-    if getattr(args, "peers", True) and dtype != torch.float32:
+    if args.peers and dtype != torch.float32:
         print(f"note: the transformers peers run in float32 only: no peer rows for {args.dtype}")
-    elif getattr(args, "peers", True):
+    elif args.peers:
         try:
             import transformers  # noqa: F401
             cases += PEER_CASES

@@ -157,7 +157,7 @@ def main_e2e(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device
     sizes = tuple(args.batch_sizes) if args.batch_sizes else (1, 8, 32)
     path = run_e2e_benchmark(device, batch_sizes=sizes, max_new_tokens=args.max_new_tokens,
                              repeats=args.repeats, out_dir=args.out)

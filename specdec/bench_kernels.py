@@ -262,7 +262,7 @@ def main_kernels(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device
     path = run_kernel_benchmark(device, repeats=args.repeats if device == "cuda" else max(args.repeats, 5),
                                 out_dir=args.out)
     png = plot_kernels(load_results(args.out, path.name), path.with_suffix(".png"))

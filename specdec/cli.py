@@ -5,6 +5,8 @@ import argparse
 import os
 import sys
 
+from .config import DRAFT_KINDS
+
 
 def positive_int(text: str) -> int:
     try:
@@ -54,16 +56,12 @@ def device_choice(text: str) -> str:
     return text
 
 
-#: The shipped drafts `specdec bench` can run (the zoo Bundle's attributes).
-DRAFT_KINDS = ("eagle", "eagle3", "mtp", "mtp_chain")
-
-
 def _draft_kinds(text: str) -> list[str]:
     """'eagle,eagle3' -> ['eagle', 'eagle3'] (each one of DRAFT_KINDS)."""
     kinds = [p.strip() for p in text.split(",")]
     bad = [k for k in kinds if k not in DRAFT_KINDS]
-    if bad or not kinds:
-        raise argparse.ArgumentTypeError(f"unknown draft(s) {bad or [text]}; expected a comma-separated subset of "
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown draft(s) {bad}; expected a comma-separated subset of "
                                          f"{','.join(DRAFT_KINDS)}")
     return kinds
 

@@ -172,6 +172,10 @@ class SpecConfig:
         return max(self.num_draft_tokens, (self.num_steps - 1) * self.topk, self.num_steps + 1)
 
 
+#: The kinds of draft a worker runs (the zoo Bundle's draft attributes, bench CSVs' `worker` column).
+DRAFT_KINDS = ("eagle", "eagle3", "mtp", "mtp_chain")
+
+
 def worker_label(kind: str, spec: SpecConfig | None) -> str:
     """One name per worker configuration, used by the demo, every CSV and every plot: `target-only`,
     `EAGLE tree S5 K4 W16`, `EAGLE chain S3`, `EAGLE-3 tree S5 K4 W16`, `MTP MiMo S3`, `MTP Step-3.5 S3`.

@@ -203,9 +203,9 @@ def _cycle_target_and_perfect_eagle3(n=12, V=40, H=16, feature_layers=(1, 2)):
 
     vocab = torch.arange(0, V, 2)
     head = random_eagle3_head(target, draft_vocab_size=len(vocab), feature_layers=list(feature_layers), seed=1)
+    head.set_draft_vocabulary(vocab)
     hs = head.state_dict()
     F = len(feature_layers)
-    hs["d2t"], hs["t2d"] = vocab - torch.arange(len(vocab)), torch.zeros(V, dtype=torch.bool).index_fill(0, vocab, True)
     hs["fc.weight"] = torch.cat([eye] + [torch.zeros(H, H)] * (F - 1), 1)
     hs["midlayer.self_attn.o_proj.weight"] = torch.zeros(H, H)
     for k in ("midlayer.post_attention_layernorm.weight", "norm.weight"):

@@ -417,6 +417,22 @@ ROPES = [
 ]
 
 
+def _assert_matches_transformers(hf, ours, ids, prompt_len, new_tokens):
+    """The same logits over `ids` (B, T) within 1e-4, and the target-only engine decodes transformers' greedy
+    tokens after ids[0, :prompt_len] -> our logits."""
+    from specdec import Engine, SamplingParams
+    B, T = ids.shape
+    with torch.no_grad():
+        want = hf(ids).logits
+        got, _ = ours(ids, torch.arange(T).expand(B, T))
+        prompt = ids[0, :prompt_len].tolist()
+        hf_tokens = hf.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)[0, prompt_len:]
+    assert (got - want).abs().max() <= 1e-4
+    engine = Engine(ours, impl="reference", max_seq_len=prompt_len + new_tokens + 16)
+    assert engine.generate([prompt], SamplingParams(max_new_tokens=new_tokens))[0].token_ids == hf_tokens.tolist()
+    return got
+
+
 @pytest.mark.parametrize("rope", ROPES, ids=lambda r: r["rope_type"] + "-" + str(r["factor"]))
 def test_rope_types_match_transformers(tmp_path, rope):
     """Each rope type, in a random Llama written by transformers: the same logits over positions past the
@@ -425,16 +441,7 @@ def test_rope_types_match_transformers(tmp_path, rope):
     ours = LlamaForCausalLM.from_pretrained(tmp_path)
     assert ours.config.rope_scaling["rope_type"] == rope["rope_type"]
     ids = torch.randint(0, 64, (2, 100), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        want = hf(ids).logits
-        got, _ = ours(ids, torch.arange(100).expand(2, 100))
-    assert (got - want).abs().max() <= 1e-4
-    from specdec import Engine, SamplingParams
-    prompt = ids[0, :40].tolist()
-    with torch.no_grad():
-        hf_tokens = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, 40:].tolist()
-    out = Engine(ours, impl="reference", max_seq_len=128).generate([prompt], SamplingParams(max_new_tokens=24))
-    assert out[0].token_ids == hf_tokens
+    got = _assert_matches_transformers(hf, ours, ids, prompt_len=40, new_tokens=24)
     ours.save_pretrained(tmp_path / "again")  # and it round-trips through our own (4.x-style) config
     assert LlamaForCausalLM.from_pretrained(tmp_path / "again").config == ours.config
     d = json.loads((tmp_path / "config.json").read_text())  # transformers 4.x's form of the same config
@@ -474,15 +481,7 @@ def test_target_families_match_transformers(tmp_path, family):
     ours = LlamaForCausalLM.from_pretrained(tmp_path)
     assert ours.config.model_type == cfg.model_type
     ids = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        want = hf(ids).logits
-        got, _ = ours(ids, torch.arange(30).expand(2, 30))
-    assert (got - want).abs().max() <= 1e-4
-    from specdec import Engine, SamplingParams
-    prompt = ids[1, :12].tolist()
-    with torch.no_grad():
-        hf_tokens = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)[0, 12:].tolist()
-    assert Engine(ours, max_seq_len=64).generate([prompt], SamplingParams(max_new_tokens=20))[0].token_ids == hf_tokens
+    _assert_matches_transformers(hf, ours, ids, prompt_len=12, new_tokens=20)
     ours.save_pretrained(tmp_path / "again")
     again = LlamaForCausalLM.from_pretrained(tmp_path / "again")
     assert again.config == ours.config

@@ -145,6 +145,17 @@ class Eagle3DraftHead(DraftModelBase):
         """Draft ids -> target ids (d + d2t[d])."""
         return draft_ids + self.d2t[draft_ids]
 
+    @torch.no_grad()
+    def set_draft_vocabulary(self, target_ids) -> None:
+        """target_ids: (draft_vocab_size,) ascending target ids; draft id d becomes target id target_ids[d]
+        (d2t and t2d as SGLang's checkpoints store them)."""
+        target_ids = torch.as_tensor(target_ids, device=self.d2t.device)
+        if target_ids.shape != self.d2t.shape:
+            raise ValueError(f"target_ids has shape {tuple(target_ids.shape)}, expected {tuple(self.d2t.shape)}")
+        self.d2t.copy_(target_ids - torch.arange(len(target_ids), device=target_ids.device))
+        self.t2d.zero_()
+        self.t2d[target_ids] = True
+
     # ---- checkpoints -------------------------------------------------------------------------
     def checkpoint(self) -> tuple[dict, dict]:
         """-> (config.json in SGLang's layout, state dict): what save_pretrained writes."""
@@ -190,21 +201,24 @@ class Eagle3DraftHead(DraftModelBase):
         return model.to(device=device or target.device, dtype=dtype or target.dtype).eval()
 
 
-def random_eagle3_head(target, draft_vocab_size: int | None = None, feature_layers=None, seed=0, std=None,
-                       norm_before_fc=False, fc_norm=False, norm_output=False, **overrides) -> Eagle3DraftHead:
-    """A random EAGLE-3 head; its draft vocabulary is a seeded random subset of the target's."""
+def eagle3_config_like(target, draft_vocab_size: int | None = None, feature_layers=None, norm_before_fc=False,
+                       fc_norm=False, norm_output=False, **overrides) -> Eagle3Config:
+    """An EAGLE-3 head's config with the target's decoder shape (`draft_config_like`), SGLang's default
+    features unless given, and the whole vocabulary unless `draft_vocab_size` is."""
     base = draft_config_like(target, 1, **overrides)
-    V = target.config.vocab_size
-    cfg = Eagle3Config(**{f: getattr(base, f) for f in DraftConfig.__dataclass_fields__},
-                       draft_vocab_size=draft_vocab_size or V,
-                       feature_layers=list(feature_layers or default_feature_layers(target.config.num_hidden_layers)),
-                       norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output)
-    head = Eagle3DraftHead(cfg, target)
+    return Eagle3Config(**{f: getattr(base, f) for f in DraftConfig.__dataclass_fields__},
+                        draft_vocab_size=draft_vocab_size or target.config.vocab_size,
+                        feature_layers=list(feature_layers or default_feature_layers(target.config.num_hidden_layers)),
+                        norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output)
+
+
+def random_eagle3_head(target, draft_vocab_size: int | None = None, feature_layers=None, seed=0, std=None,
+                       **config) -> Eagle3DraftHead:
+    """A random EAGLE-3 head (`config`: eagle3_config_like's norms and overrides); its draft vocabulary is a
+    seeded random subset of the target's."""
+    head = Eagle3DraftHead(eagle3_config_like(target, draft_vocab_size, feature_layers, **config), target)
     randomize_(head, seed, std if std is not None else target.config.hidden_size ** -0.5)
     g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        chosen = torch.randperm(V, generator=g)[:cfg.draft_vocab_size].sort().values
-        head.d2t.copy_(chosen - torch.arange(cfg.draft_vocab_size))
-        head.t2d.zero_()
-        head.t2d[chosen] = True
+    vocab = torch.randperm(target.config.vocab_size, generator=g)[:head.config.draft_vocab_size].sort().values
+    head.set_draft_vocabulary(vocab)
     return head.to(device=target.device, dtype=target.dtype).eval()

@@ -41,8 +41,8 @@ from tqdm import tqdm
 import reference
 
 from ..models import EagleDraftHead, LlamaConfig, LlamaForCausalLM, MTPDraftModel
-from ..models.draft_common import DraftConfig, draft_config_like
-from ..models.eagle3 import Eagle3Config, Eagle3DraftHead
+from ..models.draft_common import draft_config_like
+from ..models.eagle3 import Eagle3DraftHead, eagle3_config_like
 from ..models.io import quantize_int8_matrices, save_dir
 from ..models.layers import AttentionMetadata, hf_named_parameters, rope_cos_sin
 from . import DEFAULT_NAME, WEIGHTS_DIR, corpus
@@ -392,15 +392,10 @@ def new_eagle3_head(target, vocab: torch.Tensor, feature_layers, seed: int, **no
     Eagle3Config's norm_before_fc / fc_norm / norm_output. Weights as `init_weights_`, except the final norm
     and the LM head, which start as the target's (its rows of the draft vocabulary): the head then begins
     by reading its output hidden state as the target reads its own."""
-    base = draft_config_like(target, 1)
-    cfg = Eagle3Config(**{f: getattr(base, f) for f in DraftConfig.__dataclass_fields__},
-                       draft_vocab_size=len(vocab), feature_layers=list(feature_layers), **norms)
-    head = Eagle3DraftHead(cfg, target)
+    head = Eagle3DraftHead(eagle3_config_like(target, len(vocab), feature_layers, **norms), target)
     init_weights_(head, 1, seed)
+    head.set_draft_vocabulary(vocab)
     with torch.no_grad():
-        head.d2t.copy_(vocab - torch.arange(len(vocab)))
-        head.t2d.zero_()
-        head.t2d[vocab] = True
         head.lm_head.weight.copy_(target.lm_head.weight[vocab])
         head.norm.weight.copy_(target.model.norm.weight)
     return head
