@@ -4,16 +4,11 @@
 workers need, and `Engine(impl="fast")` names whatever is still missing. Argument checks are the
 shared ones of `specdec.op_checks` and run before any kernel launches. On a machine without CUDA the
 kernels run under Triton's interpreter: importing `fast` there sets ``TRITON_INTERPRET=1`` unless the
-variable is already set (Triton reads it when the kernels below are defined); exact, but slow.
+variable is already set (Triton reads it when the kernels below are defined), also when something
+imported triton first (see `fast.interpreter`); exact, but slow.
 """
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-# the kernels are defined (and their interpreter mode fixed) by these imports
+# first: the interpreter is set up before the kernels below are defined (and their mode fixed)
+from .interpreter import INTERPRETED as INTERPRETED
 from .attention import apply_rope_and_write_kv, plan_tree_attention, tree_attention
 from .draft import softmax_topk
 from .kv import commit_kv_cache

@@ -1,6 +1,7 @@
 """The engine: runs a batch of requests through a worker and turns step outputs into per-request results."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -72,6 +73,10 @@ class Engine:
         self.spec = spec
         self.impl = self._resolve_impl(impl, target.device)
         ops = self._ops_module(self.impl)
+        if self.impl == "fast" and torch.device(target.device).type == "cpu" and not ops.INTERPRETED:
+            raise ValueError(f"impl='fast' on a CPU runs the Triton kernels through Triton's interpreter, but "
+                             f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} turns it off: unset it "
+                             f"or use impl='reference'")
         self.worker = self._make_worker(ops, max_batch, max_seq_len, return_original_logprob)
         on_cuda = torch.device(target.device).type == "cuda"
         if cuda_graphs is None:
