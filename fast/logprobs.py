@@ -214,8 +214,11 @@ def compute_spec_v2_logprobs_merge_kernel(
     part_s = tl.load(part_s_ptr + r * num_splits + splits, mask=present, other=0.0)
     m = tl.max(part_m, axis=0)
     shift = tl.where(m == float("-inf"), 0.0, m)
-    part_shift = tl.where(part_m == float("-inf"), 0.0, part_m)  # the shift each partial sum was taken at
-    s = tl.sum(part_s * tl.exp(part_shift - shift), axis=0)
+    # Each partial sum was taken at its own max part_m <= m, so the rescale is exp(part_m - shift) <= 1, and
+    # an empty or all -inf split (part_m = -inf, sum 0) gets exp(-inf) = 0. Rescaling from the partial's
+    # stand-in shift 0 instead would overflow once the row max is below about -88.7 (tiny temperatures):
+    # 0 * exp(0 - shift) = 0 * inf = NaN.
+    s = tl.sum(part_s * tl.exp(part_m - shift), axis=0)
 
     top = tl.full([KEYS], _KEY_NONE, tl.int64)
     if TOP_K:

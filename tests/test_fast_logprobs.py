@@ -176,6 +176,47 @@ def test_large_vocabulary(force_splits, splits):
     compare(_batch([0.8], [5], [[V - 1, 0, 77777]]), logits, predict, acc, 1)
 
 
+def _float64_chosen_logprobs(logits, predict, acc, temperature):
+    """The accepted rows' chosen-token logprobs, float64 log-softmax of logits / temperature (None: unscaled)."""
+    x = logits.double() if temperature is None else logits.double() / temperature
+    rows = acc.reshape(-1).long()
+    return torch.log_softmax(x, -1)[rows, predict[rows].long()].reshape(acc.shape)
+
+
+@pytest.mark.parametrize("temperature", [0.01, None], ids=["temperature-0.01", "greedy"])
+def test_empty_split_beside_a_row_max_below_exp_range(force_splits, temperature):
+    """An empty vocabulary split (V = 40 over 4 splits of 16: the last one reads no column) merged into a row
+    whose scaled maximum is below -88.7, where exp(-max) overflows float32: its zero partial sum must add 0,
+    not 0 * inf = NaN. Logits in (-2, -1] at temperature 0.01 reach -100..-200; unscaled (greedy), logits
+    near -100 do."""
+    force_splits(4)
+    g = torch.Generator().manual_seed(12)
+    logits = -1.0 - torch.rand(2, 40, generator=g) if temperature else -100.0 - torch.rand(2, 40, generator=g)
+    predict = torch.tensor([7, 39])
+    acc = torch.tensor([[0, 1]])
+    batch = _batch([temperature or 1.0], [3], [[0, 39]], greedy=temperature is None)
+    ref, out = compare(batch, logits, predict, acc, 1)
+    assert torch.isfinite(out.next_token_logprobs).all(), out.next_token_logprobs
+    want = _float64_chosen_logprobs(logits, predict, acc, temperature)
+    torch.testing.assert_close(out.next_token_logprobs.double(), want, rtol=0, atol=1e-4)
+
+
+def test_default_launch_with_an_empty_split_at_a_tiny_temperature():
+    """Through the public op's own split heuristic: two accepted rows of V = 24,577 get 6 splits of 5,120
+    columns, the last one empty (as 2 rows of V = 151,936 get 37, some empty); temperature 0.01 puts the
+    row maximum near -100."""
+    V = 24577
+    assert (fast_logprobs._num_vocab_splits(2, V, fast_logprobs._NOMINAL_SM_COUNT) - 1) * 5 * 1024 >= V
+    g = torch.Generator().manual_seed(13)
+    logits = -1.0 - torch.rand(2, V, generator=g)
+    predict = torch.tensor([5, V - 1])
+    acc = torch.tensor([[0, 1]])
+    ref, out = compare(_batch([0.01], [0], [None]), logits, predict, acc, 1)
+    assert torch.isfinite(out.next_token_logprobs).all(), out.next_token_logprobs
+    want = _float64_chosen_logprobs(logits, predict, acc, 0.01)
+    torch.testing.assert_close(out.next_token_logprobs.double(), want, rtol=0, atol=1e-3)
+
+
 def test_split_heuristic():
     split = fast_logprobs._num_vocab_splits
     assert split(2, 151936, 132) > 8  # decode: two rows, a large vocabulary
