@@ -1,5 +1,7 @@
+import dataclasses
 import functools
 import os
+import types
 
 import torch
 
@@ -10,34 +12,43 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _to(x, device, moved):
-    """x with its CPU tensors (also inside lists, tuples and duck-typed objects) on `device`; records
-    (original, moved) pairs so in-place writes can be copied back."""
+def _map_tensors(x, fn):
+    """x with every tensor t in it (also inside lists, tuples, dicts and objects) replaced by fn(t).
+
+    Plain objects are updated in place, so the caller's object sees what an op wrote into it (a
+    LogitsOutput's fields); a frozen dataclass (a TreeAttentionPlan, whose tensors sit in a dict) cannot be,
+    so a new instance with the mapped fields is returned. Modules and classes are left alone."""
     if isinstance(x, torch.Tensor):
-        if x.device.type == "cpu":
-            y = x.to(device)
-            moved.append((x, y))
-            return y
-        return x
+        return fn(x)
     if isinstance(x, (list, tuple)):
-        return type(x)(_to(v, device, moved) for v in x)
-    if hasattr(x, "__dict__") and not callable(x) and not isinstance(x, type):
+        return type(x)(_map_tensors(v, fn) for v in x)
+    if isinstance(x, dict):
+        return {k: _map_tensors(v, fn) for k, v in x.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type) and x.__dataclass_params__.frozen:
+        return dataclasses.replace(x, **{f.name: _map_tensors(getattr(x, f.name), fn)
+                                         for f in dataclasses.fields(x) if f.init})
+    if hasattr(x, "__dict__") and not callable(x) and not isinstance(x, (type, types.ModuleType)):
         for k, v in list(vars(x).items()):
-            setattr(x, k, _to(v, device, moved))
+            setattr(x, k, _map_tensors(v, fn))
         return x
     return x
+
+
+def _to(x, device, moved):
+    """x with its CPU tensors on `device`; records (original, moved) pairs so in-place writes can be copied
+    back."""
+    def move(t):
+        if t.device.type != "cpu":
+            return t
+        y = t.to(device)
+        moved.append((t, y))
+        return y
+
+    return _map_tensors(x, move)
 
 
 def _back(x):
-    if isinstance(x, torch.Tensor):
-        return x.to("cpu")
-    if isinstance(x, (list, tuple)):
-        return type(x)(_back(v) for v in x)
-    if hasattr(x, "__dict__") and not callable(x) and not isinstance(x, type):
-        for k, v in list(vars(x).items()):
-            setattr(x, k, _back(v))
-        return x
-    return x
+    return _map_tensors(x, lambda t: t.to("cpu"))
 
 
 class _copies_allowed:
