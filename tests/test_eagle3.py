@@ -162,6 +162,81 @@ def test_a_broken_eagle3_checkpoint_names_the_key(tmp_path, break_it, match):
         Eagle3DraftHead.from_pretrained(tmp_path, target)
 
 
+def _rewrite_checkpoint(path, config_update=None, drop_keys=()):
+    import json
+
+    from safetensors.torch import load_file, save_file
+    if config_update:
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps(config_update(config)))
+    sd = load_file(str(path / "model.safetensors"))
+    save_file({k: v for k, v in sd.items() if k not in drop_keys}, str(path / "model.safetensors"))
+
+
+def _decode_both(target, head_a, head_b):
+    spec = SpecConfig(3, 2, 6)
+    prompts = [[1, 2, 3, 4, 5], [9, 8]]
+    sp = SamplingParams(max_new_tokens=16, return_logprob=True)
+    base = Engine(target, max_seq_len=64).generate(prompts, sp)
+    a = Engine(target, head_a, spec, max_seq_len=64).generate(prompts, sp)
+    b = Engine(target, head_b, spec, max_seq_len=64).generate(prompts, sp)
+    return base, a, b
+
+
+def test_an_unsorted_feature_list_is_read_in_layer_order(tmp_path):
+    """SafeAILab, SGLang and vLLM append features while walking the layers: a checkpoint listing
+    eagle_aux_hidden_state_layer_ids [4, 1, 3] feeds the features of layers 2, 4, 5 in that order. The
+    oracle: the same weights saved with the ids ascending drafts the same tokens (same acceptance)."""
+    target = near_bigram_target(seed=3, mix=0.4, num_hidden_layers=6)
+    head = random_eagle3_head(target, draft_vocab_size=23, seed=1, feature_layers=[2, 4, 5])
+    head.save_pretrained(tmp_path)
+    ids = lambda c: dict(c, eagle_config={"eagle_aux_hidden_state_layer_ids": [4, 1, 3]})
+    _rewrite_checkpoint(tmp_path, ids)
+    loaded = Eagle3DraftHead.from_pretrained(tmp_path, target)
+    assert loaded.feature_layers == (2, 4, 5)
+    base, a, b = _decode_both(target, head, loaded)
+    assert [o.accept_lens for o in a] == [o.accept_lens for o in b]
+    assert [o.token_ids for o in a] == [o.token_ids for o in b] == [o.token_ids for o in base]
+    head.save_pretrained(tmp_path / "again")  # written ascending
+    import json
+    again = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert again["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+
+
+def test_a_repeated_feature_layer_is_refused(tmp_path):
+    target = near_bigram_target(seed=3, num_hidden_layers=4)
+    random_eagle3_head(target, draft_vocab_size=23, seed=1, feature_layers=[1, 2, 4]).save_pretrained(tmp_path)
+    _rewrite_checkpoint(tmp_path, lambda c: dict(c, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 0, 2]}))
+    with pytest.raises(ValueError, match=r"feature_layers lists layer\(s\) \[1\] more than once"):
+        Eagle3DraftHead.from_pretrained(tmp_path, target)
+    with pytest.raises(ValueError, match="more than once"):
+        random_eagle3_head(target, feature_layers=[3, 1, 3])
+
+
+@pytest.mark.parametrize("L", range(1, 65))
+def test_the_default_feature_layers_are_distinct_ascending_and_in_range(L):
+    layers = default_feature_layers(L)
+    assert layers == sorted(set(layers)) and len(layers) == min(3, L) and all(1 <= i <= L for i in layers)
+    if L >= 7:  # SafeAILab's rule wherever it gives three distinct layers
+        assert layers == [2, L // 2, L - 3]
+
+
+def test_a_full_vocabulary_checkpoint_without_id_maps_loads_as_the_identity(tmp_path):
+    """SafeAILab deletes d2t and t2d when the draft vocabulary is the target's; such a head decodes as the
+    same head saved with its (identity) maps, and losslessly."""
+    target = near_bigram_target(seed=3, mix=0.4, num_hidden_layers=4)
+    head = random_eagle3_head(target, seed=1)  # the whole vocabulary
+    assert head.config.draft_vocab_size == target.config.vocab_size
+    head.save_pretrained(tmp_path)
+    _rewrite_checkpoint(tmp_path, drop_keys=("d2t", "t2d"))
+    loaded = Eagle3DraftHead.from_pretrained(tmp_path, target)
+    assert torch.equal(loaded.d2t, torch.zeros_like(loaded.d2t)) and bool(loaded.t2d.all())
+    base, a, b = _decode_both(target, head, loaded)
+    assert [o.accept_lens for o in a] == [o.accept_lens for o in b]
+    assert [o.token_ids for o in a] == [o.token_ids for o in b] == [o.token_ids for o in base]
+    assert max(abs(x - y) for o, p in zip(b, base) for x, y in zip(o.logprobs, p.logprobs)) <= LOGPROB_ATOL
+
+
 def test_eagle3_on_the_fast_path_equals_the_reference():
     pytest.importorskip("triton")
     target = near_bigram_target(seed=3, mix=0.4, num_hidden_layers=4)

@@ -50,13 +50,34 @@ class Eagle3Config(DraftConfig):
                 isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.feature_layers):
             raise ValueError(f"config field feature_layers must be a non-empty list of layer indices, got "
                              f"{self.feature_layers!r}")
-        self.feature_layers = list(self.feature_layers)
+        repeated = sorted({i for i in self.feature_layers if list(self.feature_layers).count(i) > 1})
+        if repeated:
+            raise ValueError(f"config field feature_layers lists layer(s) {repeated} more than once "
+                             f"({self.feature_layers!r}): each target layer is captured once")
+        # Every peer (SafeAILab EAGLE, SGLang, vLLM) appends features while walking the layers, so a head's
+        # fc reads them in layer order whatever order its checkpoint lists them in.
+        self.feature_layers = sorted(self.feature_layers)
 
 
 def default_feature_layers(num_target_layers: int) -> list[int]:
-    """SGLang's default capture points: the inputs of layers 2, L // 2 and L - 3 (low, middle, high)."""
+    """Default capture points for an L-layer target: the inputs of three distinct layers, low, middle and
+    high, ascending.
+
+    L >= 7: SafeAILab's and SGLang's [2, L // 2, L - 3]. For 3 <= L <= 6 that rule repeats a layer (L = 6
+    gives [2, 3, 3]), so the points are the inputs of layers 1, L // 2 and L - 1 instead ([1, 2, 3] at
+    L = 4, [1, 2, 4] at 5, [1, 3, 5] at 6); L = 3 has only two layer inputs past the embeddings and takes
+    the last layer's output as its third, [1, 2, 3]. A target of fewer than 3 layers
+    gives every layer's output once ([1] or [1, 2])."""
     L = num_target_layers
-    return [min(2, L), L // 2, max(L - 3, 0)]
+    if isinstance(L, bool) or not isinstance(L, int) or L < 1:
+        raise ValueError(f"num_target_layers must be an int >= 1, got {L!r}")
+    if L < 3:
+        return list(range(1, L + 1))
+    if L >= 7:
+        return [2, L // 2, L - 3]
+    if L == 3:
+        return [1, 2, 3]
+    return [1, L // 2, L - 1]
 
 
 class Eagle3MidLayer(nn.Module):
@@ -171,7 +192,9 @@ class Eagle3DraftHead(DraftModelBase):
     def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None):
         """An EAGLE-3 checkpoint directory in SGLang's layout (architectures ["LlamaForCausalLMEagle3"]). Its
         feature layers come from `eagle_config.eagle_aux_hidden_state_layer_ids` when set (each id's output,
-        i.e. the input of layer id + 1, as SGLang captures them), else SGLang's default."""
+        i.e. the input of layer id + 1, as SGLang captures them; concatenated in layer order whatever order
+        the list has, and a repeated id is a ValueError), else `default_feature_layers`. A checkpoint whose
+        draft vocabulary is the target's may omit `d2t` and `t2d` (SafeAILab's do): the identity map."""
         raw = read_config(path)
         archs = raw.get("architectures")
         if archs != [cls.architecture]:
@@ -186,6 +209,9 @@ class Eagle3DraftHead(DraftModelBase):
         model = cls(config, target)
         sd = {k.removeprefix("model."): v for k, v in read_state_dict(path).items()
               if k.removeprefix("model.") != "embed_tokens.weight"}
+        if "d2t" not in sd and config.draft_vocab_size == config.vocab_size:
+            # SafeAILab drops both maps when the draft vocabulary is the target's, and SGLang then maps no ids
+            sd["d2t"] = torch.zeros(config.vocab_size, dtype=torch.int64)
         if "t2d" not in sd and "d2t" in sd:  # SGLang does not read it: rebuild it from d2t
             t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
             t2d[torch.arange(len(sd["d2t"])) + sd["d2t"].long()] = True
