@@ -80,6 +80,8 @@ class _TorchCalls(TorchFunctionMode):
 NO_LAUNCH = {"__get__", "contiguous", "dim", "empty", "view", "numel", "stride", "size", "is_contiguous"}
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="counts launches through Triton's interpreter; compiled kernels never enter it")
 def test_tree_build_verify_and_commit_are_single_launches(monkeypatch):
     """One Triton launch each, and no torch op beside it that would launch device work."""
     import triton.runtime.interpreter as interpreter

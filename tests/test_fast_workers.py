@@ -17,6 +17,9 @@ from tests.helpers import near_bigram_target, perfect_eagle, perfect_mtp
 from tests.test_workers import _lp, _sampling_case, assert_same_as_baseline
 
 REFERENCE_DIR = os.path.dirname(reference.__file__) + os.sep
+#: Where the tests that check the engine's choice of ops build their target: a CPU model never gets the
+#: compiled kernels, so on a GPU machine it must live on the GPU.
+TEST_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 #: Torch ops that `fast` shares with `reference` on purpose (their docstrings say why).
 SHARED_TORCH_OPS = {"select_top_k_tokens", "organize_draft_results", "_stable_topk_desc", "check_tree_size",
                     "max_num_draft_tokens"}
@@ -31,7 +34,7 @@ CASES = {
 
 
 def test_fast_worker_classes_bind_the_fast_ops():
-    target = near_bigram_target(seed=0)
+    target = near_bigram_target(seed=0).to(TEST_DEVICE)
     assert fast.EagleWorkerV2(target, perfect_eagle(target), SpecConfig(2, 2, 4), max_batch=2, max_seq_len=32).ops \
         is fast
     assert fast.TargetOnlyWorker(target, max_batch=2, max_seq_len=32).ops is fast
@@ -123,7 +126,9 @@ def test_a_fast_worker_never_calls_a_reference_op(name):
 
 
 def test_impl_auto_picks_fast_only_on_cuda():
-    target = near_bigram_target(seed=0)
+    # built on the test's device: auto picks by the target's device, so a CPU target on a GPU machine is
+    # the reference's
+    target = near_bigram_target(seed=0).to(TEST_DEVICE)
     assert Engine(target).impl == ("fast" if torch.cuda.is_available() else "reference")
     with pytest.raises(ValueError, match="cuda_graphs=True needs impl='fast' on a CUDA device"):
         Engine(target, impl="reference", cuda_graphs=True)
