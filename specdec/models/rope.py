@@ -98,10 +98,13 @@ def _yarn(head_dim: int, theta: float, s: dict) -> tuple[torch.Tensor, float]:
     return inv_freq, float(attention)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache
 def rope_tables(head_dim: int, theta: float, scaling: tuple | None, device: torch.device) -> tuple[torch.Tensor, float]:
     """-> inv_freq (head_dim / 2,) fp32 on `device`, and the factor cos and sin are scaled by.
-    scaling: the normalized rope_scaling as sorted (key, value) items, or None."""
+    scaling: the normalized rope_scaling as sorted (key, value) items, or None.
+
+    Never evicts: a captured CUDA graph reads the returned tensor's memory at every replay, and an evicted
+    entry would free it under the graph. An entry is head_dim / 2 floats per model config and device."""
     s = dict(scaling) if scaling else {"rope_type": "default"}
     kind = s["rope_type"]
     attention = 1.0

@@ -5,10 +5,14 @@ the caches and constants, has the same shapes at every step for a batch size and
 so it can be captured once and replayed. The batch is padded to the next bucket (1, 2, 4, ..., up to
 `max_batch`): padded rows repeat request 0 on the caches' scratch row, and their results are dropped.
 Before each replay the live state is copied into the graph's static inputs; after it, the outputs are
-copied back. Logprobs and the host's length bound stay outside the graph (`finish_decode`).
+copied back. Logprobs and the host's length bound stay outside the graph (`finish_decode`): they read
+only the accepted rows of the target logits, so only those are copied out of the graph's buffer, and
+nothing when no request asked for logprobs. A returned step's `logits_output.next_token_logits` is
+then the (B*(S+1), V) accepted rows (row b*(S+1) + j), or None.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +21,14 @@ from ..logprob_types import LogitsOutput
 from .base import RequestState, StepOutput
 
 _SAMPLING_TENSORS = ("temperatures", "top_ks", "top_ps", "is_greedy")
+
+
+@functools.cache
+def capture_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The one side stream every capture on `device` warms up and records on. cuBLAS keeps a workspace per
+    (handle, stream), so a new stream per capture (or warming up on one stream and capturing on another)
+    would leave a workspace behind for each."""
+    return torch.cuda.Stream(device=device)
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -69,7 +81,11 @@ class DecodeGraphs:
             entry.graph.replay()
         else:
             self._run_body(entry)
-        return w.finish_decode(self._unload(entry, B))
+        step = self._unload(entry, B)
+        accepted = self._accepted_rows_step(entry, step, B)
+        # logprobs on the accepted rows only; the caller gets the full step's tokens and indices
+        step.logits_output = w.finish_decode(accepted).logits_output
+        return step
 
     # ---- static buffers ------------------------------------------------------------------------
     def _live_tensors(self) -> dict[str, torch.Tensor]:
@@ -99,18 +115,30 @@ class DecodeGraphs:
             entry.inputs["state.slots"][B:].fill_(self.worker.cache.scratch_slot)
 
     def _unload(self, entry: _Entry, B: int) -> StepOutput:
-        """Static outputs -> live state (copies: the next replay overwrites the outputs); the step sliced."""
+        """Static outputs -> live state (copies: the next replay overwrites the outputs); the step sliced,
+        without its logits (see `_accepted_rows_step`)."""
         state = self.worker.state
         for name, out in entry.outputs.items():
             setattr(state, name, out[:B].clone())
         step = entry.step
         W = step.predict.shape[0] // entry.bucket
-        lo = step.logits_output
         return StepOutput(step.predict[:B * W].clone(), step.accept_index[:B].clone(), step.accept_lens[:B].clone(),
-                          LogitsOutput(next_token_logits=lo.next_token_logits[:B * W].clone(),
-                                       hidden_states=None if lo.hidden_states is None
-                                       else lo.hidden_states[:B * W].clone()),
-                          step.finite[:B].clone())
+                          LogitsOutput(next_token_logits=None), step.finite[:B].clone())
+
+    def _accepted_rows_step(self, entry: _Entry, step: StepOutput, B: int) -> StepOutput:
+        """The step as the logprob helper reads it: the accepted rows of the graph's logits (row b*T + j,
+        T = S+1), their tokens, and an accept index into them (-1 padded as before). A full copy would
+        move B*W rows of fp32 logits per step (263 MB at B=32, W=16, V=128k) for the B*T that are read;
+        with no request asking for logprobs the helper reads none, and none are copied."""
+        if not any(p.return_logprob for p in self.worker.params):
+            return step
+        T = step.accept_index.shape[1]
+        flat = step.accept_index.clamp_min(0).reshape(-1).long()
+        logits = entry.step.logits_output.next_token_logits.index_select(0, flat)
+        compact_index = torch.arange(B * T, dtype=step.accept_index.dtype, device=flat.device).view(B, T)
+        compact_index = torch.where(step.accept_index >= 0, compact_index, step.accept_index)
+        return StepOutput(step.predict.index_select(0, flat), compact_index, step.accept_lens,
+                          LogitsOutput(next_token_logits=logits), step.finite)
 
     # ---- the body on static buffers ------------------------------------------------------------
     def _run_body(self, entry: _Entry) -> None:
@@ -134,7 +162,9 @@ class DecodeGraphs:
         that every step recomputes), so it leaves nothing the real replay depends on."""
         B = self.worker.state.seq_lens.shape[0]
         self._load(entry, B)
-        side = torch.cuda.Stream()
+        device = torch.device(self.worker.device)
+        side = capture_stream(torch.device("cuda", device.index if device.index is not None
+                                           else torch.cuda.current_device()))
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
@@ -143,5 +173,5 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(side)
         self._load(entry, B)
         entry.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(entry.graph, pool=self.pool):
+        with torch.cuda.graph(entry.graph, pool=self.pool, stream=side):
             self._run_body(entry)
