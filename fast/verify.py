@@ -100,7 +100,7 @@ def verify_tree_greedy_kernel(
         steps += 1
 
     # every accepted node predicts the target's token; the last one's is the bonus
-    tl.store(predict_ptr + ri, tl.where(accepted, target, 0).to(tl.int32), mask=ri_valid)
+    tl.store(predict_ptr + ri, tl.where(accepted, target, -1).to(tl.int32), mask=ri_valid)
     tl.store(accept_index_ptr + b * (num_steps + 1) + slot, accept_index.to(tl.int32), mask=slot <= num_steps)
     tl.store(accept_length_ptr + b, depth.to(tl.int32))
 
@@ -152,7 +152,7 @@ def verify_tree_greedy(
     the first child (in sibling order) whose token equals ``target_predict`` at the current node
     (read at its flat index ``retrieve_index``); stop at the first depth with no match, at a node
     without children, or after S accepted tokens. ``predict`` holds ``target_predict`` at every
-    accepted node and 0 elsewhere.
+    accepted node and -1 elsewhere.
 
     One launch, one program per request (a single warp: the walk is scalar). The program writes
     ``predict`` at the request's flat indices ``retrieve_index[b]``, so every slot is written once when
@@ -220,7 +220,7 @@ def tree_speculative_sampling_target_only_kernel(
 
     slot = tl.arange(0, S1_BLOCK)
     accept_index = tl.where(slot == 0, tl.load(retrieve_index_ptr + base).to(tl.int64), -1)
-    predict = tl.zeros([W_BLOCK], dtype=tl.int64)
+    predict = tl.full([W_BLOCK], -1, dtype=tl.int64)
     cur = tl.zeros([], dtype=tl.int64)
     child = tl.load(retrieve_next_token_ptr + base).to(tl.int64)
     depth = tl.zeros([], dtype=tl.int64)
@@ -334,7 +334,7 @@ def _launch_tree_speculative_sampling(candidates, retrieve_index, retrieve_next_
             num_steps,
             float(threshold_single),
             float(threshold_acc),
-            float(np.float32(1.0) / np.float32(threshold_acc)),
+            float(np.float32(1.0) / np.float32(threshold_acc)) if threshold_acc > 0 else float("inf"),
             W_BLOCK=triton.next_power_of_2(W),
             S1_BLOCK=triton.next_power_of_2(num_steps + 1),
             BLOCK_V=min(block_v, triton.next_power_of_2(V)),

@@ -14,7 +14,7 @@ Outputs (both verifies):
 
 * ``predict (B*W,) int32``: at the flat index of every accepted node (root included) the token
   that follows it (the next accepted node's token, or the bonus token at the last accepted node);
-  0 at every other slot (SGLang leaves those slots unspecified).
+  -1 at every other slot, as in SGLang, whose callers fill the buffer with -1 before the kernel runs.
 * ``accept_index (B, S+1) int32``: flat indices of the accepted path, root first, padded with -1.
 * ``accept_length (B,) int32``: accepted draft tokens, the bonus token excluded.
 
@@ -104,7 +104,7 @@ def verify_tree_greedy(
     accept the first child (in sibling order) whose token equals ``target_predict`` at the current
     node (read at its flat index ``retrieve_index``); stop at the first depth with no match, at a
     node without children, or after S accepted tokens. ``predict`` holds ``target_predict`` at every
-    accepted node (so the last accepted node holds the bonus token) and 0 elsewhere.
+    accepted node (so the last accepted node holds the bonus token) and -1 elsewhere.
 
     Loop-free over the nodes, no host synchronisation: a node is accepted exactly when it is within S
     of the root and it and each of its ancestors is the first matching child of its parent. Parents,
@@ -158,7 +158,7 @@ def verify_tree_greedy(
     accept_index[:, 0] = ri[:, 0].to(torch.int32)
     accept_index.scatter_(1, torch.where(accepted, depth, S + 1), ri.to(torch.int32))
     on_path = accepted | (node == 0)
-    predict = torch.zeros(B * W + 1, dtype=torch.int32, device=device)  # last slot: write sink
+    predict = torch.full((B * W + 1,), -1, dtype=torch.int32, device=device)  # last slot: write sink
     flat = torch.where(on_path, ri, B * W).flatten()
     predict.scatter_(0, flat, tp_flat[flat.clamp_max(B * W - 1)].to(torch.int32))
     return predict[: B * W], accept_index[:, : S + 1].contiguous(), accept_length.to(torch.int32)
@@ -190,7 +190,7 @@ def verify_tree_greedy_naive(
     sib = retrieve_next_sibling.tolist()
     tp = target_predict.reshape(-1).tolist()
 
-    predict = [0] * (B * W)
+    predict = [-1] * (B * W)
     accept_index = [[-1] * (S + 1) for _ in range(B)]
     accept_length = [0] * B
     for b in range(B):
@@ -258,7 +258,11 @@ def tree_speculative_sampling_target_only(
 
     With thresholds 1.0 this is exactly sequential sampling from the target (one coin per node picks
     a child with probability p(child), the residual is the target restricted to the other tokens),
-    so the emitted tokens are distributed as the target's. Thresholds below 1.0 accept more, lossily.
+    so the emitted tokens are distributed as the target's. Thresholds in [0, 1) are SGLang's relaxed
+    acceptance and LOSSY: they accept more, and the output is no longer distributed as the target
+    (a warning says so, once per process). At ``threshold_single = 0`` every first child is accepted
+    whatever its probability; ``threshold_acc = 0`` makes ``prob_acc / threshold_acc`` infinite, so any
+    child of positive cumulative mass is accepted (0 / 0 is NaN: a zero-mass child still is not).
 
     Difference from SGLang: acceptance uses a STRICT ``u < prob_acc`` (SGLang: ``<=``), so a child of
     probability 0 is never accepted, even with a coin of exactly 0; consequently a one-hot target
@@ -288,7 +292,7 @@ def tree_speculative_sampling_target_only(
     unif = uniform_samples.to(torch.float32)
     b_off = torch.arange(B, device=device).unsqueeze(1) * W  # (B, 1)
 
-    predict = torch.zeros(B * W + 1, dtype=torch.int32, device=device)
+    predict = torch.full((B * W + 1,), -1, dtype=torch.int32, device=device)
     accept_index = torch.full((B, S + 2), -1, dtype=torch.int32, device=device)
     accept_index[:, 0] = ri[:, 0].to(torch.int32)
     cur = torch.zeros(B, 1, dtype=torch.int64, device=device)
@@ -370,7 +374,7 @@ def tree_speculative_sampling_target_only_naive(
     unif = uniform_samples.detach().to("cpu", torch.float32)
     unif_final = uniform_samples_for_final_sampling.detach().to("cpu", torch.float32)
 
-    predict = [0] * (B * W)
+    predict = [-1] * (B * W)
     accept_index = [[-1] * (S + 1) for _ in range(B)]
     accept_length = [0] * B
     for b in range(B):

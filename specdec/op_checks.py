@@ -6,6 +6,7 @@ checks cost no host synchronisation inside a decode step.
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -165,11 +166,25 @@ def check_sampling_args(
     for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
-    if not 0.0 <= threshold_single <= 1.0:
-        raise ValueError(f"threshold_single must lie in [0, 1], got threshold_single={threshold_single}")
-    if not 0.0 < threshold_acc <= 1.0:
-        raise ValueError(f"threshold_acc must lie in (0, 1], got threshold_acc={threshold_acc}")
+    for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must lie in [0, 1], got {name}={value}")
+    if threshold_single < 1.0 or threshold_acc < 1.0:
+        warn_lossy_thresholds(threshold_single, threshold_acc)
     return target_probs.shape[2]
+
+
+_warned_lossy_thresholds = False
+
+
+def warn_lossy_thresholds(threshold_single, threshold_acc) -> None:
+    """Once per process: thresholds below 1 are SGLang's relaxed acceptance, not lossless sampling."""
+    global _warned_lossy_thresholds
+    if not _warned_lossy_thresholds:
+        _warned_lossy_thresholds = True
+        warnings.warn(f"tree_speculative_sampling_target_only: threshold_single={threshold_single}, "
+                      f"threshold_acc={threshold_acc} accept more than the target allows; the output is no "
+                      f"longer distributed as the target's (thresholds 1.0 are lossless)", stacklevel=3)
 
 
 def as_int(value, what: str) -> int:

@@ -541,7 +541,7 @@ def test_verify_bad_input_same_error():
         ((cand, ri, nt, ns, u, uf[:1], probs, 2), {}),
         ((cand, ri, nt, ns, u, uf, probs[:, :5], 2), {}),
         ((cand, ri, nt, ns, u, uf, probs, 2), {"threshold_single": 1.5}),
-        ((cand, ri, nt, ns, u, uf, probs, 2), {"threshold_acc": 0.0}),
+        ((cand, ri, nt, ns, u, uf, probs, 2), {"threshold_acc": -0.5}),
         ((cand, ri, nt, ns, u, uf, probs, 2), {"threshold_acc": True}),
         ((cand, ri, nt, ns, u, uf, probs, 0), {}),
         ((cand, ri, nt, ns, u, uf, probs.long(), 2), {}),

@@ -366,7 +366,7 @@ def check_greedy_brute_force(got, cand, tp, paths_per_b, S):
         chain = [0] + chain[::-1]
         assert int(accept_length[b]) == len(chain) - 1
         assert accept_index[b].tolist() == [b * W + n for n in chain] + [-1] * (S + 1 - len(chain))
-        exp_pred = [0] * W
+        exp_pred = [-1] * W
         for n in chain:
             exp_pred[n] = int(tp[b, n])
         assert predict[b * W : (b + 1) * W].tolist() == exp_pred
@@ -391,7 +391,7 @@ def check_sampling_output(got, cand, probs, paths_per_b, S):
         assert 0 <= bonus < probs.shape[-1]
         assert float(probs[b, nodes[-1], bonus]) > 0
         others = set(range(W)) - set(nodes)
-        assert all(int(predict[b * W + n]) == 0 for n in others)
+        assert all(int(predict[b * W + n]) == -1 for n in others)
 
 
 @pytest.mark.parametrize("mode", ["random", "ties"])
@@ -463,7 +463,7 @@ def test_single_chain_all_accepted_and_all_rejected():
         assert acc_len.tolist() == [2] * B
         assert torch.equal(acc_idx, ri[:, :3].to(torch.int32))
         assert torch.equal(predict.view(B, W)[:, :3], tp[:, :3].to(torch.int32))
-        assert (predict.view(B, W)[:, 3:] == 0).all()
+        assert (predict.view(B, W)[:, 3:] == -1).all()
 
     # all rejected: target never predicts the draft
     tp_bad = (cand + 1) % V
@@ -472,7 +472,7 @@ def test_single_chain_all_accepted_and_all_rejected():
         predict, acc_idx, acc_len = fn(cand, ri, nt, ns, tp_bad, S)
         assert acc_len.tolist() == [0] * B
         assert torch.equal(acc_idx[:, 0], ri[:, 0].to(torch.int32)) and (acc_idx[:, 1:] == -1).all()
-        exp = torch.zeros(B, W, dtype=torch.int32)
+        exp = torch.full((B, W), -1, dtype=torch.int32)
         exp[:, 0] = tp_bad[:, 0]
         assert torch.equal(predict.view(B, W), exp)
 
@@ -493,7 +493,7 @@ def test_single_chain_all_accepted_and_all_rejected():
         assert (acc_idx[:, 1:] == -1).all()
         bonus = predict.view(B, W)[:, 0]
         assert all(float(probs[b, 0, int(bonus[b])]) > 0 for b in range(B))
-        assert (predict.view(B, W)[:, 1:] == 0).all()
+        assert (predict.view(B, W)[:, 1:] == -1).all()
 
 
 def test_full_fanout_all_accept_paths():
@@ -1124,7 +1124,7 @@ def test_verify_bad_input():
         with pytest.raises(ValueError, match="threshold_single"):
             fn(cand, ri, nt, ns, u, uf, probs, 2, threshold_single=1.5)
         with pytest.raises(ValueError, match="threshold_acc"):
-            fn(cand, ri, nt, ns, u, uf, probs, 2, threshold_acc=0.0)
+            fn(cand, ri, nt, ns, u, uf, probs, 2, threshold_acc=-0.5)
         with pytest.raises(ValueError, match="num_steps"):
             fn(cand, ri, nt, ns, u, uf, probs, 0)
         with pytest.raises(TypeError, match="target_probs"):
