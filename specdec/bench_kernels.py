@@ -44,15 +44,18 @@ class OpCase:
     rows: int
     bytes: int
     run: Callable
+    #: The fast kernels' launch alone, without the op's checks and host packing: `launches(copies)` -> one
+    #: call per rotated copy of the inputs (None for an op without a separate launcher).
+    launches: Callable | None = None
 
 
 def _logprob_case(B, T, V, dtype, top_k, device, gen) -> OpCase:
     """A chain step (W = S + 1) where every node is accepted: B*T rows of V logits are read."""
     W = T
-    logits = torch.randn(B * W, V, generator=gen).to(device=device, dtype=dtype)
-    predict = torch.randint(V, (B * W,), generator=gen).to(device)
+    logits = torch.randn(B * W, V, generator=gen, device=device).to(dtype)
+    predict = torch.randint(V, (B * W,), generator=gen, device=device)
     accept = (torch.arange(B)[:, None] * W + torch.arange(T)).to(device=device, dtype=torch.int32)
-    temps = (0.5 + torch.rand(B, 1, generator=gen)).to(device)
+    temps = 0.5 + torch.rand(B, 1, generator=gen, device=device)
     batch = SpecBatch(seq_lens=torch.full((B,), 100, device=device), sampling_info=SamplingInfo(temps, False),
                       top_logprobs_nums=[top_k] * B, token_ids_logprobs=None)
 
@@ -60,17 +63,36 @@ def _logprob_case(B, T, V, dtype, top_k, device, gen) -> OpCase:
         ops.compute_spec_v2_logprobs(batch, LogitsOutput(next_token_logits=logits), predict, accept, T - 1)
 
     moved = B * T * V * logits.element_size() + B * T * (4 + 8 * top_k)
-    return OpCase("compute_spec_v2_logprobs", dtype, B, T, W, V, top_k, B * T, moved, run)
+    return OpCase("compute_spec_v2_logprobs", dtype, B, T, W, V, top_k, B * T, moved, run,
+                  functools.partial(logprob_launches, logits, predict, accept, temps, top_k))
+
+
+def logprob_launches(logits, predict, accept, temps, top_k, copies: int, num_splits=None) -> list[Callable]:
+    """The fused logprob kernels' launches (`fast.logprobs.compute_spec_v2_logprobs_launch`) over `copies`
+    copies of the logits (the first is `logits` itself), with the launch arguments prepared once, as the
+    op prepares them; `num_splits` forces the vocabulary split count (None: the op's heuristic)."""
+    import triton
+
+    from fast.logprobs import compute_spec_v2_logprobs_launch
+    from specdec.logprob_packing import accepted_rows, request_temperatures
+
+    B, T = accept.shape
+    rows, valid = accepted_rows(accept, logits.shape[0] // B)
+    scaled = request_temperatures(temps.reshape(-1))
+    keys = triton.next_power_of_2(top_k) if top_k else 0
+    inputs = [logits] + [logits.clone() for _ in range(copies - 1)]
+    return [functools.partial(compute_spec_v2_logprobs_launch, x, predict, rows, valid, scaled, None, T, keys,
+                              _num_splits=num_splits) for x in inputs]
 
 
 def _sampling_cases(B, T, V, dtype, device, gen) -> list[OpCase]:
     """The target distribution of a verify: softmax(logits / T), then the top-k and top-p filters."""
     N = B * T
-    logits = torch.randn(N, V, generator=gen).to(device=device, dtype=dtype) * 3
-    temps = (0.5 + torch.rand(N, generator=gen)).to(device)
+    logits = torch.randn(N, V, generator=gen, device=device).to(dtype) * 3
+    temps = 0.5 + torch.rand(N, generator=gen, device=device)
     probs = torch.softmax(logits.float(), -1)
-    top_ks = torch.randint(1, 64, (N,), generator=gen).to(device)
-    top_ps = (0.5 + 0.5 * torch.rand(N, generator=gen)).to(device)
+    top_ks = torch.randint(1, 64, (N,), generator=gen, device=device)
+    top_ps = 0.5 + 0.5 * torch.rand(N, generator=gen, device=device)
     elt = logits.element_size()
     return [
         OpCase("softmax_with_temperature", dtype, B, T, T, V, 0, N, N * V * (elt + 4),
@@ -88,26 +110,26 @@ def _tree_cases(B, V, device, gen) -> list[OpCase]:
 
     S, K, W = 5, 4, 16
     score_list, token_list, parents_list = [], [], []
-    topk_p = torch.rand(B, K, generator=gen).sort(-1, descending=True).values.to(device)
-    topk_index = torch.randint(V, (B, K), generator=gen).to(device)
+    topk_p = torch.rand(B, K, generator=gen, device=device).sort(-1, descending=True).values
+    topk_index = torch.randint(V, (B, K), generator=gen, device=device)
     hidden = torch.zeros(B, 8, device=device)
     scores = None
     for i in range(S):
         _, hidden, scores, info = reference.select_top_k_tokens(i, topk_p, topk_index, hidden, scores, K)
         for lst, x in zip((score_list, token_list, parents_list), info):
             lst.append(x)
-        topk_p = torch.rand(B * K, K, generator=gen).sort(-1, descending=True).values.to(device)
-        topk_index = torch.randint(V, (B * K, K), generator=gen).to(device)
+        topk_p = torch.rand(B * K, K, generator=gen, device=device).sort(-1, descending=True).values
+        topk_index = torch.randint(V, (B * K, K), generator=gen, device=device)
     parent_list, tsi, draft_tokens = reference.organize_draft_results(score_list, token_list, parents_list, W)
-    bonus = torch.randint(V, (B,), generator=gen).to(device)
+    bonus = torch.randint(V, (B,), generator=gen, device=device)
     seq_lens = torch.full((B,), 100, dtype=torch.int64, device=device)
     build_args = (bonus, parent_list, tsi, draft_tokens, seq_lens, K, S, W)
     _, _, ri, nt, ns, flat = reference.build_tree_kernel_efficient(*build_args)
     cand = flat.view(B, W)
-    target_predict = torch.where(torch.rand(B, W, generator=gen).to(device) < 0.7, cand, 0)
-    probs = torch.softmax(torch.randn(B, W, V, generator=gen) * 3, -1).to(device)
-    u = torch.rand(B, W, generator=gen).to(device)
-    u_final = torch.rand(B, generator=gen).to(device)
+    target_predict = torch.where(torch.rand(B, W, generator=gen, device=device) < 0.7, cand, 0)
+    probs = torch.softmax(torch.randn(B, W, V, generator=gen, device=device) * 3, -1)
+    u = torch.rand(B, W, generator=gen, device=device)
+    u_final = torch.rand(B, generator=gen, device=device)
     tree_bytes = B * W * (W // 8 + 5 * 8)
     return [
         OpCase("build_tree_kernel_efficient", torch.int64, B, S + 1, W, 0, 0, B, tree_bytes,
@@ -134,8 +156,9 @@ def _commit_case(B, T, dtype, device, gen, layers=32, kv_heads=8, head_dim=128, 
 
 
 def _time(fn, device, repeats) -> list[float]:
-    """Per-call times in microseconds: CUDA events on a GPU, process CPU time on a CPU (robust on a
-    shared machine; at one thread it is the op's own work)."""
+    """Per-call times in microseconds of the op as a caller sees it, host work included: CUDA events around
+    each synchronised call on a GPU, process CPU time on a CPU (robust on a shared machine; at one thread it
+    is the op's own work). For the kernels alone see `time_rotated`."""
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -161,8 +184,71 @@ def _quantile(xs, q):
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
-def copy_bandwidth(device, nbytes: int, repeats: int) -> float:
-    """GB/s of `dst.copy_(src)` moving `nbytes` (read + write counted once each, like the ops' bytes)."""
+def time_rotated(calls: list[Callable], device, repeats: int) -> list[float]:
+    """Per-call microseconds of `calls` (the same work, each on its own copy of the inputs) run back to back.
+
+    On CUDA: warmed up on a side stream (compiles), captured once as one CUDA graph of every call, replayed
+    `repeats` times with events around each replay and divided by the calls. No host work is timed, and
+    each call reads inputs the previous one did not leave in L2 (given enough copies). On a CPU: process
+    time of each call in turn."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        out = []
+        for i in range(repeats):
+            t0 = time.process_time_ns()
+            calls[i % len(calls)]()
+            out.append((time.process_time_ns() - t0) / 1e3)
+        return out
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize(device)
+    out = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return out
+
+
+def rotation_copies(device, nbytes: int, most: int = 256) -> int:
+    """Copies of a case's inputs that together exceed twice the device's L2 (1 on a CPU): rotating through
+    them, no call finds its inputs left in L2 by the one before."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+    return max(1, min(most, -(-2 * l2 // max(nbytes, 1))))
+
+
+#: Bytes the copy ceiling moves per measured round on CUDA: far beyond any L2, so it is DRAM bandwidth.
+COPY_CEILING_BYTES = 2 << 30
+
+
+def copy_bandwidth(device, nbytes: int = COPY_CEILING_BYTES, repeats: int = 10, chunks: int = 4) -> float:
+    """GB/s of device-to-device copies (read + write counted once each, like the ops' bytes).
+
+    On CUDA: `chunks` source buffers of together `max(nbytes, 2 GiB)` copied in turn into as many
+    destinations, all the copies in one CUDA graph (`time_rotated`), so neither the host nor L2 is measured.
+    On a CPU: `nbytes` (at least 512 KiB) in one buffer, process time per copy."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        n = max(nbytes, COPY_CEILING_BYTES) // chunks // 4
+        pairs = [(torch.empty(n, device=device).fill_(1.0), torch.empty(n, device=device)) for _ in range(chunks)]
+        us = statistics.median(time_rotated([functools.partial(dst.copy_, src) for src, dst in pairs], device,
+                                            repeats))
+        return 2 * n * 4 / us / 1e3
     n = max(nbytes // 2 // 4, 1 << 16)
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
@@ -202,43 +288,52 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
                 setattr(dynamo_config, knob, 4096)
     env = environment(device)
     run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    gen = torch.Generator().manual_seed(0)
-    cases: list[OpCase] = []
-    for dtype in dtypes:
+    gen = torch.Generator(device=device).manual_seed(0)  # inputs drawn on the device, one case at a time
+
+    def cases():
+        for dtype in dtypes:
+            for B in batch_sizes:
+                for T in num_slots:
+                    for V in vocab_sizes:
+                        for k in top_logprobs_nums:
+                            yield _logprob_case(B, T, V, dtype, k, device, gen)
         for B in batch_sizes:
+            for T in num_slots[:1]:
+                for V in vocab_sizes[-1:]:
+                    for dtype in dtypes:
+                        yield from _sampling_cases(B, T, V, dtype, device, gen)
+            yield from _tree_cases(B, vocab_sizes[-1], device, gen)
             for T in num_slots:
-                for V in vocab_sizes:
-                    for k in top_logprobs_nums:
-                        cases.append(_logprob_case(B, T, V, dtype, k, device, gen))
-    for B in batch_sizes:
-        for T in num_slots[:1]:
-            for V in vocab_sizes[-1:]:
-                for dtype in dtypes:
-                    cases += _sampling_cases(B, T, V, dtype, device, gen)
-        cases += _tree_cases(B, vocab_sizes[-1], device, gen)
-        for T in num_slots:
-            cases.append(_commit_case(B, T, dtypes[0], device, gen))
-    copy_gbps = {}
+                yield _commit_case(B, T, dtypes[0], device, gen)
+
+    # on CUDA one ceiling for the run, far past L2; on a CPU the copy of each case's own bytes
+    copy_gbps = {None: copy_bandwidth(device)} if device.type == "cuda" else {}
     rows = []
-    for case in cases:
-        key = case.bytes
+    for case in cases():
+        key = None if device.type == "cuda" else case.bytes
         if key not in copy_gbps:
             copy_gbps[key] = copy_bandwidth(device, case.bytes, repeats)
-        for impl in impls:
-            if impl == "compiled":
+        timed = list(impls) + (["fast_kernels"] if "fast" in modules and case.launches is not None else [])
+        for impl in timed:
+            timer = "cuda_event" if device.type == "cuda" else "process_cpu_time"
+            if impl == "fast_kernels":
+                t0 = time.perf_counter()
+                times = time_rotated(case.launches(rotation_copies(device, case.bytes)), device, repeats)
+                timer = "cuda_graph"
+            elif impl == "compiled":
                 fn = compiled.setdefault(case.op, torch.compile(getattr(reference, case.op), dynamic=True))
-                ops = _Namespace(**{case.op: fn})
+                t0 = time.perf_counter()
+                times = _time(functools.partial(case.run, _Namespace(**{case.op: fn})), device, repeats)
             elif impl in modules and hasattr(modules[impl], case.op):
-                ops = modules[impl]
+                t0 = time.perf_counter()
+                times = _time(functools.partial(case.run, modules[impl]), device, repeats)
             else:
                 continue
-            t0 = time.perf_counter()
-            times = _time(functools.partial(case.run, ops), device, repeats)
             med = statistics.median(times)
             gbps = case.bytes / med / 1e3
             rows.append(dict(suite="kernels", run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"),
                              **env, threads=torch.get_num_threads(), load_avg=round(os.getloadavg()[0], 2),
-                             timer="cuda_event" if device.type == "cuda" else "process_cpu_time", op=case.op,
+                             timer=timer, op=case.op,
                              impl=impl, dtype=str(case.dtype).replace("torch.", ""), batch_size=case.batch_size,
                              num_slots=case.num_slots, num_draft_tokens=case.num_draft_tokens,
                              vocab_size=case.vocab_size, top_logprobs_num=case.top_logprobs_num, rows=case.rows,

@@ -96,3 +96,26 @@ def test_e2e_benchmark_csv_schema_phases_and_plot(tmp_path, monkeypatch):
             assert float(r["mean_accept_len"]) > 1
     png = plot_e2e(load_results(tmp_path), tmp_path / "e2e.png")
     assert png.stat().st_size > 10_000
+
+
+def test_kernel_launches_alone_compute_the_op_on_rotated_copies():
+    """The kernel suite's launch-alone rows time `logprob_launches`: each call must be the op's own kernel
+    work (its logprobs equal the float64 log-softmax) on its own copy of the logits."""
+    import torch
+
+    from specdec.bench_kernels import _logprob_case, rotation_copies, time_rotated
+
+    case = _logprob_case(2, 2, 300, torch.float32, 5, torch.device("cpu"), torch.Generator().manual_seed(0))
+    calls = case.launches(3)
+    inputs = [c.args[0] for c in calls]
+    assert len({x.data_ptr() for x in inputs}) == 3 and all(torch.equal(x, inputs[0]) for x in inputs)
+    lp, top_val, top_idx, _, _ = calls[1]()
+    temps = calls[1].args[4]
+    predict = calls[1].args[1]
+    want = torch.log_softmax(inputs[0].double() / temps.double().repeat_interleave(2)[:, None], -1)
+    torch.testing.assert_close(lp.double(), want[torch.arange(4), predict.long()], rtol=0, atol=1e-5)
+    torch.testing.assert_close(top_val.double(), want.topk(8, -1).values, rtol=0, atol=1e-5)
+    ran = []
+    times = time_rotated([lambda i=i: ran.append(i) for i in range(3)], "cpu", 7)
+    assert len(times) == 7 and ran == [0, 1, 2, 0, 1, 2, 0]
+    assert rotation_copies("cpu", 10) == 1
