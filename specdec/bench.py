@@ -29,7 +29,10 @@ COLUMNS = ["run_id", "timestamp", "commit", "device", "torch", "triton", "thread
            "wall_s", "tokens_per_s", "tokens_per_s_p20", "tokens_per_s_p80", "cpu_s", "cpu_tokens_per_s",
            "mean_accept_len", "step_cost_in_target_only_steps", "speedup_vs_target_only", "cpu_speedup_vs_target_only",
            "cpu_speedup_vs_hf_target_only", "same_tokens_as_target_only", "identical_request_fraction",
-           "max_logprob_diff"]
+           "max_logprob_diff", "cpu_model", "linear_backend", "forward_cost_in_target_only_steps", "speedup_bound"]
+
+#: the phases of a decode step that are model forwards (drafting, the draft's extend, the target's verify)
+FORWARD_PHASES = ("draft", "draft_extend", "verify_forward")
 
 
 @dataclass
@@ -64,6 +67,37 @@ def environment(device) -> dict:
     else:
         name = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     return dict(commit=commit, device=name, torch=torch.__version__, triton=triton_version)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _forward_pass(runner, batches, params):
+    """One untimed pass with the phase timer on -> (seconds of model forwards per decode step, steps), or
+    None for a peer. What a step costs with zero overhead: its draft, draft-extend and verify forwards."""
+    if not isinstance(runner, Engine):
+        return None
+    from .workers.base import PhaseTimer
+    worker = runner.worker
+    worker.timer = PhaseTimer(worker.device)
+    steps = 0
+    try:
+        for batch in batches:
+            runner.generate(batch, params, seed=0)
+            steps += runner.last_stats.num_decode_steps
+        totals = worker.timer.totals()
+    finally:
+        worker.timer = None
+    return sum(totals.get(p, 0.0) for p in FORWARD_PHASES) / max(steps, 1)
 
 
 def _logprob_pass(runner, batches, params) -> list:
@@ -114,7 +148,9 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
     """
     if not cases or cases[0].worker != "target-only":
         raise ValueError("the first benchmark case must be target-only (the speedup baseline)")
+    from .models.linear import cpu_linear_summary as linear_summary
     env = environment(target.device)
+    env_cpu = cpu_model()
     run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     rows = []
     max_len = max(len(p) for p in prompts) + max_new_tokens + 64
@@ -139,12 +175,13 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                                           max_batch=B, max_seq_len=max_len))
             measured = _measure(runners, batches, params, repeats)
             lp_outs = [_logprob_pass(r, batches, params) for r in runners]
+            forward_s = [_forward_pass(r, batches, params) for r in runners]
             medians = [sorted(ps, key=lambda p: p["tokens"] / p["wall"])[len(ps) // 2] for ps in measured]
             base, base_cpu = medians[0], medians[0]["tokens"] / medians[0]["cpu"]
             base_step_cpu = base["cpu"] / base["steps"]
             hf_cpu = next((m["tokens"] / m["cpu"] for c, m in zip(here, medians) if c.worker == "hf-target-only"),
                           None)
-            for case, runner, ps, med, lps in zip(here, runners, measured, medians, lp_outs):
+            for case, runner, ps, med, lps, fwd in zip(here, runners, measured, medians, lp_outs, forward_s):
                 tps_all = [p["tokens"] / p["wall"] for p in ps]
                 tps, cpu_tps = med["tokens"] / med["wall"], med["tokens"] / med["cpu"]
                 outs = med["outs"]
@@ -155,6 +192,8 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                 lp = [abs(x - y) for a, b in zip(lps or [], lp_outs[0]) if a.token_ids == b.token_ids
                       for x, y in zip(a.logprobs, b.logprobs)]
                 acc = [a for o in outs for a in o.accept_lens]
+                mean_acc = sum(acc) / len(acc) if acc else 1.0
+                fwd_cost = fwd / forward_s[0] if fwd is not None and forward_s[0] else None
                 spec = case.spec
                 row = dict(run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"), **env,
                            threads=torch.get_num_threads(), load_avg=round(os.getloadavg()[0], 2),
@@ -179,11 +218,14 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                            same_tokens_as_target_only=same if temperature == 0 else "",
                            identical_request_fraction=(round(sum(identical) / len(identical), 4)
                                                        if temperature == 0 else ""),
-                           max_logprob_diff=f"{max(lp):.2e}" if lp else "")
+                           max_logprob_diff=f"{max(lp):.2e}" if lp else "", cpu_model=env_cpu,
+                           linear_backend="" if case.is_peer else linear_summary(),
+                           forward_cost_in_target_only_steps=round(fwd_cost, 4) if fwd_cost else "",
+                           speedup_bound=round(mean_acc / fwd_cost, 4) if fwd_cost else "")
                 rows.append(row)
                 progress(f"T={temperature} B={B} {case_name(case):24s} tok/s {tps:8.1f} cpu-tok/s {cpu_tps:8.1f} "
                          f"accept {row['mean_accept_len'] or 1:.2f} x{row['cpu_speedup_vs_target_only']:.2f} "
-                         f"same={same}")
+                         f"bound x{row['speedup_bound'] or 0:.2f} same={same}")
     return write_csv(rows, COLUMNS, out_dir, f"{tag}-{run_id}.csv")
 
 

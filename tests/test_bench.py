@@ -38,6 +38,15 @@ def test_benchmark_csv_schema_and_plot(tmp_path):
     assert all(0 < float(r["step_cost_in_target_only_steps"]) < float("inf") for r in rows)
     assert all(r["step_cost_in_target_only_steps"] == "" for r in peers)
     assert all(float(r["mean_accept_len"]) > 1.0 for r in greedy if r["worker"] != "target-only")
+    # the bound: accepted tokens per step over the step's model forwards, in target-only forwards
+    for r in rows:
+        if r["worker"] == "target-only":
+            assert float(r["forward_cost_in_target_only_steps"]) == float(r["speedup_bound"]) == 1.0
+        else:
+            cost, acc = float(r["forward_cost_in_target_only_steps"]), float(r["mean_accept_len"])
+            assert 0 < cost < float("inf") and abs(float(r["speedup_bound"]) - acc / cost) <= 1e-3 * acc / cost
+        assert r["cpu_model"] and r["linear_backend"].startswith("auto")
+    assert all(r["linear_backend"] == r["speedup_bound"] == "" and r["cpu_model"] for r in peers)
     png = plot_acceptance_and_speedup(load_results(tmp_path), tmp_path / "plot.png")
     assert png.stat().st_size > 10_000
 

@@ -245,18 +245,54 @@ def test_config_accepts_real_llama_fields():
 @pytest.mark.parametrize("shape", [(2, 48), (5, 48), (3, 11, 48)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_prepacked_cpu_linear_equals_f_linear(shape, bias):
-    """The oneDNN-prepacked product (CPU fp32 inference, 2+ rows) against F.linear, and its copy follows
-    in-place changes of the weight."""
-    from specdec.models.linear import Linear
+    """The oneDNN-prepacked product (forced) against F.linear, and its copy follows in-place changes of the
+    weight."""
+    from specdec.models import linear
     torch.manual_seed(0)
-    lin = Linear(48, 37, bias=bias)
+    lin = linear.Linear(48, 37, bias=bias)
     x = torch.randn(shape)
+    linear.set_cpu_linear_backend("onednn")
+    try:
+        with torch.inference_mode():
+            ref = torch.nn.functional.linear(x, lin.weight, lin.bias)
+            torch.testing.assert_close(lin(x), ref, rtol=1e-5, atol=1e-5)
+            assert lin._packed is not None  # the oneDNN path ran
+            with torch.no_grad():
+                lin.weight.mul_(-2.0)
+            torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5,
+                                       atol=1e-5)
+    finally:
+        linear.set_cpu_linear_backend("auto")
+
+
+def test_auto_cpu_linear_measures_once_per_shape_and_row_bucket(monkeypatch):
+    """"auto" times both backends at the first use of a (shape, row bucket), caches the winner, and every
+    choice computes F.linear's product; "mkl" never packs; a bad mode is a ValueError."""
+    from specdec.models import linear
+    monkeypatch.setattr(linear, "_choices", {})
+    measured = []
+    original = linear.Linear._measure
+    monkeypatch.setattr(linear.Linear, "_measure", lambda self, rows: measured.append(rows) or original(self, rows))
+    lin = linear.Linear(40, 24)
     with torch.inference_mode():
-        ref = torch.nn.functional.linear(x, lin.weight, lin.bias)
-        torch.testing.assert_close(lin(x), ref, rtol=1e-5, atol=1e-5)
-        with torch.no_grad():
-            lin.weight.mul_(-2.0)
-        torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+        for rows in (3, 4, 3, 1, 9, 16, 2):
+            x = torch.randn(rows, 40)
+            torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5,
+                                       atol=1e-5)
+    assert measured == [4, 1, 16, 2]  # buckets 4 (3, 4, 3), 1, 16 (9, 16), 2
+    assert set(linear.cpu_linear_choices()) == {(24, 40, True, b) for b in (1, 2, 4, 16)}
+    assert set(linear.cpu_linear_choices().values()) <= {"mkl", "onednn"}
+    assert linear.cpu_linear_summary().startswith("auto (onednn ")
+    fresh = linear.Linear(40, 24)
+    linear.set_cpu_linear_backend("mkl")
+    try:
+        with torch.inference_mode():
+            fresh(torch.randn(64, 40))
+        assert fresh._packed is None and linear.cpu_linear_summary() == "mkl"
+    finally:
+        linear.set_cpu_linear_backend("auto")
+    with pytest.raises(ValueError, match="'blas'"):
+        linear.set_cpu_linear_backend("blas")
 
 
 def test_linear_keeps_autograd_and_single_rows_on_f_linear():

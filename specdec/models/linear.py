@@ -1,53 +1,128 @@
-"""The models' linear layer: nn.Linear, with oneDNN prepacked weights for CPU inference.
+"""The models' linear layer: nn.Linear whose CPU fp32 inference picks its matmul backend by measurement.
 
-On the x86 CPUs this project is measured on, PyTorch's default fp32 path (MKL sgemm) runs a
-(M x 256) @ (256 x 1376) product at 2.2-2.4x the time of oneDNN with the weight prepacked into its
-blocked layout, for every M from 2 to 256; for M = 1 (a matrix-vector product) MKL is 10-25 % faster
-(`python -m specdec.models.linear` prints both on the machine at hand). A decode step multiplies
-mostly small M (B x W tree nodes), so a CPU fp32 forward without autograd uses the prepacked copy
-for M >= 2; everything else (one row, autograd, other dtypes and devices, torch.compile, which packs
-weights itself) takes F.linear. The copy is made on first use and remade when the weight changes,
-and costs one more copy of each weight in memory: `set_prepacked_cpu_linear(False)` turns it off.
+Which CPU backend is faster depends on the machine, the weight's shape and the number of rows, more than
+any constant says: on an AMD EPYC, oneDNN with the weight prepacked into its blocked layout ran a
+(M x 256) @ (256 x 1376) product 2.2-2.4x faster than PyTorch's default path (MKL sgemm) for M = 2..256;
+on an Intel Xeon with AMX the same oneDNN path was 2.2x slower at M = 2 and only 1.2x faster at M = 16.
+So on first use of each (weight shape, row bucket) a CPU fp32 forward without autograd times both
+backends on that weight (a few milliseconds, cached per process) and keeps the faster one; the row bucket
+is M rounded up to a power of two. Everything else (autograd, other dtypes and devices, torch.compile,
+which packs weights itself) takes F.linear. The packed copy is made on first use of oneDNN for a weight,
+remade when the weight changes, and costs one more copy of it in memory.
+
+`set_cpu_linear_backend("auto" | "mkl" | "onednn")` forces either (`"mkl"` means F.linear, whatever BLAS
+torch was built with); `cpu_linear_choices()` says what "auto" chose; `python -m specdec.models.linear`
+prints both backends' times on the machine at hand.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-_prepacked = {"enabled": True, "available": None}
+BACKENDS = ("auto", "mkl", "onednn")
+
+_state = {"mode": "auto", "onednn": None}
+#: (out_features, in_features, bias, row bucket) -> "mkl" | "onednn", what "auto" measured
+_choices: dict[tuple, str] = {}
+
+#: each backend is timed for about this long per (shape, bucket), best of three rounds
+_MEASURE_S = 2e-3
+
+
+def set_cpu_linear_backend(mode: str) -> None:
+    """CPU fp32 inference: "auto" (default; the faster backend per weight shape and row bucket, measured at
+    first use), "mkl" (always F.linear) or "onednn" (always the prepacked oneDNN product)."""
+    if mode not in BACKENDS:
+        raise ValueError(f"cpu linear backend must be one of {BACKENDS}, got {mode!r}")
+    if mode == "onednn" and not _onednn_available():
+        raise ValueError("cpu linear backend 'onednn': this torch build has no oneDNN linear ops")
+    _state["mode"] = mode
 
 
 def set_prepacked_cpu_linear(enabled: bool) -> None:
-    """Use (True, the default) or not oneDNN prepacked weights for CPU fp32 inference."""
-    _prepacked["enabled"] = bool(enabled)
+    """Older switch: True = "auto", False = "mkl"."""
+    set_cpu_linear_backend("auto" if enabled else "mkl")
+
+
+def cpu_linear_backend() -> str:
+    return _state["mode"]
+
+
+def cpu_linear_choices() -> dict[tuple, str]:
+    """(out_features, in_features, bias, row bucket) -> the backend "auto" measured faster, so far."""
+    return dict(_choices)
+
+
+def cpu_linear_summary() -> str:
+    """One line for benchmark rows: the mode, and under "auto" how many (shape, bucket) chose each backend."""
+    mode = _state["mode"]
+    if mode != "auto":
+        return mode
+    n = sum(v == "onednn" for v in _choices.values())
+    return f"auto (onednn {n}, mkl {len(_choices) - n})"
 
 
 def _onednn_available() -> bool:
-    if _prepacked["available"] is None:
+    if _state["onednn"] is None:
         ok = torch.backends.mkldnn.is_available()
         try:
             ok = ok and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn,
                                                                                   "_reorder_linear_weight")
         except (AttributeError, RuntimeError):
             ok = False
-        _prepacked["available"] = bool(ok)
-    return _prepacked["available"]
+        _state["onednn"] = bool(ok)
+    return _state["onednn"]
+
+
+def _row_bucket(rows: int) -> int:
+    return 1 << max(0, rows - 1).bit_length()
 
 
 class Linear(nn.Linear):
-    """nn.Linear; CPU fp32 inference on two or more rows multiplies with a oneDNN-prepacked weight."""
+    """nn.Linear; CPU fp32 inference multiplies with the backend chosen for its shape and row count."""
 
     _packed: torch.Tensor | None = None
     _packed_key: tuple | None = None
 
     def forward(self, x):
-        if (x.numel() >= 2 * self.in_features and _prepacked["enabled"] and not x.is_cuda
-                and x.dtype == torch.float32 and self.weight.dtype == torch.float32 and x.device.type == "cpu"
-                and not torch.is_grad_enabled() and not torch.compiler.is_compiling() and _onednn_available()):
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._prepacked_weight(), self.bias, "none",
-                                                      [], "")
+        if (_state["mode"] != "mkl" and x.device.type == "cpu" and x.dtype == torch.float32
+                and self.weight.dtype == torch.float32 and not torch.is_grad_enabled()
+                and not torch.compiler.is_compiling() and x.numel() > 0 and _onednn_available()):
+            if self._backend_for(x.numel() // self.in_features) == "onednn":
+                return self._onednn(x)
         return F.linear(x, self.weight, self.bias)
+
+    def _onednn(self, x):
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._prepacked_weight(), self.bias, "none", [], "")
+
+    def _backend_for(self, rows: int) -> str:
+        if _state["mode"] == "onednn":
+            return "onednn"
+        key = (self.out_features, self.in_features, self.bias is not None, _row_bucket(rows))
+        if key not in _choices:
+            _choices[key] = self._measure(key[-1])
+        return _choices[key]
+
+    def _measure(self, rows: int) -> str:
+        """Times F.linear and the prepacked product on `rows` random rows with this weight -> the faster."""
+        x = torch.randn(rows, self.in_features)
+        runs = {"mkl": lambda: F.linear(x, self.weight, self.bias), "onednn": lambda: self._onednn(x)}
+        t0 = time.perf_counter()
+        for run in runs.values():
+            run()  # the first oneDNN call packs the weight
+        per_call = max((time.perf_counter() - t0) / 2, 1e-7)
+        reps = max(1, min(50, int(_MEASURE_S / per_call)))
+        best = {}
+        for _ in range(3):
+            for name, run in runs.items():
+                t = time.perf_counter()
+                for _ in range(reps):
+                    run()
+                best[name] = min(best.get(name, float("inf")), time.perf_counter() - t)
+        return "onednn" if best["onednn"] < best["mkl"] else "mkl"
 
     def _prepacked_weight(self) -> torch.Tensor:
         w = self.weight
@@ -59,26 +134,24 @@ class Linear(nn.Linear):
 
 
 def _compare(M_values=(1, 2, 4, 16, 64, 256), k=256, n=1376, repeats=500) -> None:
-    import time
     torch.set_num_threads(1)
-    w = torch.randn(n, k)
     lin = Linear(k, n, bias=False)
-    lin.weight.data.copy_(w)
     print(f"(M x {k}) @ ({k} x {n}), fp32, 1 thread, process CPU time per product:")
     for M in M_values:
         x = torch.randn(M, k)
         times = {}
         with torch.inference_mode():
-            for name, enabled in (("F.linear (MKL)", False), ("oneDNN prepacked", True)):
-                set_prepacked_cpu_linear(enabled)
+            for name in ("mkl", "onednn"):
+                set_cpu_linear_backend(name)
                 for _ in range(20):
                     lin(x)
                 t0 = time.process_time()
                 for _ in range(repeats):
                     lin(x)
                 times[name] = (time.process_time() - t0) / repeats * 1e6
-        set_prepacked_cpu_linear(True)
-        print(f"M={M:4d}  " + "  ".join(f"{name} {us:7.1f} us" for name, us in times.items()))
+            set_cpu_linear_backend("auto")
+            chosen = lin._backend_for(M)
+        print(f"M={M:4d}  " + "  ".join(f"{name} {us:7.1f} us" for name, us in times.items()) + f"  auto: {chosen}")
 
 
 if __name__ == "__main__":
