@@ -221,6 +221,7 @@ def test_draft_vocabulary_is_the_most_frequent_ids_ascending():
     with pytest.raises(ValueError, match="draft vocabulary size"):
         zt.draft_vocabulary(stream, 12, 13)
     assert zt.zoo_feature_layers(6) == [2, 4, 6] and zt.zoo_feature_layers(2) == [1, 2]
+    assert zt.zoo_feature_layers(24) == [2, 12, 21]  # a deep target: the peers' default, low, middle, high
 
 
 def test_a_bad_eagle3_vocabulary_is_refused_before_any_training(capsys):

@@ -42,7 +42,7 @@ import reference
 
 from ..models import EagleDraftHead, LlamaConfig, LlamaForCausalLM, MTPDraftModel
 from ..models.draft_common import draft_config_like
-from ..models.eagle3 import Eagle3DraftHead, eagle3_config_like
+from ..models.eagle3 import Eagle3DraftHead, default_feature_layers, eagle3_config_like
 from ..models.io import quantize_int8_matrices, save_dir
 from ..models.layers import AttentionMetadata, hf_named_parameters, rope_cos_sin
 from . import DEFAULT_NAME, WEIGHTS_DIR, corpus
@@ -380,10 +380,13 @@ def draft_vocabulary(stream: np.ndarray, vocab_size: int, size: int) -> torch.Te
 
 
 def zoo_feature_layers(num_target_layers: int) -> list[int]:
-    """Low, middle and high features for a shallow target: the inputs of layers L // 3 and 2L // 3 and the
-    last layer's output (L). SGLang's default, the inputs of 2, L // 2 and L - 3, gives [2, 3, 3] at L = 6:
-    one layer twice and nothing from the top half."""
+    """Low, middle and high features. A deep target (L >= 7) takes SafeAILab's and SGLang's default, the
+    inputs of layers 2, L // 2 and L - 3 (`default_feature_layers`), as real EAGLE-3 heads do. A shallow one
+    takes the inputs of layers L // 3 and 2L // 3 and the last layer's output (L): at L = 6 the peers' rule
+    gives [2, 3, 3], one layer twice and nothing from the top half."""
     L = num_target_layers
+    if L >= 7:
+        return default_feature_layers(L)
     return sorted({max(1, L // 3), max(1, 2 * L // 3), L})
 
 
