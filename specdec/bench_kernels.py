@@ -12,7 +12,7 @@ import functools
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -47,6 +47,8 @@ class OpCase:
     #: The fast kernels' launch alone, without the op's checks and host packing: `launches(copies)` -> one
     #: call per rotated copy of the inputs (None for an op without a separate launcher).
     launches: Callable | None = None
+    #: The tensors and batch `run` reads, by name (for checks of the outputs against an oracle).
+    inputs: dict = field(default_factory=dict)
 
 
 def _logprob_case(B, T, V, dtype, top_k, device, gen) -> OpCase:
@@ -64,7 +66,8 @@ def _logprob_case(B, T, V, dtype, top_k, device, gen) -> OpCase:
 
     moved = B * T * V * logits.element_size() + B * T * (4 + 8 * top_k)
     return OpCase("compute_spec_v2_logprobs", dtype, B, T, W, V, top_k, B * T, moved, run,
-                  functools.partial(logprob_launches, logits, predict, accept, temps, top_k))
+                  functools.partial(logprob_launches, logits, predict, accept, temps, top_k),
+                  dict(batch=batch, logits=logits, predict=predict, accept=accept, temps=temps))
 
 
 def logprob_launches(logits, predict, accept, temps, top_k, copies: int, num_splits=None) -> list[Callable]:

@@ -1,4 +1,4 @@
-"""`specdec` console command: `specdec demo`, `specdec zoo train ...`."""
+"""`specdec` console command: `specdec demo`, `specdec bench`, `specdec gpu-check`, `specdec zoo train ...`."""
 from __future__ import annotations
 
 import argparse
@@ -121,6 +121,9 @@ def main(argv=None) -> int:
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     gen.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    sub.add_parser("gpu-check", add_help=False,
+                   help="one offline run that measures and checks the fast path on this machine's GPU, "
+                        "writing CSVs and SUMMARY.md under --out (`specdec gpu-check --help`)")
     zoo_help = sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo list`, `specdec zoo train --help`",
                               add_help=False)
     zoo_help.add_argument("action", nargs="?", choices=["list", "train"])
@@ -161,6 +164,9 @@ def main(argv=None) -> int:
     bench.add_argument("--out", default="results", help="directory for the CSV and its plot")
     bench.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     bench.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
+    if argv[:1] == ["gpu-check"]:
+        from .gpu_check import main as gpu_check_main
+        return gpu_check_main(argv[1:])
     if argv[:1] == ["zoo"]:
         rest = argv[1:]
         if rest[:1] == ["list"]:

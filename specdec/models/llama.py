@@ -287,15 +287,20 @@ def random_llama(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
                       num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
                       num_key_value_heads=num_key_value_heads, tie_word_embeddings=tie_word_embeddings, **kw)
-    g = torch.Generator().manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
+    # A CUDA model is built and drawn on its device: a 1.5B model's normals take minutes on one CPU thread.
+    # Its values then differ from a CPU build of the same seed (another generator).
+    where = torch.device(device) if torch.device(device).type == "cuda" else torch.device("cpu")
+    g = torch.Generator(device=where).manual_seed(seed)
+    with torch.device(where):
+        model = LlamaForCausalLM(cfg)
     std = init_std if init_std is not None else 1.0 / hidden_size ** 0.5
     with torch.no_grad():
         for name, p in hf_named_parameters(model):
+            normal = torch.randn(p.shape, generator=g, device=where)
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                p.copy_(1.0 + 0.1 * normal)
             elif name.endswith("embed_tokens.weight"):
-                p.copy_(torch.randn(p.shape, generator=g))
+                p.copy_(normal)
             else:
-                p.copy_(std * torch.randn(p.shape, generator=g))
+                p.copy_(std * normal)
     return model.to(device=device, dtype=dtype).eval()
