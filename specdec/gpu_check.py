@@ -151,7 +151,8 @@ class RowWriter:
         if not isinstance(row, self.row_type):
             raise ValueError(f"{self.path.name} takes {self.row_type.__name__} rows, got {type(row).__name__}")
         values = dataclasses.asdict(row)
-        self.writer.writerow({k: round(v, 4) if isinstance(v, float) else v for k, v in values.items()})
+        # six significant digits: a ratio of 3e-5 (an interpreted kernel against a copy) must not read as 0
+        self.writer.writerow({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in values.items()})
         self.file.flush()
 
 

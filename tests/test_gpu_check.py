@@ -84,6 +84,12 @@ def test_smoke_run_writes_every_file_and_nothing_else(tmp_path):
     assert list(home.iterdir()) == [] and list(tmp.iterdir()) == [] and list(cwd.iterdir()) == []
     assert _untracked_and_ignored() == before
 
+    # notebook 02 finds such a directory under results/ and draws its GPU figures from it
+    from specdec.plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
+    assert gpu_check_dirs(tmp_path) == [out]
+    for plot in (plot_gpu_check_kernels, plot_gpu_check_e2e):
+        assert plot(out, tmp_path / f"{plot.__name__}.png").stat().st_size > 10_000
+
 
 def test_a_failing_or_slow_part_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     """Stand-in parts: one writes its file, one exits 3, one sleeps until the global deadline cuts it (its budget
