@@ -291,3 +291,61 @@ def main_bench(args) -> int:
     png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))
     print(f"wrote {path} and {png}")
     return 0
+
+
+class _CPUPhaseTimer:
+    """PhaseTimer's interface with process CPU seconds (one thread: what a step costs, whatever else runs)."""
+
+    def __init__(self):
+        self.marks: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def timed():
+            t0 = time.process_time()
+            yield
+            self.marks[name] = self.marks.get(name, 0.0) + time.process_time() - t0
+        return timed()
+
+    def totals(self) -> dict[str, float]:
+        out, self.marks = self.marks, {}
+        return out
+
+
+def draft_step_cost(target, eagle_head, prompts, max_new_tokens=32, num_steps=5, repeats=3) -> dict:
+    """The cost of one draft forward of `eagle_head` against one target-only decode step, at B = 1, in process
+    CPU seconds at the current thread count (median over `repeats`): the draft forwards are those of an
+    EAGLE chain of `num_steps` (S - 1 per step inside the draft phase, with their top-K and tree bookkeeping,
+    so the figure errs high); the target-only step is the difference of a long and a short decode, so the
+    prefill cancels."""
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    max_len = max(len(p) for p in prompts) + max_new_tokens + 64
+    base = Engine(target, max_batch=1, max_seq_len=max_len, impl="reference")
+    chain = Engine(target, eagle_head, SpecConfig(num_steps, 1), max_batch=1, max_seq_len=max_len, impl="reference")
+    base.generate(prompts[:1], SamplingParams(max_new_tokens=4))
+    chain.generate(prompts[:1], SamplingParams(max_new_tokens=4))
+    def cpu_and_steps(n_tokens):
+        cpu, steps = 0.0, 0
+        for p in prompts:
+            c0 = time.process_time()
+            base.generate([p], SamplingParams(max_new_tokens=n_tokens))
+            cpu += time.process_time() - c0
+            steps += base.last_stats.num_decode_steps
+        return cpu, steps
+
+    target_step, draft_forward = [], []
+    for _ in range(repeats):
+        (cpu_long, steps_long), (cpu_short, steps_short) = cpu_and_steps(max_new_tokens), cpu_and_steps(2)
+        target_step.append((cpu_long - cpu_short) / (steps_long - steps_short))  # the prefill cancels
+        chain.worker.timer = _CPUPhaseTimer()
+        steps = 0
+        for p in prompts:
+            chain.generate([p], params)
+            steps += chain.last_stats.num_decode_steps
+        draft_forward.append(chain.worker.timer.totals().get("draft", 0.0) / steps / (num_steps - 1))
+        chain.worker.timer = None
+    t, d = sorted(target_step)[repeats // 2], sorted(draft_forward)[repeats // 2]
+    return dict(threads=torch.get_num_threads(), target_only_step_ms=round(t * 1e3, 4),
+                eagle_draft_forward_ms=round(d * 1e3, 4), draft_forward_in_target_only_steps=round(d / t, 4))

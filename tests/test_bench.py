@@ -1,6 +1,8 @@
 """The benchmark harness writes one tidy CSV per run and the plot reads only that CSV."""
 import csv
 
+import torch
+
 from specdec import SpecConfig
 from specdec.models import random_eagle3_head
 from specdec.bench import COLUMNS, BenchCase, run_benchmark
@@ -128,3 +130,14 @@ def test_kernel_launches_alone_compute_the_op_on_rotated_copies():
     times = time_rotated([lambda i=i: ran.append(i) for i in range(3)], "cpu", 7)
     assert len(times) == 7 and ran == [0, 1, 2, 0, 1, 2, 0]
     assert rotation_copies("cpu", 10) == 1
+
+
+def test_draft_step_cost_is_a_ratio_of_two_measured_costs():
+    from specdec.bench import draft_step_cost
+    target = near_bigram_target(seed=1, mix=0.2)
+    cost = draft_step_cost(target, perfect_eagle(target), [[1, 2, 3], [4, 5]], max_new_tokens=8, num_steps=3,
+                           repeats=1)
+    assert cost["threads"] == torch.get_num_threads()
+    assert cost["target_only_step_ms"] > 0 and cost["eagle_draft_forward_ms"] > 0
+    ratio = cost["eagle_draft_forward_ms"] / cost["target_only_step_ms"]
+    assert abs(cost["draft_forward_in_target_only_steps"] - ratio) <= 1e-3 * ratio + 1e-4
