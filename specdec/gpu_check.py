@@ -558,7 +558,9 @@ def run_e2e(out: Path, smoke: bool) -> None:
                     continue  # interpreted kernels: one batch size shows the row's form
                 t1 = time.perf_counter()
                 engine = engines[label_w, impl, graphs]
-                engine.generate(prompts[:B], SamplingParams(max_new_tokens=min(new_tokens, 8)))  # compile, capture
+                # compiles; with graphs the whole run, so that a bucket a request's early exit needs is
+                # captured here, not in a timed pass
+                engine.generate(prompts[:B], params if graphs else SamplingParams(max_new_tokens=min(new_tokens, 8)))
                 passes = [_decode_pass(engine, prompts[:B], params, device) for _ in range(repeats)]
                 passes.sort(key=lambda p: p["tps"])
                 med = passes[len(passes) // 2]
@@ -640,7 +642,7 @@ OUTPUT_FILES = [p.output for p in PARTS] + [LOG_NAME, SUMMARY_NAME]
 @dataclass
 class PartResult:
     name: str
-    status: str  # ran | failed | timed out | skipped | not reached
+    status: str  # ran | failed | timed out | interrupted | skipped | not reached
     seconds: float = 0.0
     note: str = ""
 
@@ -717,6 +719,10 @@ def run_all(out: Path, deadline_s: float, smoke: bool, only: list[str] | None = 
                 except subprocess.TimeoutExpired:
                     _kill(proc)
                     status, note = "timed out", f"after {timeout:.0f} s; rows measured before are kept"
+                except BaseException:  # SIGTERM / SIGINT to the run: the part in flight is recorded, then stop
+                    results.append(PartResult(part.name, "interrupted", time.monotonic() - t0,
+                                              "the run was stopped; rows measured before are kept"))
+                    raise
                 child["proc"] = None
                 seconds = time.monotonic() - t0
                 log.write(f"===== {part.name}: {status} in {seconds:.1f} s\n")
