@@ -1,7 +1,6 @@
 """Triton versions of the `reference` ops, with the same names, signatures and docstring contracts.
 
-`fast` exports an op only once its kernel exists; `specdec.op_checks.WORKER_OPS` lists what the
-workers need, and `Engine(impl="fast")` names whatever is still missing. Argument checks are the
+`fast` exports every op of `specdec.op_checks.WORKER_OPS`, the ops the workers call. Argument checks are the
 shared ones of `specdec.op_checks` and run before any kernel launches. On a machine without CUDA the
 kernels run under Triton's interpreter: importing `fast` there sets ``TRITON_INTERPRET=1`` unless the
 variable is already set (Triton reads it when the kernels below are defined), also when something
@@ -18,24 +17,7 @@ from .tree import build_tree_kernel_efficient, organize_draft_results, select_to
 from .verify import tree_speculative_sampling_target_only, verify_tree_greedy
 
 
-
-def __getattr__(name):
-    # Worker classes bound to these ops, through the same one-worker-per-algorithm code as `reference`'s.
-    if name in ("EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"):
-        import sys
-
-        from specdec.op_checks import missing_ops
-        from specdec.workers import bind
-        module = sys.modules[__name__]
-        missing = missing_ops(module)
-        if missing:
-            raise AttributeError(f"fast.{name} needs every worker op; fast lacks {', '.join(missing)}")
-        return bind(name, module)
-    raise AttributeError(name)
-
-
 __all__ = ["softmax_topk", "select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient",
            "verify_tree_greedy", "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs",
            "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob", "plan_tree_attention",
-           "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache", "EagleWorkerV2", "MultiLayerEagleWorkerV2",
-           "TargetOnlyWorker"]
+           "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache"]

@@ -2,9 +2,9 @@
 
 ``build_tree_kernel_efficient`` is one kernel launch with one program per request; it writes every
 output itself (no fill or arange launches beside it) and reads nothing back to the host.
-``select_top_k_tokens`` and ``organize_draft_results`` are the reference's torch ops, re-exported:
-they are O(B*K^2) sorts of a few hundred elements, one small launch each, and the decode step is
-replayed as a CUDA graph, where launch overhead vanishes (see their docstrings).
+``select_top_k_tokens`` and ``organize_draft_results`` are the torch ops of `specdec.draft_tree`, shared
+with `reference`: O(B*K^2) sorts of a few hundred elements, one small launch each, and the decode step is
+replayed as a CUDA graph, where launch overhead vanishes.
 
 Notation as in ``reference.tree``: B batch, K ``topk``, S ``spec_steps``, W ``num_verify_tokens``.
 """
@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.tree import max_num_draft_tokens, organize_draft_results, select_top_k_tokens
-from specdec.op_checks import check_build_tree_args
+from specdec.draft_tree import organize_draft_results, select_top_k_tokens
+from specdec.op_checks import check_build_tree_args, max_num_draft_tokens
 
 __all__ = [
     "build_tree_kernel_efficient",

@@ -19,8 +19,8 @@ Outputs (both verifies):
 * ``accept_length (B,) int32``: accepted draft tokens, the bonus token excluded.
 
 The walk examines each non-root node at most once, so the vectorised versions run a static loop of
-W-1 iterations over the whole batch with no host synchronisation. The ``*_naive`` versions are
-independent per-request, per-node loops that read like SGLang's CUDA kernels, for tests.
+W-1 iterations over the whole batch with no host synchronisation. Their per-request, per-node
+oracles are in `reference.naive`.
 """
 
 from __future__ import annotations
@@ -30,17 +30,7 @@ import torch
 from specdec.op_checks import (check_integer_dtype, check_same_device, check_sampling_args, check_shape, check_tensor,
                                check_tree_args)
 
-__all__ = [
-    "tree_speculative_sampling_target_only",
-    "tree_speculative_sampling_target_only_naive",
-    "verify_tree_greedy",
-    "verify_tree_greedy_naive",
-]
-
-
-# --------------------------------------------------------------------------------------------
-# validation (shapes, dtypes and python numbers only: nothing here reads tensor values)
-# --------------------------------------------------------------------------------------------
+__all__ = ["tree_speculative_sampling_target_only", "verify_tree_greedy"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -65,22 +55,6 @@ def _sample_residual(resid: torch.Tensor, row: torch.Tensor, u: torch.Tensor) ->
     first = (cdf <= thr.unsqueeze(1)).sum(dim=-1)
     last_pos = (V - 1) - (resid > 0).flip(-1).to(torch.int8).argmax(dim=-1)
     return torch.minimum(first, last_pos).to(torch.int64)
-
-
-def _sample_residual_naive(resid: torch.Tensor, row: torch.Tensor, u: torch.Tensor) -> int:
-    """resid, row (V,) float32 >= 0, u () float32 -> int. One row of ``_sample_residual``, by a loop."""
-    V = resid.shape[0]
-    if not bool(resid.sum() > 0):
-        resid = row
-    cdf = torch.cumsum(resid, dim=0)
-    thr = u * cdf[-1]
-    for v in range(V):
-        if bool(cdf[v] > thr):
-            return v
-    for v in range(V - 1, -1, -1):
-        if bool(resid[v] > 0):
-            return v
-    return V - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,64 +136,6 @@ def verify_tree_greedy(
     flat = torch.where(on_path, ri, B * W).flatten()
     predict.scatter_(0, flat, tp_flat[flat.clamp_max(B * W - 1)].to(torch.int32))
     return predict[: B * W], accept_index[:, : S + 1].contiguous(), accept_length.to(torch.int32)
-
-
-def verify_tree_greedy_naive(
-    candidates: torch.Tensor,
-    retrieve_index: torch.Tensor,
-    retrieve_next_token: torch.Tensor,
-    retrieve_next_sibling: torch.Tensor,
-    target_predict: torch.Tensor,
-    num_steps: int,
-):
-    """Same shapes and semantics as ``verify_tree_greedy``.
-
-    A plain per-request loop that reads like SGLang's CUDA kernel (``VerifyTreeGreedy``).
-    Slow (host syncs everywhere): for tests.
-    """
-    B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    check_tensor("target_predict", target_predict)
-    check_shape("target_predict", target_predict, (B, W))
-    check_integer_dtype("target_predict", target_predict)
-    check_same_device(candidates.device, target_predict=target_predict)
-    S = num_steps
-    device = candidates.device
-    cand = candidates.tolist()
-    ri = retrieve_index.tolist()
-    nxt = retrieve_next_token.tolist()
-    sib = retrieve_next_sibling.tolist()
-    tp = target_predict.reshape(-1).tolist()
-
-    predict = [-1] * (B * W)
-    accept_index = [[-1] * (S + 1) for _ in range(B)]
-    accept_length = [0] * B
-    for b in range(B):
-        last = ri[b][0]
-        accept_index[b][0] = last
-        num_accepted = 0
-        cur = 0
-        for _ in range(S):
-            child = nxt[b][cur]
-            hops = 0
-            while child != -1 and hops < W:
-                if cand[b][child] == tp[last]:
-                    predict[last] = tp[last]
-                    num_accepted += 1
-                    accept_index[b][num_accepted] = ri[b][child]
-                    last = ri[b][child]
-                    cur = child
-                    break
-                child = sib[b][child]
-                hops += 1
-            if child == -1 or hops == W:
-                break
-        accept_length[b] = num_accepted
-        predict[last] = tp[last]
-    return (
-        torch.tensor(predict, dtype=torch.int32, device=device),
-        torch.tensor(accept_index, dtype=torch.int32, device=device).view(B, S + 1),
-        torch.tensor(accept_length, dtype=torch.int32, device=device),
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,88 +249,3 @@ def tree_speculative_sampling_target_only(
     last_flat = torch.gather(ri, 1, cur).flatten()
     predict.scatter_(0, last_flat, bonus.to(torch.int32))
     return predict[: B * W], accept_index[:, : S + 1].contiguous(), depth.flatten().to(torch.int32)
-
-
-def tree_speculative_sampling_target_only_naive(
-    candidates: torch.Tensor,
-    retrieve_index: torch.Tensor,
-    retrieve_next_token: torch.Tensor,
-    retrieve_next_sibling: torch.Tensor,
-    uniform_samples: torch.Tensor,
-    uniform_samples_for_final_sampling: torch.Tensor,
-    target_probs: torch.Tensor,
-    num_steps: int,
-    threshold_single: float = 1.0,
-    threshold_acc: float = 1.0,
-):
-    """Same shapes and semantics as ``tree_speculative_sampling_target_only``.
-
-    A plain per-request loop that reads like sgl-kernel's ``TreeSpeculativeSamplingTargetOnly``
-    (float32 scalar arithmetic, so its decisions match the vectorised version bit for bit).
-    Slow (host syncs everywhere): for tests.
-    """
-    B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    check_sampling_args(
-        B,
-        W,
-        uniform_samples,
-        uniform_samples_for_final_sampling,
-        target_probs,
-        threshold_single,
-        threshold_acc,
-        device=candidates.device,
-    )
-    S = num_steps
-    device = candidates.device
-    cand = candidates.tolist()
-    ri = retrieve_index.tolist()
-    nxt = retrieve_next_token.tolist()
-    sib = retrieve_next_sibling.tolist()
-    probs = target_probs.detach().to("cpu", torch.float32)
-    unif = uniform_samples.detach().to("cpu", torch.float32)
-    unif_final = uniform_samples_for_final_sampling.detach().to("cpu", torch.float32)
-
-    predict = [-1] * (B * W)
-    accept_index = [[-1] * (S + 1) for _ in range(B)]
-    accept_length = [0] * B
-    for b in range(B):
-        last = ri[b][0]
-        accept_index[b][0] = last
-        num_accepted = 0
-        cur = 0
-        prob_acc = torch.zeros((), dtype=torch.float32)
-        coin = unif[b, 0]
-        rejected_here: list[int] = []  # tokens rejected at the current node
-        for _ in range(S):
-            child = nxt[b][cur]
-            hops = 0
-            while child != -1 and hops < W:
-                tok = cand[b][child]
-                p = probs[b, cur, tok]
-                prob_acc = prob_acc + p
-                if bool(coin < prob_acc / threshold_acc) or bool(p >= threshold_single):
-                    predict[last] = tok
-                    num_accepted += 1
-                    accept_index[b][num_accepted] = ri[b][child]
-                    last = ri[b][child]
-                    cur = child
-                    prob_acc = torch.zeros((), dtype=torch.float32)
-                    coin = unif[b, child]
-                    rejected_here = []
-                    break
-                rejected_here.append(tok)
-                child = sib[b][child]
-                hops += 1
-            if child == -1 or hops == W:
-                break
-        accept_length[b] = num_accepted
-        row = probs[b, cur].clamp(min=0)
-        resid = row.clone()
-        for tok in rejected_here:
-            resid[tok] = 0.0
-        predict[last] = _sample_residual_naive(resid, row, unif_final[b])
-    return (
-        torch.tensor(predict, dtype=torch.int32, device=device),
-        torch.tensor(accept_index, dtype=torch.int32, device=device).view(B, S + 1),
-        torch.tensor(accept_length, dtype=torch.int32, device=device),
-    )

@@ -31,11 +31,6 @@ WORKER_OPS = (
 )
 
 
-def missing_ops(ops) -> list[str]:
-    """The names of `WORKER_OPS` that the module `ops` does not export."""
-    return [name for name in WORKER_OPS if not callable(getattr(ops, name, None))]
-
-
 def check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
