@@ -269,7 +269,8 @@ def main_bench(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    bundle = zoo.load(device=args.device, dtype=dtype)
+    bundle = zoo.load(zoo.speed_pair() if args.model == "auto" else args.model, device=args.device, dtype=dtype)
+    print(f"specdec bench: zoo pair {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target)")
     drafts = {kind: getattr(bundle, kind) for kind in args.workers}
     missing = [kind for kind, draft in drafts.items() if draft is None]
     if missing:

@@ -37,6 +37,9 @@ def float_list(text: str) -> list[float]:
     return values
 
 
+MODEL_HELP = ("the zoo pair to run; auto: the deep pair, whose draft steps cost what real drafts cost, when it "
+              "ships, else the small one")
+
 DEVICE_HELP = "where the models run: auto (cuda when a CUDA device is present, else cpu), cpu, cuda or cuda:N"
 
 
@@ -85,6 +88,8 @@ def main(argv=None) -> int:
                                      formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"specdec {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    from .zoo import names as _zoo_names
+    zoo_names = _zoo_names()
     impl_help = "ops: reference (PyTorch), fast (Triton; interpreted on a CPU), auto (fast on CUDA)"
     demo = sub.add_parser("demo", formatter_class=fmt,
                           help="decode held-out prompts with target-only, EAGLE, EAGLE-3 and MTP decoding",
@@ -99,6 +104,7 @@ def main(argv=None) -> int:
     demo.add_argument("--num-prompts", type=positive_int, default=2, help="held-out prompts, decoded one at a time")
     demo.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     demo.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
+    demo.add_argument("--model", default="auto", choices=["auto"] + zoo_names, help=MODEL_HELP)
     gen = sub.add_parser("generate", formatter_class=fmt,
                          help="decode a prompt (text) with a target, and optionally a draft, from checkpoint "
                               "directories; prints the continuation as it is produced")
@@ -164,6 +170,7 @@ def main(argv=None) -> int:
     bench.add_argument("--out", default="results", help="directory for the CSV and its plot")
     bench.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     bench.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
+    bench.add_argument("--model", default="auto", choices=["auto"] + zoo_names, help=MODEL_HELP + " (acceptance suite)")
     if argv[:1] == ["gpu-check"]:
         from .gpu_check import main as gpu_check_main
         return gpu_check_main(argv[1:])
@@ -235,7 +242,7 @@ def _run(args) -> int:
     if args.command == "demo":
         from .demo import run_demo
         return run_demo(impl=args.impl, max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts,
-                        device=args.device) or 0
+                        device=args.device, model=None if args.model == "auto" else args.model) or 0
     return 0
 
 

@@ -15,11 +15,12 @@ RUNS = [(worker_label(kind, spec), kind, spec) for kind, spec in
          ("eagle3", SpecConfig(3, 1)), ("mtp", SpecConfig(3)), ("mtp_chain", SpecConfig(3))]]
 
 
-def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, device="cpu") -> int:
+def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, device="cpu", model=None) -> int:
+    """model: a zoo pair's name (default `zoo.speed_pair()`, the deep pair when it ships)."""
     from . import zoo
     from .zoo.corpus import heldout_prompts
 
-    bundle = zoo.load(device=device)
+    bundle = zoo.load(model or zoo.speed_pair(), device=device)
     tok = bundle.tokenizer
     prompts = heldout_prompts(num_prompts, prompt_len, seed=3)
     params = SamplingParams(max_new_tokens=max_new_tokens, return_logprob=True)

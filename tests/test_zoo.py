@@ -259,3 +259,30 @@ def test_main_end_to_end_tiny(tmp_path):
             assert v.dtype == (torch.int8 if v.dim() == 2 else torch.float16), (draft, k)
             assert v.dim() != 2 or sd[k + "_scale"].dtype == torch.float16
     assert "# `tiny`" in (tmp_path / "card.md").read_text()
+
+
+def test_speed_pair_is_the_deep_pair_only_when_it_ships_whole(tmp_path, monkeypatch):
+    import shutil
+    small = zoo.WEIGHTS_DIR / zoo.DEFAULT_NAME
+    monkeypatch.setattr(zoo, "WEIGHTS_DIR", tmp_path)
+    shutil.copytree(small, tmp_path / zoo.DEFAULT_NAME)
+    assert zoo.speed_pair() == zoo.DEFAULT_NAME
+    deep = tmp_path / zoo.DEEP_NAME
+    deep.mkdir()
+    shutil.copytree(small / "target", deep / "target")
+    shutil.copy(small / "card.json", deep / "card.json")
+    assert zoo.DEEP_NAME in zoo.names() and zoo.speed_pair() == zoo.DEFAULT_NAME  # a target without its drafts
+    for draft in ("eagle", "eagle3", "mtp", "mtp_chain"):
+        shutil.copytree(small / draft, deep / draft)
+    assert zoo.speed_pair() == zoo.DEEP_NAME
+
+
+def test_the_model_card_renders_every_shipped_pair_and_why_its_shape():
+    cards = [zt._read_card(zoo.WEIGHTS_DIR, n) for n in zoo.names()]
+    md = zt.render_model_cards(cards)
+    assert all(f"# `{c['name']}`" in md for c in cards)
+    deep = dict(cards[0], name=zoo.DEEP_NAME, models={"target": {"num_hidden_layers": 24, "hidden_size": 128}},
+                draft_step_cost={"threads": 1, "target_only_step_ms": 5.2, "eagle_draft_forward_ms": 0.5,
+                                 "draft_forward_in_target_only_steps": 0.096})
+    why = zt.why_this_shape(deep)
+    assert "24 layers at hidden 128" in why and "0.096 of a target step" in why

@@ -18,9 +18,13 @@ import torch
 from .tokenizer import ByteTokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+#: the small pair, what `load()` and the tests use: a 6-layer target whose draft step costs ~1/4 of its step
 DEFAULT_NAME = "stdlib-byte-6l"
+#: the deep, narrow pair (24 layers at hidden 128) whose draft steps cost what real drafts cost, relative
+#: to the target; `specdec demo` and `specdec bench` run it when it ships
+DEEP_NAME = "stdlib-byte-24l"
 
-__all__ = ["Bundle", "ByteTokenizer", "DEFAULT_NAME", "load", "names"]
+__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "load", "names", "speed_pair"]
 
 
 @dataclass
@@ -44,6 +48,13 @@ def names() -> list[str]:
         return []
     return sorted(d.name for d in WEIGHTS_DIR.iterdir()
                   if (d / "card.json").is_file() and (d / "target" / "config.json").is_file())
+
+
+def speed_pair() -> str:
+    """The pair to measure speed on: the deep pair when it ships with every draft, else the small one."""
+    deep = WEIGHTS_DIR / DEEP_NAME
+    complete = all((deep / d / "config.json").is_file() for d in ("eagle", "eagle3", "mtp", "mtp_chain"))
+    return DEEP_NAME if DEEP_NAME in names() and complete else DEFAULT_NAME
 
 
 def _load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:

@@ -727,6 +727,33 @@ def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=S
     return card
 
 
+def why_this_shape(card: dict) -> str:
+    """The model card's paragraph on why the target has its shape."""
+    target = card.get("models", {}).get("target", {})
+    if card.get("name") == DEFAULT_NAME or target.get("num_hidden_layers", 6) <= 6:
+        return ("Why this size: the ~20 MB cap on what ships binds first, since eight draft decoder layers of the "
+                "target's width ship beside it (1 EAGLE + 1 EAGLE-3 + 3 + 3 MTP); hidden 256 with 6 layers fits "
+                "(the target in float16, the drafts' matrices in int8), trains in about 18 minutes at ~8k bytes/s "
+                "on two cores (about one pass over the train split), and leaves the target six times as deep as "
+                "one draft step, so drafting stays cheap relative to verifying. On this pair one draft step costs "
+                "about a quarter of a target step, so it bounds what speculation can gain far below real pairs.")
+    cost = card.get("draft_step_cost", {})
+    measured = (f" Measured on the trained pair (B = 1, {cost.get('threads')} thread, process CPU time, "
+                f"`specdec.bench.draft_step_cost`): a target-only decode step {cost.get('target_only_step_ms')} ms, "
+                f"one EAGLE draft step {cost.get('eagle_draft_forward_ms')} ms, i.e. "
+                f"{cost.get('draft_forward_in_target_only_steps')} of a target step."
+                if cost else "")
+    return (f"Why this shape: a deep, narrow target ({target.get('num_hidden_layers')} layers at hidden "
+            f"{target.get('hidden_size')}, about the small pair's parameter count) so that one draft decoder "
+            f"layer costs a small fraction of a target step, as real drafts do beside their targets (an EAGLE-3 "
+            f"head beside Llama-3.1-8B, one MTP layer beside a 36- to 61-layer model)." + measured)
+
+
+def render_model_cards(cards: list[dict]) -> str:
+    """MODEL_CARD.md: every shipped pair's card, the small pair first."""
+    return "\n\n".join(render_model_card(c) for c in cards)
+
+
 def render_model_card(card: dict) -> str:
     """The human-readable model card (Markdown) of one card.json."""
     tr, ho, mo = card.get("training", {}), card.get("heldout", {}), card.get("models", {})
@@ -743,12 +770,7 @@ def render_model_card(card: dict) -> str:
              f"held out: {c.get('heldout', {}).get('files')} files, {c.get('heldout', {}).get('bytes'):,} bytes "
              f"(content digests {c.get('train', {}).get('sha256')} / {c.get('heldout', {}).get('sha256')}).",
              "- Tokenizer: bytes (ids 0-255), BOS = 256, EOS = 257 (vocab 258); every file ends with EOS.", "",
-             "## Models", "",
-             "Why this size: the ~20 MB cap on what ships binds first, since eight draft decoder layers of the "
-             "target's width ship beside it (1 EAGLE + 1 EAGLE-3 + 3 + 3 MTP); hidden 256 with 6 layers fits "
-             "(the target in float16, the drafts' matrices in int8), trains in about 18 minutes at ~8k bytes/s "
-             "on two cores (about one pass over the train split), and leaves the target six times as deep as "
-             "one draft step, so drafting stays cheap relative to verifying.", "",
+             "## Models", "", why_this_shape(card), "",
              "| model | what | parameters | layers | hidden | intermediate | heads (kv) | train steps | tokens seen | "
              "train time | on disk |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -869,7 +891,11 @@ def main(argv=None) -> int:
     md = a.model_card
     if md is None and Path(a.out).resolve() == WEIGHTS_DIR:
         md = str(Path(__file__).resolve().parent / "MODEL_CARD.md")
-    if md:
+    if md and Path(md).resolve() == (Path(__file__).resolve().parent / "MODEL_CARD.md") and \
+            Path(a.out).resolve() == WEIGHTS_DIR:
+        from . import names
+        Path(md).write_text(render_model_cards([_read_card(WEIGHTS_DIR, n) for n in names()]))
+    elif md:
         Path(md).write_text(render_model_card(card))
     print(json.dumps(card["heldout"], indent=1))
     return 0
