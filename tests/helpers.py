@@ -1,11 +1,16 @@
-"""Shared test utilities: one tolerance table, one statistical test, model constructions."""
+"""Shared test utilities: the logprob tolerance, one statistical test, model constructions, the comparison of a
+run with its target-only baseline, and the sampling-losslessness check. The independent oracles and the tree
+builders used as test inputs are in tests/oracles.py."""
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 
 import torch
+from hypothesis import HealthCheck, settings
 
+from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_llama, random_mtp
+from tests.oracles import exact_joint
 
 # Max abs difference allowed between two computations of the same logprob (fp32 logits).
 LOGPROB_ATOL = 1e-4
@@ -13,11 +18,21 @@ LOGPROB_ATOL = 1e-4
 # Every statistical test in the suite uses this false-failure rate per test.
 FALSE_FAILURE_RATE = 1e-6
 
+# Hypothesis properties: few derandomized examples in CI, many fresh ones under `-m slow`.
+PROPERTY_CI = settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+PROPERTY_SLOW = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+
 
 def chi_square_pvalue(counts, probs) -> float:
     """Pearson chi-square goodness-of-fit p-value of observed `counts` against `probs` (exact
     distribution). Cells with expected count < 5 are pooled into one so the chi-square
-    approximation holds. A cell observed with probability 0 gives p = 0."""
+    approximation holds. A cell observed with probability 0 gives p = 0.
+
+    Either two sequences, cell by cell, or two mappings outcome -> count and outcome -> probability (an
+    outcome missing from `probs` has probability 0, one missing from `counts` was never observed)."""
+    if isinstance(counts, Mapping):
+        outcomes = list(probs) + [k for k in counts if k not in probs]
+        counts, probs = [counts.get(k, 0) for k in outcomes], [probs.get(k, 0.0) for k in outcomes]
     counts = [float(c) for c in counts]
     n = sum(counts)
     probs = [float(p) for p in probs]
@@ -42,27 +57,6 @@ def chi_square_pvalue(counts, probs) -> float:
     stat = sum((o - e) ** 2 / e for o, e in cells)
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
                                          torch.tensor(stat / 2, dtype=torch.float64)))
-
-
-def softmax_filtered(logits, temperature=1.0, top_k=-1, top_p=1.0) -> list[float]:
-    """Independent float64 Python: softmax(logits / T), then top-k, then top-p over the renormalised
-    top-k probabilities (SGLang's verify order). Both filters decide by value, so ties share one
-    decision: top-k keeps v iff fewer than top_k tokens are strictly more probable; top-p keeps v iff
-    the mass strictly more probable than v is <= top_p (top_p >= 1 keeps all)."""
-    xs = [float(x) / temperature for x in logits]
-    m = max(xs)
-    ex = [math.exp(x - m) for x in xs]
-    z = sum(ex)
-    p = [e / z for e in ex]
-    if top_k != -1:
-        p = [q if sum(r > q for r in p) < top_k else 0.0 for q in p]
-        z = sum(p)
-        p = [q / z for q in p]
-    if top_p < 1.0:
-        p = [q if sum(r for r in p if r > q) <= top_p else 0.0 for q in p]
-        z = sum(p)
-        p = [q / z for q in p]
-    return p
 
 
 def bigram_target(seed=0, vocab_size=64, hidden_size=32, num_hidden_layers=2, **kw):
@@ -140,3 +134,60 @@ def near_bigram_target(seed=0, mix=0.3, vocab_size=64, hidden_size=32, num_hidde
             layer.self_attn.o_proj.weight.mul_(mix)
             layer.mlp.down_proj.weight.mul_(mix)
     return t
+
+
+def logprob_params(max_new=14, **kw):
+    """Sampling parameters that ask for every kind of logprob: the chosen token's, the top 3 and those of
+    token ids 0, 5, 0."""
+    return SamplingParams(max_new_tokens=max_new, return_logprob=True, top_logprobs_num=3, token_ids_logprob=[0, 5, 0],
+                          **kw)
+
+
+def assert_same_as_baseline(outs, base):
+    """The outputs of a speculative run equal their target-only baseline: the same tokens and finish reasons,
+    logprobs (chosen, top and by id) within LOGPROB_ATOL."""
+    for o, b in zip(outs, base):
+        assert o.token_ids == b.token_ids
+        assert o.finish_reason == b.finish_reason
+        if b.logprobs is None:
+            assert o.logprobs is None
+            continue
+        assert len(o.logprobs) == len(b.logprobs) == len(o.token_ids)
+        assert max(abs(x - y) for x, y in zip(o.logprobs, b.logprobs)) <= LOGPROB_ATOL
+        for ta, tb in zip(o.top_logprobs, b.top_logprobs):
+            assert [t for _, t in ta] == [t for _, t in tb]
+            assert max((abs(x - y) for (x, _), (y, _) in zip(ta, tb)), default=0.0) <= LOGPROB_ATOL
+        for ta, tb in zip(o.token_ids_logprobs, b.token_ids_logprobs):
+            assert [t for _, t in ta] == [t for _, t in tb]
+            assert max((abs(x - y) for (x, _), (y, _) in zip(ta, tb)), default=0.0) <= LOGPROB_ATOL
+
+
+def perfect_drafts_by_kind(target):
+    """kind -> (draft, spec) of a bigram-perfect draft of `target` for each worker kind (None, None: target-only)."""
+    return {
+        "target-only": (None, None),
+        "eagle": (perfect_eagle(target), SpecConfig(3, 2, 6)),
+        "mtp": (perfect_mtp(target, 3, True), SpecConfig(3)),
+    }
+
+
+def check_sampling_is_lossless(kind, spec, temperature, top_k, top_p, N, impl="reference"):
+    """The joint law of the first three sampled tokens of a speculative run (the 2nd and 3rd come from speculative
+    steps) against the exact one by enumeration; chi-square test, false-failure rate FALSE_FAILURE_RATE. `kind`:
+    "eagle", "mtp" or "mtp_chain" (a bigram-perfect draft of each)."""
+    V = 6
+    target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
+    draft = perfect_eagle(target) if kind == "eagle" else perfect_mtp(target, spec.num_steps, kind == "mtp_chain")
+    prompt, n_tokens = [1, 2], 3
+    exact = exact_joint(target, prompt, n_tokens, temperature, top_k, top_p)
+    engine = Engine(target, draft=draft, spec=spec, impl=impl, max_batch=N, max_seq_len=12)
+    outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=n_tokens, temperature=temperature,
+                                                        top_k=top_k, top_p=top_p), seed=2024)
+    cells = list(exact)
+    counts = dict.fromkeys(cells, 0)
+    for o in outs:
+        counts[tuple(o.token_ids)] += 1
+    accepted = [a for o in outs for a in o.accept_lens]
+    assert any(a > 1 for a in accepted) and any(a == 1 for a in accepted)  # both paths exercised
+    p = chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells])
+    assert p > FALSE_FAILURE_RATE, p

@@ -8,8 +8,7 @@ import torch
 from specdec import Engine, SamplingParams
 from specdec.models.rope import rope_tables
 from specdec.workers.graphs import DecodeGraphs
-from tests.helpers import near_bigram_target
-from tests.test_workers import _lp, _worker_kinds, assert_same_as_baseline
+from tests.helpers import assert_same_as_baseline, logprob_params, near_bigram_target, perfect_drafts_by_kind
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="captures CUDA graphs")
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [3, 3, 3, 3], [2, 7]]
@@ -34,8 +33,9 @@ def test_a_step_copies_only_the_accepted_logits_rows(kind, logprobs):
     """Out of the graph's buffer come the B*(S+1) accepted rows when someone asked for logprobs (not the
     B*W rows of the tree), none otherwise; tokens and logprobs equal plain eager steps."""
     target = near_bigram_target(seed=6, mix=0.4)
-    draft, spec = _worker_kinds(target)[kind]
-    params = [(_lp(max_new=5 + 3 * i) if logprobs else SamplingParams(max_new_tokens=5 + 3 * i)) for i in range(5)]
+    draft, spec = perfect_drafts_by_kind(target)[kind]
+    params = [(logprob_params(max_new=5 + 3 * i) if logprobs else SamplingParams(max_new_tokens=5 + 3 * i))
+              for i in range(5)]
     base = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96).generate(PROMPTS, params)
     padded = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96)
     shapes = _StepShapes(DecodeGraphs(padded.worker, capture=False))
@@ -91,8 +91,8 @@ def test_captured_sampling_body_equals_eager(kind, mix):
     """The sampling body (temperature, top-k, top-p, tree sampling verify) captured and replayed gives the
     tokens of eager fast decoding from the same seed; in a mixed batch greedy requests ride along."""
     target = near_bigram_target(seed=6, mix=0.4).cuda()
-    draft, spec = _worker_kinds(target)[kind]
-    params = [_lp(max_new=6 + 3 * i, **({} if mix == "mixed" and i % 2 else SAMPLED)) for i in range(5)]
+    draft, spec = perfect_drafts_by_kind(target)[kind]
+    params = [logprob_params(max_new=6 + 3 * i, **({} if mix == "mixed" and i % 2 else SAMPLED)) for i in range(5)]
     eager = Engine(target, draft, spec, impl="fast", max_batch=6, max_seq_len=96, cuda_graphs=False)
     graphed = Engine(target, draft, spec, impl="fast", max_batch=6, max_seq_len=96, cuda_graphs=True)
     for a, b in zip(graphed.generate(PROMPTS, params, seed=4), eager.generate(PROMPTS, params, seed=4)):

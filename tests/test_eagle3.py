@@ -5,8 +5,9 @@ import torch
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import Eagle3DraftHead, random_eagle3_head
 from specdec.models.eagle3 import default_feature_layers
-from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, chi_square_pvalue, near_bigram_target
-from tests.test_workers import _exact_joint, assert_same_as_baseline
+from tests.helpers import (FALSE_FAILURE_RATE, LOGPROB_ATOL, assert_same_as_baseline, chi_square_pvalue,
+                           near_bigram_target)
+from tests.oracles import exact_joint
 
 #: Every optional norm of an EAGLE-3 head switched on (off is the default).
 ALL_NORMS = {"norm_before_fc": True, "fc_norm": True, "norm_output": True}
@@ -67,7 +68,7 @@ def test_eagle3_sampling_follows_the_target_distribution(spec, temperature, top_
                                 num_hidden_layers=3)
     head = random_eagle3_head(target, draft_vocab_size=5, seed=4, std=1.0)
     prompt, n_tokens, N = [1, 2], 3, 5000
-    exact = _exact_joint(target, prompt, n_tokens, temperature, top_k, 1.0)
+    exact = exact_joint(target, prompt, n_tokens, temperature, top_k, 1.0)
     engine = Engine(target, head, spec, impl="reference", max_batch=N, max_seq_len=12)
     outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=n_tokens, temperature=temperature,
                                                         top_k=top_k), seed=2025)

@@ -21,7 +21,7 @@ import fast.logprobs as fast_logprobs
 from reference.logprobs import compute_spec_v2_logprobs as reference_op
 from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from tests.equivalence import assert_equivalent, no_host_sync, tolerance
-from tests.test_logprobs import make_case
+from tests.oracles import random_logprob_case
 
 fast_op = fast_logprobs.compute_spec_v2_logprobs
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -127,10 +127,10 @@ def _chain_case(B, S, W, V, seed=0, dtype=torch.float32, scale=2.0):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_random_batches_match_reference(dtype):
-    # make_case mixes greedy and sampled requests, padded and permuted accept rows, -inf tokens and fully
+    # random_logprob_case mixes greedy and sampled requests, padded and permuted accept rows, -inf tokens and fully
     # masked rows, top_logprobs_num in {0, 1, 5, 20} and ragged / None / duplicate token id lists.
     for seed in range(6):
-        batch, lo, predict, acc, S = make_case(seed, dtype)
+        batch, lo, predict, acc, S = random_logprob_case(seed, dtype)
         compare(batch, lo.next_token_logits, predict, acc, S, original=seed % 3 == 2)
 
 
@@ -364,7 +364,7 @@ def test_non_contiguous_logits():
 
 
 def test_no_host_sync(force_splits):
-    batch, lo, predict, acc, S = make_case(11, torch.float32, B=3, S=3, W=5, V=23)
+    batch, lo, predict, acc, S = random_logprob_case(11, torch.float32, B=3, S=3, W=5, V=23)
     batch.top_logprobs_nums = [5, 0, 20]
     batch.token_ids_logprobs = [[1, 2], None, [0]]
     with no_host_sync():

@@ -13,8 +13,8 @@ import fast
 import reference
 from specdec import Engine, SamplingParams, SpecConfig
 from tests.equivalence import no_host_sync
-from tests.helpers import near_bigram_target, perfect_eagle, perfect_mtp
-from tests.test_workers import _lp, _sampling_case, assert_same_as_baseline
+from tests.helpers import (assert_same_as_baseline, check_sampling_is_lossless, logprob_params, near_bigram_target,
+                           perfect_eagle, perfect_mtp)
 
 REFERENCE_DIR = os.path.dirname(reference.__file__) + os.sep
 #: Where the tests that check the engine's choice of ops build their target: a CPU model never gets the
@@ -49,7 +49,7 @@ def test_fast_greedy_equals_reference_and_target_only(name):
     draft, spec = (None, None) if name == "target-only" else (CASES[name][0](target), CASES[name][1])
     prompts = [[1, 2, 3, 4, 5], [7], [9, 10, 11]]
     free = Engine(target, max_seq_len=64).generate(prompts, SamplingParams(max_new_tokens=12))
-    params = [_lp(max_new=12), SamplingParams(max_new_tokens=7), _lp(max_new=12)]
+    params = [logprob_params(max_new=12), SamplingParams(max_new_tokens=7), logprob_params(max_new=12)]
     params[2].stop_token_ids = [free[2].token_ids[5]]
     base = Engine(target, max_seq_len=64).generate(prompts, params)
     ref = Engine(target, draft, spec, impl="reference", max_seq_len=64).generate(prompts, params)
@@ -73,13 +73,14 @@ def test_fast_sampling_is_lossless(kind, spec, temperature, top_k, top_p):
     program, so CI draws only 64 sequences there (a smoke test of the support and the gross shape); the
     `slow` grid below draws 2000, and a GPU 5000."""
     N = 5000 if torch.cuda.is_available() else 64
-    _sampling_case(kind, spec, temperature, top_k, top_p, N, impl="fast")
+    check_sampling_is_lossless(kind, spec, temperature, top_k, top_p, N, impl="fast")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, spec, temperature, top_k, top_p", FAST_SAMPLING_CASES)
 def test_fast_sampling_is_lossless_many_draws(kind, spec, temperature, top_k, top_p):
-    _sampling_case(kind, spec, temperature, top_k, top_p, 5000 if torch.cuda.is_available() else 2000, impl="fast")
+    check_sampling_is_lossless(kind, spec, temperature, top_k, top_p, 5000 if torch.cuda.is_available() else 2000,
+                               impl="fast")
 
 
 @pytest.mark.parametrize("name", ["target-only", "EAGLE tree K=2", "MTP Step-3.5"])
@@ -87,8 +88,8 @@ def test_fast_decode_step_makes_no_host_sync(name):
     target = near_bigram_target(seed=3, mix=0.3)
     draft, spec = (None, None) if name == "target-only" else (CASES[name][0](target), CASES[name][1])
     w = Engine(target, draft, spec, impl="fast", max_seq_len=64).worker
-    w.prefill([[1, 2, 3], [4, 5]], [_lp(temperature=0.7, top_k=5, top_p=0.9), SamplingParams(max_new_tokens=9)],
-              seed=0)
+    w.prefill([[1, 2, 3], [4, 5]],
+              [logprob_params(temperature=0.7, top_k=5, top_p=0.9), SamplingParams(max_new_tokens=9)], seed=0)
     for _ in range(2):
         with no_host_sync():
             w.decode_step()
@@ -111,7 +112,7 @@ def test_a_fast_worker_never_calls_a_reference_op(name):
 
     sys.setprofile(watch)
     try:
-        w.prefill([[1, 2, 3], [4, 5]], [_lp(temperature=0.7, top_k=5), _lp()], seed=0)
+        w.prefill([[1, 2, 3], [4, 5]], [logprob_params(temperature=0.7, top_k=5), logprob_params()], seed=0)
         w.decode_step()
     finally:
         sys.setprofile(None)
@@ -119,7 +120,7 @@ def test_a_fast_worker_never_calls_a_reference_op(name):
     reference_w = Engine(target, draft, spec, impl="reference", max_seq_len=64).worker
     sys.setprofile(watch)  # the watch itself sees reference ops when they run
     try:
-        reference_w.prefill([[1, 2, 3]], [_lp()], seed=0)
+        reference_w.prefill([[1, 2, 3]], [logprob_params()], seed=0)
     finally:
         sys.setprofile(None)
     assert called - SHARED_TORCH_OPS

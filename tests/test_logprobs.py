@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import random
 from types import SimpleNamespace
 
 import pytest
@@ -35,6 +34,7 @@ from fast.logprobs import compute_spec_v2_logprobs as fast_compute
 from reference.logprobs import compute_spec_v2_logprobs as reference_compute
 from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from tests.equivalence import no_host_sync
+from tests.oracles import random_logprob_case
 
 ATOL = 1e-5
 FMIN = torch.finfo(torch.float32).min  # as a Python float: exactly float32's finite minimum
@@ -165,65 +165,8 @@ def check_against_oracle(batch, lo, predict, accept_index, *, return_original_lo
 # ----------------------------------------------------------------------------- random cases
 
 
-def make_case(seed: int, dtype: torch.dtype, **force):
-    """A random batch mixing greedy and sampled requests, padded and permuted accept rows,
-    -inf logits, top_logprobs_num in {0, 1, 5, 20} and ragged / None token id lists."""
-    rng = random.Random(seed)
-    g = torch.Generator().manual_seed(seed)
-    B = force.get("B", rng.randint(1, 4))
-    S = force.get("S", rng.randint(0, 4))
-    W = force.get("W", S + 1 + rng.randint(0, 3))
-    V = force.get("V", rng.choice([20, 23, 48]))
-
-    logits = torch.rand(B * W, V, generator=g, dtype=torch.float32) * 6 - 3
-    p_mask = rng.choice([0.0, 0.1, 0.5])
-    logits[torch.rand(B * W, V, generator=g) < p_mask] = NEG_INF
-    if rng.random() < 0.3:  # an occasional fully masked row
-        logits[rng.randrange(B * W)] = NEG_INF
-    logits = logits.to(dtype)
-
-    greedy = [rng.random() < 0.4 for _ in range(B)]
-    temps = [1.0 if gr else rng.uniform(0.1, 2.0) for gr in greedy]
-    top_nums = [rng.choice([0, 1, 5, 20]) for _ in range(B)]
-    token_ids = []
-    for _ in range(B):
-        c = rng.random()
-        if c < 0.3:
-            token_ids.append(None)
-        elif c < 0.4:
-            token_ids.append([])
-        else:
-            token_ids.append([rng.randrange(V) for _ in range(rng.randint(1, 6))])  # duplicates allowed
-
-    # accept_index: request b's accepted nodes, in a random (permuted) order, in block blk[b];
-    # sometimes the blocks themselves are permuted across requests.
-    blk = list(range(B))
-    if rng.random() < 0.3:
-        rng.shuffle(blk)
-    acc = []
-    for b in range(B):
-        a = rng.randint(0, min(S, W - 1))
-        nodes = [0] + rng.sample(range(1, W), a)
-        if rng.random() < 0.3:
-            rng.shuffle(nodes)
-        acc.append([blk[b] * W + n for n in nodes] + [-1] * (S - a))
-    accept_index = torch.tensor(acc, dtype=torch.int32)
-    predict = torch.randint(0, V, (B * W,), generator=g, dtype=torch.int32)
-
-    batch = SpecBatch(
-        seq_lens=torch.randint(1, 100, (B,), generator=g),
-        sampling_info=SamplingInfo(
-            temperatures=torch.tensor(temps, dtype=torch.float32).reshape(B, 1),
-            is_all_greedy=all(greedy),
-        ),
-        top_logprobs_nums=top_nums,
-        token_ids_logprobs=token_ids,
-    )
-    return batch, LogitsOutput(next_token_logits=logits), predict, accept_index, S
-
-
 def _random_batch_matches_oracle(op, dtype, seed, original):
-    batch, lo, predict, accept_index, S = make_case(seed, dtype)
+    batch, lo, predict, accept_index, S = random_logprob_case(seed, dtype)
     ret = op(batch, lo, predict, accept_index, S, return_original_logprob=original)
     assert ret is lo
     check_against_oracle(batch, lo, predict, accept_index, return_original_logprob=original)
@@ -250,7 +193,7 @@ def test_fixed_seeds_all_dtypes(compute_spec_v2_logprobs, dtype):
     # behind ATOL: the worst error over these cases stays well under it. (8 seeds for the
     # interpreted fast op, to keep the run short.)
     for seed in range(25 if compute_spec_v2_logprobs is reference_compute else 8):
-        batch, lo, predict, accept_index, S = make_case(seed, dtype)
+        batch, lo, predict, accept_index, S = random_logprob_case(seed, dtype)
         compute_spec_v2_logprobs(batch, lo, predict, accept_index, S)
         check_against_oracle(batch, lo, predict, accept_index)
 
@@ -457,7 +400,7 @@ def test_duck_typed_inputs(compute_spec_v2_logprobs):
 
 
 def test_no_host_sync(compute_spec_v2_logprobs):
-    batch, lo, predict, acc, S = make_case(11, torch.float32, B=3, S=3, W=5, V=23)
+    batch, lo, predict, acc, S = random_logprob_case(11, torch.float32, B=3, S=3, W=5, V=23)
     batch.top_logprobs_nums = [5, 0, 20]
     batch.token_ids_logprobs = [[1, 2], None, [0]]
     with no_host_sync():

@@ -1,11 +1,10 @@
 """The target distribution's ops: softmax_with_temperature, top_k_renorm_prob, top_p_renorm_prob.
 
-Each path against an independent float64 Python oracle (ties, boundaries, V = 1, -inf logits), fast
-against reference through the one equivalence helper, no host sync, equal signatures, bad input,
+Each path against the independent float64 Python oracle (tests/oracles.py; ties, boundaries, V = 1, -inf
+logits), fast against reference through the one equivalence helper, no host sync, equal signatures, bad input,
 and the engine's composition of the three (order, and filters skipped when nobody asked).
 """
 import inspect
-import math
 
 import pytest
 import torch
@@ -15,34 +14,10 @@ import reference
 from specdec import SamplingParams
 from specdec.sampling import SamplingTensors
 from tests.equivalence import assert_equivalent, no_host_sync
+from tests.oracles import oracle_softmax, oracle_top_k, oracle_top_p
 
 OPS = ("softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob")
 BOTH = pytest.mark.parametrize("ops", [reference, fast_ops], ids=["reference", "fast"])
-
-
-# ---- the float64 oracle -------------------------------------------------------------------------
-
-def oracle_softmax(logits, temperature):
-    xs = [float(x) / temperature for x in logits]
-    m = max(xs)
-    ex = [math.exp(x - m) for x in xs]
-    return [e / sum(ex) for e in ex]
-
-
-def _renormalised(p, keep):
-    kept = [q if k else 0.0 for q, k in zip(p, keep)]
-    return [q / sum(kept) for q in kept]
-
-
-def oracle_top_k(p, k):
-    k = min(max(k, 1), len(p))
-    return _renormalised(p, [sum(r > q for r in p) < k for q in p])
-
-
-def oracle_top_p(p, top_p):
-    if top_p >= 1.0:
-        return _renormalised(p, [True] * len(p))
-    return _renormalised(p, [sum(r for r in p if r > q) <= top_p for q in p])
 
 
 def _rows(values):

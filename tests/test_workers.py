@@ -1,6 +1,5 @@
 """EagleWorkerV2 and MultiLayerEagleWorkerV2 against plain target-only decoding."""
 import importlib
-import itertools
 import random
 
 import pytest
@@ -11,30 +10,9 @@ from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_llama, random_mtp
 from specdec.op_checks import TreeAttentionPlan, missing_ops
 from tests.equivalence import no_host_sync
-from tests.helpers import (FALSE_FAILURE_RATE, LOGPROB_ATOL, always_wrong_eagle, always_wrong_mtp, bigram_target,
-                           chi_square_pvalue, near_bigram_target, perfect_eagle, perfect_mtp, softmax_filtered)
-
-
-def _lp(max_new=14, **kw):
-    return SamplingParams(max_new_tokens=max_new, return_logprob=True, top_logprobs_num=3, token_ids_logprob=[0, 5, 0],
-                          **kw)
-
-
-def assert_same_as_baseline(outs, base):
-    for o, b in zip(outs, base):
-        assert o.token_ids == b.token_ids
-        assert o.finish_reason == b.finish_reason
-        if b.logprobs is None:
-            assert o.logprobs is None
-            continue
-        assert len(o.logprobs) == len(b.logprobs) == len(o.token_ids)
-        assert max(abs(x - y) for x, y in zip(o.logprobs, b.logprobs)) <= LOGPROB_ATOL
-        for ta, tb in zip(o.top_logprobs, b.top_logprobs):
-            assert [t for _, t in ta] == [t for _, t in tb]
-            assert max((abs(x - y) for (x, _), (y, _) in zip(ta, tb)), default=0.0) <= LOGPROB_ATOL
-        for ta, tb in zip(o.token_ids_logprobs, b.token_ids_logprobs):
-            assert [t for _, t in ta] == [t for _, t in tb]
-            assert max((abs(x - y) for (x, _), (y, _) in zip(ta, tb)), default=0.0) <= LOGPROB_ATOL
+from tests.helpers import (LOGPROB_ATOL, always_wrong_eagle, always_wrong_mtp, assert_same_as_baseline, bigram_target,
+                           check_sampling_is_lossless, logprob_params, near_bigram_target, perfect_drafts_by_kind,
+                           perfect_eagle, perfect_mtp)
 
 
 def _random_eagle_configs(n, seed=0):
@@ -53,10 +31,10 @@ def _random_eagle_configs(n, seed=0):
 @pytest.mark.parametrize("seed, spec, prompts, mix", _random_eagle_configs(24))
 def test_eagle_greedy_is_lossless(seed, spec, prompts, mix):
     target = near_bigram_target(seed=seed, mix=mix, num_key_value_heads=2)
-    base = Engine(target, max_seq_len=96).generate(prompts, _lp())
+    base = Engine(target, max_seq_len=96).generate(prompts, logprob_params())
     draft = perfect_eagle(target, seed=seed)
     engine = Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=96)
-    outs = engine.generate(prompts, [_lp() if i % 2 == 0 else SamplingParams(max_new_tokens=14)
+    outs = engine.generate(prompts, [logprob_params() if i % 2 == 0 else SamplingParams(max_new_tokens=14)
                                      for i in range(len(prompts))])
     for i, (o, b) in enumerate(zip(outs, base)):
         if i % 2:
@@ -69,10 +47,10 @@ def test_eagle_greedy_is_lossless(seed, spec, prompts, mix):
 def test_mtp_greedy_is_lossless(S, chain):
     target = near_bigram_target(seed=S, mix=0.3)
     prompts = [[1, 2, 3, 4, 5, 6], [7], [9, 10, 11], [3, 3]]
-    base = Engine(target, max_seq_len=96).generate(prompts, _lp(max_new=17))
+    base = Engine(target, max_seq_len=96).generate(prompts, logprob_params(max_new=17))
     engine = Engine(target, draft=perfect_mtp(target, S, chain, seed=S), spec=SpecConfig(S), impl="reference",
                     max_seq_len=96)
-    assert_same_as_baseline(engine.generate(prompts, _lp(max_new=17)), base)
+    assert_same_as_baseline(engine.generate(prompts, logprob_params(max_new=17)), base)
     assert 1.0 < engine.last_stats.mean_accept_len  # the plumbing accepts something
 
 
@@ -82,8 +60,8 @@ def test_mtp_logprobs_in_a_mixed_batch(chain):
     requests that do not, greedy with sampled."""
     target = near_bigram_target(seed=7, mix=0.3)
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
-    params = [_lp(), SamplingParams(max_new_tokens=14, temperature=0.8), _lp(temperature=0.7, top_k=8),
-              SamplingParams(max_new_tokens=14, return_logprob=True)]
+    params = [logprob_params(), SamplingParams(max_new_tokens=14, temperature=0.8),
+              logprob_params(temperature=0.7, top_k=8), SamplingParams(max_new_tokens=14, return_logprob=True)]
     base = Engine(target, max_seq_len=96).generate(prompts, params, seed=4)
     engine = Engine(target, draft=perfect_mtp(target, 3, chain), spec=SpecConfig(3), impl="reference", max_seq_len=96)
     outs = engine.generate(prompts, params, seed=4)
@@ -111,7 +89,7 @@ def check_logprobs_against_target(target, prompt, out, sp):
 
 def test_eagle_sampled_logprobs_are_the_targets():
     target = near_bigram_target(seed=2, mix=0.3)
-    sp = _lp(max_new=20, temperature=0.9, top_p=0.9)
+    sp = logprob_params(max_new=20, temperature=0.9, top_p=0.9)
     engine = Engine(target, draft=perfect_eagle(target), spec=SpecConfig(3, 2, 6), impl="reference", max_seq_len=96)
     prompts = [[1, 2], [3, 4, 5]]
     for p, o in zip(prompts, engine.generate(prompts, sp, seed=9)):
@@ -185,9 +163,9 @@ def test_perfect_eagle_accepts_the_greedy_path_present_in_the_tree(spec):
 def test_always_wrong_eagle_accepts_one_and_stays_lossless(spec):
     target = bigram_target(seed=4)
     prompts = [[1, 2, 3], [9, 8]]
-    base = Engine(target, max_seq_len=96).generate(prompts, _lp())
+    base = Engine(target, max_seq_len=96).generate(prompts, logprob_params())
     engine = Engine(target, draft=always_wrong_eagle(target), spec=spec, impl="reference", max_seq_len=96)
-    outs = engine.generate(prompts, _lp())
+    outs = engine.generate(prompts, logprob_params())
     assert_same_as_baseline(outs, base)
     assert all(a == 1 for o in outs for a in o.accept_lens)
 
@@ -196,15 +174,15 @@ def test_always_wrong_eagle_accepts_one_and_stays_lossless(spec):
 def test_perfect_and_always_wrong_mtp(S, chain):
     target = bigram_target(seed=5)
     prompts = [[1, 2, 3], [9], [6, 6, 6, 6]]
-    base = Engine(target, max_seq_len=96).generate(prompts, _lp(max_new=21))
+    base = Engine(target, max_seq_len=96).generate(prompts, logprob_params(max_new=21))
     perfect = Engine(target, draft=perfect_mtp(target, S, chain), spec=SpecConfig(S), impl="reference", max_seq_len=96)
-    outs = perfect.generate(prompts, _lp(max_new=21))
+    outs = perfect.generate(prompts, logprob_params(max_new=21))
     assert_same_as_baseline(outs, base)
     for o in outs:
         assert all(a == S + 1 for a in o.accept_lens)
     wrong = Engine(target, draft=always_wrong_mtp(target, S, chain), spec=SpecConfig(S), impl="reference",
                    max_seq_len=96)
-    outs = wrong.generate(prompts, _lp(max_new=21))
+    outs = wrong.generate(prompts, logprob_params(max_new=21))
     assert_same_as_baseline(outs, base)
     assert all(a == 1 for o in outs for a in o.accept_lens)
 
@@ -214,7 +192,7 @@ def test_both_workers_share_one_logprob_path():
     logprob outputs."""
     target = bigram_target(seed=6)
     prompts = [[1, 2, 3], [4]]
-    sp = _lp(max_new=16, temperature=0.6)
+    sp = logprob_params(max_new=16, temperature=0.6)
     a = Engine(target, draft=perfect_eagle(target), spec=SpecConfig(3), impl="reference", max_seq_len=96)
     b = Engine(target, draft=perfect_mtp(target, 3, False), spec=SpecConfig(3), impl="reference", max_seq_len=96)
     oa, ob = a.generate(prompts, sp, seed=1), b.generate(prompts, sp, seed=1)
@@ -341,23 +319,6 @@ def test_mtp_draft_kv_equals_a_fresh_prefill(chain):
 
 # ---- sampling losslessness ----------------------------------------------------------------------
 
-def _exact_joint(target, prompt, n_tokens, temperature, top_k, top_p):
-    """Exact distribution of the first n_tokens sampled tokens, by enumeration over all sequences."""
-    V = target.config.vocab_size
-    probs = {}
-    for seq in itertools.product(range(V), repeat=n_tokens):
-        full = prompt + list(seq)
-        with torch.no_grad():
-            logits, _ = target(torch.tensor([full[:-1]]), torch.arange(len(full) - 1)[None])
-        p = 1.0
-        for j, tok in enumerate(seq):
-            p *= softmax_filtered(logits[0, len(prompt) - 1 + j].tolist(), temperature, top_k, top_p)[tok]
-            if p == 0.0:
-                break
-        probs[seq] = p
-    return probs
-
-
 SAMPLING_CASES = [
     ("eagle", SpecConfig(2, 2, 4), 1.0, -1, 1.0),
     ("eagle", SpecConfig(2, 1), 0.5, -1, 1.0),
@@ -374,36 +335,17 @@ SLOW_SAMPLING_CASES = [(d, s, t, k, p) for d in ("eagle", "mtp", "mtp_chain")
                        for t, k, p in [(1.0, -1, 1.0), (0.5, -1, 1.0), (1.0, 3, 1.0), (1.0, -1, 0.8)]]
 
 
-def _sampling_case(kind, spec, temperature, top_k, top_p, N, impl="reference"):
-    V = 6
-    target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
-    draft = perfect_eagle(target) if kind == "eagle" else perfect_mtp(target, spec.num_steps, kind == "mtp_chain")
-    prompt, n_tokens = [1, 2], 3
-    exact = _exact_joint(target, prompt, n_tokens, temperature, top_k, top_p)
-    engine = Engine(target, draft=draft, spec=spec, impl=impl, max_batch=N, max_seq_len=12)
-    outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=n_tokens, temperature=temperature,
-                                                        top_k=top_k, top_p=top_p), seed=2024)
-    cells = list(exact)
-    counts = dict.fromkeys(cells, 0)
-    for o in outs:
-        counts[tuple(o.token_ids)] += 1
-    accepted = [a for o in outs for a in o.accept_lens]
-    assert any(a > 1 for a in accepted) and any(a == 1 for a in accepted)  # both paths exercised
-    p = chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells])
-    assert p > FALSE_FAILURE_RATE, p
-
-
 @pytest.mark.parametrize("kind, spec, temperature, top_k, top_p", SAMPLING_CASES)
 def test_sampling_is_lossless(kind, spec, temperature, top_k, top_p):
     """Joint distribution of the first three tokens (the 2nd and 3rd come from speculative steps)
     against the exact one by enumeration; chi-square test, false-failure rate 1e-6 per case."""
-    _sampling_case(kind, spec, temperature, top_k, top_p, N=5000)
+    check_sampling_is_lossless(kind, spec, temperature, top_k, top_p, N=5000)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, spec, temperature, top_k, top_p", SLOW_SAMPLING_CASES)
 def test_sampling_is_lossless_full_grid(kind, spec, temperature, top_k, top_p):
-    _sampling_case(kind, spec, temperature, top_k, top_p, N=20000)
+    check_sampling_is_lossless(kind, spec, temperature, top_k, top_p, N=20000)
 
 
 # ---- bad input ----------------------------------------------------------------------------------
@@ -444,24 +386,16 @@ def test_reference_worker_classes_bind_the_reference_ops():
     assert w.ops is reference and type(w).__name__ == "MultiLayerEagleWorkerV2"
 
 
-def _worker_kinds(target):
-    return {
-        "target-only": (None, None),
-        "eagle": (perfect_eagle(target), SpecConfig(3, 2, 6)),
-        "mtp": (perfect_mtp(target, 3, True), SpecConfig(3)),
-    }
-
-
 @pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp"])
 def test_decode_step_makes_no_host_sync(kind):
     """No value read on the host inside a decode step: not .item() / .tolist() / a tensor-valued `if`,
     nor the syncs hidden in C++ ops (nonzero, boolean-mask indexing, tensor-valued repeat_interleave);
     with greedy and sampled requests, logprobs, top-k and token-id logprobs in the batch."""
     target = near_bigram_target(seed=3, mix=0.3)
-    draft, spec = _worker_kinds(target)[kind]
+    draft, spec = perfect_drafts_by_kind(target)[kind]
     engine = Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=96)
     w = engine.worker
-    params = [_lp(temperature=0.7, top_k=5, top_p=0.9),
+    params = [logprob_params(temperature=0.7, top_k=5, top_p=0.9),
               SamplingParams(max_new_tokens=14)]
     w.prefill([[1, 2, 3], [4, 5]], params, seed=0)
     for _ in range(2):
@@ -472,7 +406,7 @@ def test_decode_step_makes_no_host_sync(kind):
 
 def _run_on_meta(kind):
     w = _unbound_worker(kind, near_bigram_target(seed=3, mix=0.3).to("meta"), reference, max_batch=2, max_seq_len=96)
-    params = [_lp(temperature=0.7, top_k=5, top_p=0.9), SamplingParams(max_new_tokens=14)]
+    params = [logprob_params(temperature=0.7, top_k=5, top_p=0.9), SamplingParams(max_new_tokens=14)]
     with torch.inference_mode():
         w.prefill([[1, 2, 3], [4, 5]], params, seed=0)
         for _ in range(2):
@@ -517,7 +451,7 @@ def test_a_worker_driven_without_length_syncs_is_still_lossless(kind):
     """The host's length bound only grows when nobody syncs it: attention spans get longer, the tokens
     stay target-only's (a stale host length once changed the ninth token)."""
     target = near_bigram_target(seed=4, mix=0.4)
-    draft, spec = _worker_kinds(target)[kind]
+    draft, spec = perfect_drafts_by_kind(target)[kind]
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10]]
     base = Engine(target, max_seq_len=160).generate(prompts, SamplingParams(max_new_tokens=24))
     w = Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=160).worker
@@ -546,7 +480,7 @@ def test_stop_token_inside_an_accepted_window(kind):
     prompts = [[1, 2, 3], [7, 7]]
     free = Engine(target, max_seq_len=96).generate(prompts, SamplingParams(max_new_tokens=30))
     stops = [free[0].token_ids[6], free[1].token_ids[4]]
-    params = [_lp(max_new=30), _lp(max_new=30)]
+    params = [logprob_params(max_new=30), logprob_params(max_new=30)]
     for p, s in zip(params, stops):
         p.stop_token_ids = [s]
     base = Engine(target, max_seq_len=96).generate(prompts, params)
@@ -558,7 +492,7 @@ def test_stop_token_inside_an_accepted_window(kind):
     # every request's stop fell inside a window: its last step produced tokens past the stop, dropped
     assert all(1 + sum(o.accept_lens) > len(o.token_ids) for o in outs)
     n = 6 if kind == "eagle" else 7  # a length that falls inside a step of both requests (checked below)
-    odd = _lp(max_new=n)
+    odd = logprob_params(max_new=n)
     cut = Engine(target, draft=draft, spec=spec, impl="reference", max_seq_len=96).generate(prompts, odd)
     assert_same_as_baseline(cut, Engine(target, max_seq_len=96).generate(prompts, odd))
     assert all(1 + sum(o.accept_lens) > len(o.token_ids) == n for o in cut)
@@ -573,9 +507,9 @@ def test_padded_static_buffer_steps_equal_eager_steps(kind):
 
     assert batch_buckets(6) == [1, 2, 4, 6] and batch_buckets(1) == [1] and batch_buckets(8) == [1, 2, 4, 8]
     target = near_bigram_target(seed=6, mix=0.4)
-    draft, spec = _worker_kinds(target)[kind]
+    draft, spec = perfect_drafts_by_kind(target)[kind]
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [3, 3, 3, 3], [2, 7]]
-    params = [_lp(max_new=6 + 5 * i, temperature=0.9 * (i % 2), top_k=-1 if i < 3 else 4) for i in range(5)]
+    params = [logprob_params(max_new=6 + 5 * i, temperature=0.9 * (i % 2), top_k=-1 if i < 3 else 4) for i in range(5)]
     eager = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96)
     base = eager.generate(prompts, params, seed=3)
     padded = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96)
@@ -596,10 +530,10 @@ def test_padded_static_buffer_steps_equal_eager_steps(kind):
 def test_cuda_graph_replay_equals_eager(kind):
     """On a GPU: every bucket captured and replayed gives the tokens of eager fast decoding."""
     target = near_bigram_target(seed=6, mix=0.4).cuda()
-    draft, spec = _worker_kinds(target)[kind]
+    draft, spec = perfect_drafts_by_kind(target)[kind]
     draft = draft.cuda() if draft is not None else None
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [3, 3, 3, 3], [2, 7]]
-    params = [_lp(max_new=6 + 5 * i) for i in range(5)]
+    params = [logprob_params(max_new=6 + 5 * i) for i in range(5)]
     eager = Engine(target, draft, spec, impl="fast", max_batch=6, max_seq_len=96, cuda_graphs=False)
     graphed = Engine(target, draft, spec, impl="fast", max_batch=6, max_seq_len=96, cuda_graphs=True)
     for a, b in zip(graphed.generate(prompts, params), eager.generate(prompts, params)):
@@ -650,7 +584,7 @@ def _unbound_worker(kind, target, ops, **kw):
     from specdec.workers.base import TargetOnlyWorker
     from specdec.workers.eagle import EagleWorkerV2
     from specdec.workers.multi_layer_eagle import MultiLayerEagleWorkerV2
-    draft, spec = _worker_kinds(target)[kind]
+    draft, spec = perfect_drafts_by_kind(target)[kind]
     if kind == "target-only":
         return TargetOnlyWorker(target, ops, **kw)
     cls = EagleWorkerV2 if kind == "eagle" else MultiLayerEagleWorkerV2
@@ -666,7 +600,8 @@ def test_decode_steps_have_identical_op_shapes(kind, impl):
     if impl == "fast" and missing_ops(ops._ops):
         pytest.skip(f"fast lacks {missing_ops(ops._ops)}")
     w = _unbound_worker(kind, near_bigram_target(seed=3, mix=0.5), ops, max_batch=2, max_seq_len=96)
-    w.prefill([[1, 2, 3], [4, 5]], [_lp(temperature=0.7, top_k=5, top_p=0.9), _lp(max_new=30)], seed=0)
+    w.prefill([[1, 2, 3], [4, 5]], [logprob_params(temperature=0.7, top_k=5, top_p=0.9), logprob_params(max_new=30)],
+              seed=0)
     per_step = []
     accepted = set()
     for _ in range(4):
