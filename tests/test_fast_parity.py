@@ -87,7 +87,7 @@ def test_tree_build_verify_and_commit_are_single_launches(monkeypatch):
     import triton.runtime.interpreter as interpreter
     import torch
 
-    from tests.test_tree_ops import DraftedTree
+    from tests.oracles import DraftedTree
 
     launches = []
     run = interpreter.GridExecutor.__call__

@@ -1,11 +1,12 @@
 """Equivalence of the fast tree ops (fast/tree.py, fast/verify.py) with the reference ones.
 
 Integer outputs are compared bit for bit through ``tests.equivalence.assert_equivalent``, on the random
-drafted trees of tests/test_tree_ops.py, malformed trees, chains and single requests. The sampling
+drafted trees of tests/oracles.py (the reference ladder's), malformed trees, chains and single requests. The sampling
 verify's accept decisions are compared exactly; its bonus token is compared exactly except when the
 final uniform lies within ``BONUS_CDF_EPSILON`` of a CDF boundary of the residual (decided here, in
 float64, independently of both ops), and the fast op's own law is tested exactly with the reference
-tests' chi-square machinery.
+tests' chi-square machinery (the fixed tree's exact law in tests/oracles.py, the chi-square test in
+tests/helpers.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import inspect
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
 
 import fast.tree as fast_tree
 import fast.verify as fast_verify
@@ -21,22 +23,10 @@ import reference.tree as ref_tree
 import reference.verify as ref_verify
 from fast.verify import BONUS_CDF_EPSILON
 from tests.equivalence import assert_equivalent, no_host_sync
-from tests.helpers import FALSE_FAILURE_RATE
-from tests.test_tree_ops import (
-    _FIXED_TARGET,
-    FAST_GRID,
-    FULL_GRID,
-    DraftedTree,
-    drafted_case,
-    _chi_square_pvalue,
-    _emitted_sequences,
-    _exact_distribution,
-    _fixed_tree,
-    _valid_build_args,
-    _valid_verify_inputs,
-    target_predict_for,
-    sampling_inputs,
-)
+from tests.helpers import FALSE_FAILURE_RATE, chi_square_pvalue
+from tests.oracles import (FAST_GRID, FIXED_TARGET, FULL_GRID, DraftedTree, drafted_case, emitted_sequences,
+                           exact_fixed_tree_distribution, fixed_tree, sampling_inputs, target_predict_for, tree_shapes,
+                           valid_build_args, valid_verify_inputs)
 
 # Every output compared here is an integer or boolean tensor: bit-equal, the tolerance table unused.
 QUANTITY = "index"
@@ -160,6 +150,17 @@ def test_fast_equals_reference_random_trees_full_grid(S, K, W, mode):
         _run_case(S, K, W, seed=104729 * rep + 1000 * S + 100 * K + W, mode=mode)
 
 
+def _fast_tree_ops_property(case):
+    """The reference ladder's random cases through the Triton kernels: fast == reference (`_run_case`)."""
+    _run_case(*case)
+
+
+@given(tree_shapes())
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+def test_fast_tree_ops_agree_on_random_trees(case):
+    _fast_tree_ops_property(case)
+
+
 # --------------------------------------------------------------------------------------------
 # malformed trees, chains, single requests
 # --------------------------------------------------------------------------------------------
@@ -271,7 +272,7 @@ def test_sampling_agreement_rate():
         (100, 5000, torch.float32, (1.0, 1.0), None),  # two blocks of the default BLOCK_V
     ]
     for B, V, dtype, (ts, ta), block_v in cases:
-        cand, ri, nt, ns = _fixed_tree(B)
+        cand, ri, nt, ns = fixed_tree(B)
         cand = torch.randint(V, cand.shape, generator=gen)
         for b in range(B):  # siblings keep distinct tokens
             cand[b, 2] = (cand[b, 1] + 1 + int(torch.randint(V - 1, (1,), generator=gen))) % V
@@ -291,7 +292,7 @@ def test_sampling_large_vocab_and_v_one():
     """V > 2^17 (one request, many blocks, the bonus deep in the vocabulary) and V = 1."""
     gen = torch.Generator().manual_seed(7)
     V = 2**17 + 4099
-    cand, ri, nt, ns = _fixed_tree(1)
+    cand, ri, nt, ns = fixed_tree(1)
     probs = torch.rand(1, 6, V, generator=gen)
     for uf in (torch.tensor([0.0]), torch.tensor([0.61]), torch.tensor([0.999999])):
         _sampling_agreement(cand, ri, nt, ns, torch.rand(1, 6, generator=gen), uf, probs, 2)
@@ -305,13 +306,13 @@ def test_sampling_large_vocab_and_v_one():
 def test_sampling_fallbacks_bit_equal():
     """Degenerate residuals give the reference's token exactly: all target mass on the rejected
     children (empty residual: the full row), an all-zero row (V-1), u = 1.0 (the last positive)."""
-    cand, ri, nt, ns = _fixed_tree(3)
+    cand, ri, nt, ns = fixed_tree(3)
     V = 5
     target = torch.zeros(3, 6, V)
     target[:, 0, 1] = 0.5  # node1's token
     target[:, 0, 3] = 0.5  # node2's token
     uf = torch.tensor([0.0, 0.4, 1.0])
-    for probs in (target, torch.zeros(3, 6, V), _FIXED_TARGET.expand(3, 6, V).contiguous()):
+    for probs in (target, torch.zeros(3, 6, V), FIXED_TARGET.expand(3, 6, V).contiguous()):
         args = (cand, ri, nt, ns, torch.ones(3, 6), uf, probs, 2)
         assert_equivalent(
             ref_verify.tree_speculative_sampling_target_only(*args),
@@ -324,7 +325,7 @@ def test_bonus_is_strict_inverse_cdf():
     """Dyadic rows (every partial sum exact in any order, so both paths must agree bit for bit): the
     bonus is the first token whose cumulative mass is STRICTLY greater than u * total, never a token
     of mass 0, across a block boundary too."""
-    cand, ri, nt, ns = _fixed_tree(5)
+    cand, ri, nt, ns = fixed_tree(5)
     V = 19
     row = torch.zeros(V)
     row[[2, 5, 9, 16, 17]] = torch.tensor([0.25, 0.25, 0.125, 0.125, 0.25])
@@ -345,7 +346,7 @@ def test_zero_probability_children_never_accepted():
     """Coins of exactly 0 (and thresholds below 1): a child of probability 0 is never accepted."""
     gen = torch.Generator().manual_seed(3)
     B, V = 8, 7
-    cand, ri, nt, ns = _fixed_tree(B)
+    cand, ri, nt, ns = fixed_tree(B)
     probs = torch.rand(B, 6, V, generator=gen)
     probs.scatter_(2, cand.unsqueeze(1).expand(B, 6, 6), 0.0)  # every draft token has mass 0
     for ts, ta in ((1.0, 1.0), (0.5, 0.3)):
@@ -366,7 +367,7 @@ def test_accept_rule_rounding_edges():
     by_division = p / ta
     by_reciprocal = p * (torch.tensor(1.0) / torch.tensor(ta))
     k = int((by_division != by_reciprocal).nonzero()[0])
-    cand, ri, nt, ns = _fixed_tree(2)
+    cand, ri, nt, ns = fixed_tree(2)
     probs = torch.zeros(2, 6, 5)
     probs[:, :, 4] = 1.0 - p[k]
     probs[:, 0, 1] = p[k]  # node1's token at the root; node2's (token 3) has mass 0
@@ -412,23 +413,23 @@ def _fast_law_pvalues(target: torch.Tensor, S: int, N: int, seed: int):
     """p-values of the fast op's emitted sequences against the exact law and against a buggy
     sampler that draws the bonus from the full row instead of the residual."""
     gen = torch.Generator().manual_seed(seed)
-    cand, ri, nt, ns = _fixed_tree(N)
+    cand, ri, nt, ns = fixed_tree(N)
     probs = target.expand(N, 6, target.shape[-1]).contiguous()
     out = fast_verify.tree_speculative_sampling_target_only(
         cand, ri, nt, ns, torch.rand(N, 6, generator=gen), torch.rand(N, generator=gen), probs, S
     )
     observed: dict[tuple, int] = {}
-    for s in _emitted_sequences(*out):
+    for s in emitted_sequences(*out):
         observed[s] = observed.get(s, 0) + 1
-    exact = _exact_distribution(target, S)
+    exact = exact_fixed_tree_distribution(target, S)
     assert set(observed) <= set(exact)  # no impossible sequence
-    buggy = _exact_distribution(target, S, residual_from_full_row=True)
-    return _chi_square_pvalue(observed, exact, N), _chi_square_pvalue(observed, buggy, N)
+    buggy = exact_fixed_tree_distribution(target, S, residual_from_full_row=True)
+    return chi_square_pvalue(observed, exact), chi_square_pvalue(observed, buggy)
 
 
 @pytest.mark.parametrize("S", [1, 2])
 def test_fast_sampling_exact_distribution(S):
-    p, p_buggy = _fast_law_pvalues(_FIXED_TARGET, S, N=1200, seed=4321 + S)
+    p, p_buggy = _fast_law_pvalues(FIXED_TARGET, S, N=1200, seed=4321 + S)
     assert p > FALSE_FAILURE_RATE, p
     assert p_buggy < FALSE_FAILURE_RATE, p_buggy  # the test has power
 
@@ -448,7 +449,7 @@ def test_fast_sampling_exact_distribution_random_rows():
 @pytest.mark.slow
 @pytest.mark.parametrize("S", [1, 2])
 def test_fast_sampling_exact_distribution_large(S):
-    p, p_buggy = _fast_law_pvalues(_FIXED_TARGET, S, N=20000, seed=99 + S)
+    p, p_buggy = _fast_law_pvalues(FIXED_TARGET, S, N=20000, seed=99 + S)
     assert p > FALSE_FAILURE_RATE and p_buggy < FALSE_FAILURE_RATE, (p, p_buggy)
 
 
@@ -517,7 +518,7 @@ def _raised(fn, *args, **kwargs):
     ],
 )
 def test_build_tree_bad_input_same_error(index, value):
-    args = _valid_build_args()
+    args = valid_build_args()
     args[index] = value
     assert _raised(fast_tree.build_tree_kernel_efficient, *args) == _raised(
         ref_tree.build_tree_kernel_efficient, *args
@@ -525,7 +526,7 @@ def test_build_tree_bad_input_same_error(index, value):
 
 
 def test_verify_bad_input_same_error():
-    cand, ri, nt, ns, tp, u, uf, probs = _valid_verify_inputs()
+    cand, ri, nt, ns, tp, u, uf, probs = valid_verify_inputs()
     greedy_cases = [
         (cand, ri, nt, ns, tp, 0),
         (cand, ri, nt, ns, tp, 2.0),

@@ -1,54 +1,19 @@
-"""Property-based tests (hypothesis): random trees, acceptance patterns, batch compositions, sampling
-parameters and stop positions.
+"""Property-based tests (hypothesis): acceptance patterns, batch compositions, sampling parameters and stop
+positions. The tree ops' properties (random tree shapes through the ladder) sit beside their ladders, in
+tests/test_tree_ops.py and tests/test_fast_tree_ops.py.
 
 The CI examples are derandomized and few (each property a few seconds); `-m slow` runs the same
 properties with many more, freshly drawn examples. A failing example found here becomes a named
 regression test beside the others.
 """
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_mtp
 from specdec.op_checks import max_num_draft_tokens
-from tests import test_fast_tree_ops, test_tree_ops
-from tests.helpers import near_bigram_target, perfect_eagle, perfect_mtp
-
-CI = settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-SLOW = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-
-
-@st.composite
-def tree_shapes(draw):
-    """(S, K, W) of a valid tree, W anywhere from 2 to its maximum, a seed and a vocabulary mode."""
-    S = draw(st.integers(1, 5))
-    K = draw(st.integers(1, 4))
-    W = S + 1 if K == 1 else draw(st.integers(2, max_num_draft_tokens(K, S)))
-    return S, K, W, draw(st.integers(0, 2 ** 31 - 1)), draw(st.sampled_from(["random", "ties"]))
-
-
-def _tree_ops_property(case):
-    """select / organize / build / both verifies: the per-node loops, the vectorised reference and the
-    test's own brute-force expectations agree (tests/test_tree_ops.py `_run_case`)."""
-    test_tree_ops._run_case(*case)
-
-
-def _fast_tree_ops_property(case):
-    """The same cases through the Triton kernels: fast == reference (tests/test_fast_tree_ops.py)."""
-    test_fast_tree_ops._run_case(*case)
-
-
-@given(tree_shapes())
-@CI
-def test_tree_ops_agree_on_random_trees(case):
-    _tree_ops_property(case)
-
-
-@given(tree_shapes())
-@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-def test_fast_tree_ops_agree_on_random_trees(case):
-    _fast_tree_ops_property(case)
+from tests.helpers import PROPERTY_CI, PROPERTY_SLOW, near_bigram_target, perfect_eagle, perfect_mtp
 
 
 @st.composite
@@ -108,21 +73,14 @@ def _greedy_speculation_property(case):
 
 
 @given(speculative_cases())
-@CI
+@PROPERTY_CI
 def test_greedy_speculation_equals_target_only_on_random_batches(case):
     _greedy_speculation_property(case)
 
 
 @pytest.mark.slow
-@given(tree_shapes())
-@SLOW
-def test_tree_ops_agree_on_random_trees_many(case):
-    _tree_ops_property(case)
-
-
-@pytest.mark.slow
 @given(speculative_cases())
-@SLOW
+@PROPERTY_SLOW
 def test_greedy_speculation_equals_target_only_many(case):
     _greedy_speculation_property(case)
 

@@ -6,16 +6,17 @@ independent checks that do not use the code under test: the test drafts its own 
 every candidate's token path and fp32 path score itself, and derives the expected selection, parents,
 mask, positions, child/sibling links and the greedy accepted path from those paths; the sampling
 verify is checked against the exact distribution of sequential target sampling by a chi-square test.
+The drafting simulator, the fixed tree and its exact law live in tests/oracles.py (the fast tests use them too).
 """
 
 from __future__ import annotations
 
 import inspect
 import itertools
-import random
 
 import pytest
 import torch
+from hypothesis import given
 
 from reference.tree import (
     build_tree_kernel_efficient,
@@ -30,173 +31,10 @@ from reference.verify import (
     verify_tree_greedy,
     verify_tree_greedy_naive,
 )
-
-# --------------------------------------------------------------------------------------------
-# an independent drafting simulator
-# --------------------------------------------------------------------------------------------
-
-
-def _draft_probs(gen: torch.Generator, rows: int, V: int, mode: str) -> torch.Tensor:
-    """Draft probabilities, (rows, V) float32. ``ties`` mixes one-hot rows (exact 1.0 / 0.0) and
-    rows with many exactly equal probabilities."""
-    if mode == "random":
-        return torch.softmax(torch.randn(rows, V, generator=gen) * 2.0, dim=-1)
-    out = []
-    for _ in range(rows):
-        kind = int(torch.randint(3, (1,), generator=gen))
-        if kind == 0:  # one-hot: children with probability exactly 1.0 and 0.0
-            row = torch.zeros(V)
-            row[int(torch.randint(V, (1,), generator=gen))] = 1.0
-        elif kind == 1:  # uniform: all children tie
-            row = torch.full((V,), 1.0 / V)
-        else:  # two levels: many ties
-            row = torch.softmax(torch.randint(2, (V,), generator=gen).float() * 3.0, dim=-1)
-        out.append(row)
-    return torch.stack(out)
-
-
-class DraftedTree:
-    """Drafts B trees through select_top_k_tokens + organize_draft_results.
-
-    The hidden state of a node is its id, so the test knows which path every re-parented hidden
-    state belongs to; ``cand_path[b][c]`` and ``cand_score[b][c]`` (fp32 path score) are tracked
-    by the test itself, from the draft probabilities it generated.
-    """
-
-    def __init__(self, B: int, K: int, S: int, W: int, V: int, seed: int, mode: str = "random"):
-        gen = torch.Generator().manual_seed(seed)
-        self.B, self.K, self.S, self.W, self.V = B, K, S, W, V
-        # node_paths[b]: node id -> token path (the root is id 0; an id names the same draft call
-        # in every request); a node id travels as column 0 of its hidden state, the request as column 1
-        node_paths: list[dict[int, tuple]] = [{0: ()} for _ in range(B)]
-        next_id = [1]
-
-        def new_id(path_per_b):
-            i = next_id[0]
-            next_id[0] += 1
-            for b in range(B):
-                node_paths[b][i] = path_per_b[b]
-            return i
-
-        self.cand_path = [[] for _ in range(B)]
-        self.cand_score = [[] for _ in range(B)]
-        score_list, token_list, parents_list = [], [], []
-
-        # step 0: the root's children
-        probs = _draft_probs(gen, B, V, mode)
-        topk_p, topk_index = torch.topk(probs, K, dim=-1)
-        hidden = torch.zeros(B, 3)  # column 0: node id (root 0), column 1: request, column 2: spare
-        hidden[:, 1] = torch.arange(B, dtype=torch.float32)
-        input_ids, hidden_out, scores, info = select_top_k_tokens(0, topk_p, topk_index, hidden, None, K)
-        assert input_ids.shape == (B * K,) and hidden_out.shape == (B * K, 3) and scores.shape == (B, K)
-        assert torch.equal(input_ids, topk_index.flatten())
-        assert torch.equal(hidden_out[:, 0], torch.zeros(B * K))
-        assert torch.equal(hidden_out[:, 1], torch.arange(B).repeat_interleave(K).float())
-        assert torch.equal(info[2], torch.arange(-1, K).repeat(B, 1)) and info[2].dtype == torch.int64
-        for b in range(B):
-            for m in range(K):
-                self.cand_path[b].append((int(topk_index[b, m]),))
-                self.cand_score[b].append(topk_p[b, m])
-        score_list.append(info[0])
-        token_list.append(info[1])
-        parents_list.append(info[2])
-
-        for i in range(1, S):
-            # the frontier, as the test selects it: the K best candidates of the previous step
-            start = 0 if i == 1 else K + (i - 2) * K * K
-            count = K if i == 1 else K * K
-            frontier = []  # frontier[b] = list of K candidate indices, best first (ties: lower index)
-            for b in range(B):
-                cands = list(range(start, start + count))
-                cands.sort(key=lambda c: (-float(self.cand_score[b][c]), c))
-                frontier.append(cands[:K])
-            # the returned input_ids / hidden states must describe this frontier
-            exp_ids = torch.tensor([self.cand_path[b][c][-1] for b in range(B) for c in frontier[b]])
-            assert torch.equal(input_ids, exp_ids), (i, input_ids, exp_ids)
-            for b in range(B):
-                for f, c in enumerate(frontier[b]):
-                    parent_id = int(hidden_out[b * K + f, 0])
-                    assert node_paths[b][parent_id] == self.cand_path[b][c][:-1]  # re-parented hidden state
-                    assert int(hidden_out[b * K + f, 1]) == b
-                    assert torch.equal(scores[b, f], self.cand_score[b][c])
-            if i > 1:  # the previous step's parents are this frontier's candidate indices
-                assert torch.equal(info[2], torch.tensor(frontier))
-            # the draft runs on the frontier: each frontier node gets an id (its output hidden state)
-            hidden = torch.zeros(B * K, 3)
-            for f in range(K):
-                nid = new_id([self.cand_path[b][frontier[b][f]] for b in range(B)])
-                hidden[torch.arange(B) * K + f, 0] = float(nid)
-            hidden[:, 1] = torch.arange(B).repeat_interleave(K).float()
-            probs = _draft_probs(gen, B * K, V, mode)
-            topk_p, topk_index = torch.topk(probs, K, dim=-1)
-            input_ids, hidden_out, scores, info = select_top_k_tokens(
-                i, topk_p, topk_index, hidden, scores, K
-            )
-            for b in range(B):
-                for f in range(K):
-                    c_parent = frontier[b][f]
-                    for m in range(K):
-                        self.cand_path[b].append(
-                            self.cand_path[b][c_parent] + (int(topk_index[b * K + f, m]),)
-                        )
-                        self.cand_score[b].append(self.cand_score[b][c_parent] * topk_p[b * K + f, m])
-            score_list.append(info[0])
-            token_list.append(info[1])
-            parents_list.append(info[2])
-            if i == S - 1:  # the last step's selection is checked too
-                last = K + (i - 1) * K * K
-                for b in range(B):
-                    cands = sorted(
-                        range(last, last + K * K), key=lambda c: (-float(self.cand_score[b][c]), c)
-                    )
-                    assert torch.equal(info[2][b], torch.tensor(cands[:K]))
-
-        self.num_cands = K + (S - 1) * K * K
-        assert all(len(p) == self.num_cands for p in self.cand_path)
-        self.parent_list, self.top_scores_index, self.draft_tokens = organize_draft_results(
-            score_list, token_list, parents_list, W
-        )
-        self.seq_lens = torch.randint(0, 50, (B,), generator=gen)
-        self.bonus = torch.randint(V, (B,), generator=gen)
-        self.gen = gen
-
-    # -- the test's own expectations -----------------------------------------------------------
-
-    def expected_selection(self, b: int) -> list[int]:
-        order = sorted(range(self.num_cands), key=lambda c: (-float(self.cand_score[b][c]), c))
-        return sorted(order[: self.W - 1])
-
-    def node_paths(self, b: int) -> list[tuple]:
-        """Token path of every tree node, root () first."""
-        return [()] + [self.cand_path[b][c] for c in self.expected_selection(b)]
-
-    def build_args(self):
-        return (
-            self.bonus,
-            self.parent_list,
-            self.top_scores_index,
-            self.draft_tokens,
-            self.seq_lens,
-            self.K,
-            self.S,
-            self.W,
-        )
-
-
-def tree_structure(paths: list[tuple]):
-    """parent, depth, first child and next sibling of every node, from the token paths alone."""
-    index = {p: i for i, p in enumerate(paths)}
-    assert len(index) == len(paths)  # paths are unique
-    W = len(paths)
-    parent = [-1] + [index[p[:-1]] for p in paths[1:]]
-    depth = [len(p) for p in paths]
-    children = [[j for j in range(1, W) if parent[j] == i] for i in range(W)]
-    first = [ch[0] if ch else -1 for ch in children]
-    sibling = [-1] * W
-    for ch in children:
-        for a, c in itertools.pairwise(ch):
-            sibling[a] = c
-    return parent, depth, first, sibling
+from tests.helpers import PROPERTY_CI, PROPERTY_SLOW, chi_square_pvalue
+from tests.oracles import (FAST_GRID, FIXED_TARGET, FULL_GRID, DraftedTree, drafted_case, emitted_sequences,
+                           exact_fixed_tree_distribution, fixed_tree, sampling_inputs, target_predict_for,
+                           target_probs_for, tree_shapes, tree_structure, valid_build_args, valid_verify_inputs)
 
 
 def assert_same(a, b):
@@ -207,71 +45,9 @@ def assert_same(a, b):
         assert torch.equal(x, y), (k, x, y)
 
 
-def target_predict_for(tree: DraftedTree, paths_per_b, p_follow: float, gen: torch.Generator):
-    """(B, W) target predictions: at each node a random child's token with prob p_follow."""
-    B, W, V = tree.B, tree.W, tree.V
-    tp = torch.randint(V, (B, W), generator=gen)
-    for b in range(B):
-        parent, _, _, _ = tree_structure(paths_per_b[b])
-        for i in range(W):
-            kids = [j for j in range(1, W) if parent[j] == i]
-            if kids and float(torch.rand((), generator=gen)) < p_follow:
-                j = kids[int(torch.randint(len(kids), (1,), generator=gen))]
-                tp[b, i] = paths_per_b[b][j][-1]
-    return tp
-
-
-def target_probs_for(tree: DraftedTree, paths_per_b, gen: torch.Generator, sharp: float = 2.0):
-    """(B, W, V) float32 target rows with extra mass on the children's tokens (so that some paths
-    get accepted), some exact zeros, and occasional one-hot rows."""
-    B, W, V = tree.B, tree.W, tree.V
-    logits = torch.randn(B, W, V, generator=gen) * sharp
-    for b in range(B):
-        for j in range(1, W):
-            path = paths_per_b[b][j]
-            parent = paths_per_b[b].index(path[:-1])
-            logits[b, parent, path[-1]] += float(torch.rand((), generator=gen)) * 4.0
-    probs = torch.softmax(logits, dim=-1)
-    keep = (torch.rand(B, W, V, generator=gen) > 0.15) | torch.nn.functional.one_hot(
-        probs.argmax(-1), V
-    ).bool()
-    probs = probs * keep  # exact zeros, never a whole row (unnormalised is fine)
-    onehot = torch.rand(B, W, generator=gen) < 0.1
-    hot = torch.nn.functional.one_hot(probs.argmax(-1), V).float()
-    return torch.where(onehot.unsqueeze(-1), hot, probs)
-
-
 # --------------------------------------------------------------------------------------------
-# the case grid
+# the ladder on the case grid
 # --------------------------------------------------------------------------------------------
-
-
-def _w_values(K: int, S: int, full: bool) -> list[int]:
-    hi = max_num_draft_tokens(K, S)
-    if full:
-        return list(range(2, hi + 1))
-    return sorted({2, min(3, hi), (2 + hi) // 2, hi - 1, hi} - {1})
-
-
-def _grid(full: bool):
-    cases = []
-    for S, K in itertools.product(range(1, 6), (1, 2, 4)):
-        for W in _w_values(K, S, full):
-            cases.append((S, K, W))
-    return cases
-
-
-FAST_GRID = _grid(full=False)
-FULL_GRID = _grid(full=True)
-
-
-def drafted_case(S: int, K: int, W: int, seed: int, mode: str) -> tuple[DraftedTree, random.Random]:
-    """A DraftedTree of a seeded random batch size (1..4) and vocabulary (K+1, 8 or 32; small in "ties"),
-    and the generator that chose them (the caller draws the rest of its case from it)."""
-    rng = random.Random(seed)
-    B = rng.randint(1, 4)
-    V = rng.choice([K + 1, 8, 32]) if mode == "random" else rng.choice([max(K, 2), 6])
-    return DraftedTree(B, K, S, W, max(V, K), seed, mode), rng
 
 
 def _run_case(S: int, K: int, W: int, seed: int, mode: str):
@@ -326,19 +102,6 @@ def _run_case(S: int, K: int, W: int, seed: int, mode: str):
             got, tree_speculative_sampling_target_only_naive(cand, ri, nt, ns, u, uf, probs, steps, ts, ta)
         )
         check_sampling_output(got, cand, probs, paths_per_b, steps)
-
-
-def sampling_inputs(tree, paths_per_b, gen, rng):
-    """-> target_probs (B, W, V) over the tree's paths, coins (B, W) and final coins (B,) for a sampling verify;
-    sometimes coins of exactly 0, which must not accept a zero-probability child."""
-    B, W = tree.B, tree.W
-    probs = target_probs_for(tree, paths_per_b, gen)
-    u = torch.rand(B, W, generator=gen)
-    uf = torch.rand(B, generator=gen)
-    if rng.random() < 0.3:
-        u[:, 0] = 0.0
-        uf[0] = 0.0
-    return probs, u, uf
 
 
 def check_greedy_brute_force(got, cand, tp, paths_per_b, S):
@@ -406,6 +169,25 @@ def test_ladder_random_trees(S, K, W, mode):
 def test_ladder_random_trees_full_grid(S, K, W, mode):
     for rep in range(3):
         _run_case(S, K, W, seed=7919 * rep + 1000 * S + 100 * K + W, mode=mode)
+
+
+def _tree_ops_property(case):
+    """select / organize / build / both verifies: the per-node loops, the vectorised reference and the
+    test's own brute-force expectations agree (`_run_case`)."""
+    _run_case(*case)
+
+
+@given(tree_shapes())
+@PROPERTY_CI
+def test_tree_ops_agree_on_random_trees(case):
+    _tree_ops_property(case)
+
+
+@pytest.mark.slow
+@given(tree_shapes())
+@PROPERTY_SLOW
+def test_tree_ops_agree_on_random_trees_many(case):
+    _tree_ops_property(case)
 
 
 # --------------------------------------------------------------------------------------------
@@ -621,113 +403,6 @@ def test_invalid_tree_detached_node():
 # sampling: exact distribution
 # --------------------------------------------------------------------------------------------
 
-# A fixed tree (K=2, S=2, W=6) over V=5 tokens:
-#   root(0) -> node1 (tok 1), node2 (tok 3);  node1 -> node3 (tok 0), node4 (tok 2);  node2 -> node5 (tok 4)
-_FIXED_PARENT_LIST = torch.tensor([[-1, 0, 1]])
-_FIXED_TSI = torch.tensor([[0, 1, 2, 3, 4]])
-_FIXED_TOKENS = torch.tensor([[1, 3, 0, 2, 4]])
-_FIXED_PARENT = [-1, 0, 0, 1, 1, 2]
-_FIXED_TARGET = torch.tensor(
-    [
-        [0.10, 0.30, 0.05, 0.25, 0.30],  # root: children 1 (0.30) and 3 (0.25)
-        [0.20, 0.00, 0.40, 0.15, 0.25],  # node1: children 0 (0.20) and 2 (0.40)
-        [0.50, 0.10, 0.00, 0.10, 0.30],  # node2: child 4 (0.30)
-        [0.25, 0.25, 0.00, 0.25, 0.25],  # leaves: the bonus row
-        [0.00, 0.00, 0.70, 0.30, 0.00],
-        [0.60, 0.00, 0.00, 0.00, 0.40],
-    ]
-)
-
-
-def _fixed_tree(B: int, S: int = 2):
-    args = (
-        torch.zeros(1, dtype=torch.long),
-        _FIXED_PARENT_LIST,
-        _FIXED_TSI,
-        _FIXED_TOKENS,
-        torch.tensor([4]),
-        2,
-        2,
-        6,
-    )
-    _mask, _positions, ri, nt, ns, tokens = build_tree_kernel_efficient(*args)
-    assert nt[0].tolist() == [1, 3, 5, -1, -1, -1] and ns[0].tolist() == [-1, 2, -1, 4, -1, -1]
-    W = 6
-    cand = tokens.view(1, W).expand(B, W).contiguous()
-    ri = torch.arange(B * W).view(B, W)
-    return cand, ri, nt.expand(B, W).contiguous(), ns.expand(B, W).contiguous()
-
-
-def _exact_distribution(target: torch.Tensor, S: int, residual_from_full_row: bool = False) -> dict:
-    """Exact law of the emitted token sequence under sequential target sampling on the fixed tree:
-    the first token ~ p(root); while the sampled token is a child c of the current node (and fewer
-    than S tokens were accepted) continue from p(c); the first token that is not a child (or sampled
-    at depth S) ends the sequence. ``residual_from_full_row`` gives the law of a BUGGY sampler that
-    draws the bonus from the full row instead of the residual (to show the test has power)."""
-    p = target.double()
-    children = {i: [j for j in range(6) if _FIXED_PARENT[j] == i] for i in range(6)}
-    tok = [None] + _FIXED_TOKENS[0].tolist()
-    dist: dict[tuple, float] = {}
-
-    def walk(node, depth, prefix, mass):
-        kids = children[node] if depth < S else []
-        row = p[node] / p[node].sum()
-        kid_tok = {tok[c]: c for c in kids}
-        if residual_from_full_row:
-            stop = 1.0 - sum(float(row[tok[c]]) for c in kids)
-            for c in kids:
-                walk(c, depth + 1, prefix + (tok[c],), mass * float(row[tok[c]]))
-            for v in range(p.shape[1]):
-                if row[v] > 0:
-                    key = prefix + (v,)
-                    dist[key] = dist.get(key, 0.0) + mass * stop * float(row[v])
-            return
-        for v in range(p.shape[1]):
-            if row[v] == 0:
-                continue
-            if v in kid_tok:
-                walk(kid_tok[v], depth + 1, prefix + (v,), mass * float(row[v]))
-            else:
-                key = prefix + (v,)
-                dist[key] = dist.get(key, 0.0) + mass * float(row[v])
-
-    walk(0, 0, (), 1.0)
-    assert abs(sum(dist.values()) - 1.0) < 1e-12
-    return dist
-
-
-def _emitted_sequences(predict, accept_index, accept_length) -> list[tuple]:
-    pred = predict.tolist()
-    idx = accept_index.tolist()
-    lens = accept_length.tolist()
-    return [tuple(pred[i] for i in idx[b][: lens[b] + 1]) for b in range(len(lens))]
-
-
-def _chi_square_pvalue(observed: dict, expected_p: dict, n: int) -> float:
-    """Pearson chi-square goodness of fit; cells with expected count < 5 are pooled. Any observation
-    of an outcome of probability 0 gives p-value 0."""
-    if any(k not in expected_p or expected_p[k] == 0 for k in observed):
-        return 0.0
-    keys = sorted(expected_p, key=lambda k: -expected_p[k])
-    cells, pool_e, pool_o = [], 0.0, 0
-    for k in keys:
-        e = expected_p[k] * n
-        if e >= 5:
-            cells.append((observed.get(k, 0), e))
-        else:
-            pool_e += e
-            pool_o += observed.get(k, 0)
-    if pool_e > 0:
-        cells.append((pool_o, pool_e))
-    stat = sum((o - e) ** 2 / e for o, e in cells)
-    dof = len(cells) - 1
-    return float(
-        torch.special.gammaincc(
-            torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
-        )
-    )
-
-
 # Chi-square threshold: under the null (the sampler is exact) a p-value below 1e-6 happens with
 # probability 1e-6 per comparison (up to the chi-square approximation, which pooling cells with
 # expected count < 5 keeps accurate). The seeds are fixed, so the test is deterministic anyway.
@@ -738,22 +413,22 @@ _P_THRESHOLD = 1e-6
 def test_sampling_exact_distribution(S):
     N = 20000
     gen = torch.Generator().manual_seed(1234 + S)
-    cand, ri, nt, ns = _fixed_tree(N)
-    target = _FIXED_TARGET.expand(N, 6, 5).contiguous()
+    cand, ri, nt, ns = fixed_tree(N)
+    target = FIXED_TARGET.expand(N, 6, 5).contiguous()
     u = torch.rand(N, 6, generator=gen)
     uf = torch.rand(N, generator=gen)
     out = tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, target, S)
-    seqs = _emitted_sequences(*out)
+    seqs = emitted_sequences(*out)
     observed: dict[tuple, int] = {}
     for s in seqs:
         observed[s] = observed.get(s, 0) + 1
-    exact = _exact_distribution(_FIXED_TARGET, S)
+    exact = exact_fixed_tree_distribution(FIXED_TARGET, S)
     assert set(observed) <= set(exact)  # no impossible sequence (e.g. a zero-probability token)
-    p = _chi_square_pvalue(observed, exact, N)
+    p = chi_square_pvalue(observed, exact)
     assert p > _P_THRESHOLD, (p, observed, exact)
     # power: the same samples are clearly NOT distributed as a sampler that ignores the residual
-    buggy = _exact_distribution(_FIXED_TARGET, S, residual_from_full_row=True)
-    assert _chi_square_pvalue(observed, buggy, N) < _P_THRESHOLD
+    buggy = exact_fixed_tree_distribution(FIXED_TARGET, S, residual_from_full_row=True)
+    assert chi_square_pvalue(observed, buggy) < _P_THRESHOLD
     # naive on a slice: identical decisions for identical uniforms, and batch-independent
     n = 300
     ri_small = torch.arange(n * 6).view(n, 6)
@@ -770,7 +445,7 @@ def test_sampling_exact_distribution_random_rows():
     N, V = 20000, 6
     gen = torch.Generator().manual_seed(99)
     rows = torch.softmax(torch.randn(6, V, generator=gen), -1) * (torch.rand(6, V, generator=gen) > 0.2)
-    cand, ri, nt, ns = _fixed_tree(N)
+    cand, ri, nt, ns = fixed_tree(N)
     cand = cand.clone()
     assert int(cand[0, 1]) == 1  # node1's token
     rows[0, 1] = 0.0  # zero probability at the root: never accepted, never emitted
@@ -780,15 +455,15 @@ def test_sampling_exact_distribution_random_rows():
     out = tree_speculative_sampling_target_only(
         cand, ri, nt, ns, torch.rand(N, 6, generator=gen), torch.rand(N, generator=gen), target, 2
     )
-    seqs = _emitted_sequences(*out)
+    seqs = emitted_sequences(*out)
     observed = {}
     for s in seqs:
         observed[s] = observed.get(s, 0) + 1
-    exact = _exact_distribution(rows, 2)
+    exact = exact_fixed_tree_distribution(rows, 2)
     assert set(observed) <= set(exact)
     assert not any(s[0] == 1 for s in seqs)
     assert int((out[2] > 0).sum()) > N // 10  # draft tokens were accepted: the walk is exercised
-    assert _chi_square_pvalue(observed, exact, N) > _P_THRESHOLD
+    assert chi_square_pvalue(observed, exact) > _P_THRESHOLD
 
 
 def test_one_hot_target_sampling_equals_greedy():
@@ -816,7 +491,7 @@ def test_one_hot_target_sampling_equals_greedy():
 def test_sampling_rounding_fallbacks():
     """Degenerate residuals: all target mass on rejected children (only possible by rounding) falls
     back to the full row; an all-zero row yields V-1; u = 1.0 takes the last positive token."""
-    cand, ri, nt, ns = _fixed_tree(3)
+    cand, ri, nt, ns = fixed_tree(3)
     V = 5
     target = torch.zeros(3, 6, V)
     target[:, 0, 1] = 0.5  # node1's token
@@ -836,8 +511,8 @@ def test_sampling_rounding_fallbacks():
 def test_thresholds_accept_more():
     """threshold_single: a child whose probability reaches it is accepted whatever the coin;
     threshold_acc: the coin is compared with prob_acc / threshold_acc."""
-    cand, ri, nt, ns = _fixed_tree(1)
-    target = _FIXED_TARGET.unsqueeze(0)
+    cand, ri, nt, ns = fixed_tree(1)
+    target = FIXED_TARGET.unsqueeze(0)
     u = torch.full((1, 6), 0.99)
     uf = torch.zeros(1)
     _, _, acc_len = tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, target, 2)
@@ -985,11 +660,6 @@ def test_vectorised_ops_make_no_host_sync():
         )
 
 
-def _valid_build_args(B=2, K=2, S=3, W=8):
-    tree = DraftedTree(B, K, S, W, 10, seed=3)
-    return list(tree.build_args())
-
-
 @pytest.mark.parametrize(
     "index,value,match",
     [
@@ -1005,7 +675,7 @@ def _valid_build_args(B=2, K=2, S=3, W=8):
     ],
 )
 def test_build_tree_bad_input(index, value, match):
-    args = _valid_build_args()
+    args = valid_build_args()
     args[index] = value
     for fn in (build_tree_kernel_efficient, build_tree_naive):
         with pytest.raises(ValueError, match=match):
@@ -1013,11 +683,11 @@ def test_build_tree_bad_input(index, value, match):
 
 
 def test_build_tree_bad_types():
-    args = _valid_build_args()
+    args = valid_build_args()
     args[2] = args[2].float()
     with pytest.raises(TypeError, match="top_scores_index"):
         build_tree_kernel_efficient(*args)
-    args = _valid_build_args()
+    args = valid_build_args()
     args[6] = 2.0
     with pytest.raises(TypeError, match="spec_steps"):
         build_tree_kernel_efficient(*args)
@@ -1086,22 +756,8 @@ def test_organize_bad_input():
         organize_draft_results([s1[0], s1[0]], tl, pl, 3)
 
 
-def _valid_verify_inputs(B=2, V=7):
-    cand, ri, nt, ns = _fixed_tree(B)
-    return (
-        cand,
-        ri,
-        nt,
-        ns,
-        torch.zeros(B, 6, dtype=torch.long),
-        torch.rand(B, 6),
-        torch.rand(B),
-        torch.rand(B, 6, V),
-    )
-
-
 def test_verify_bad_input():
-    cand, ri, nt, ns, tp, u, uf, probs = _valid_verify_inputs()
+    cand, ri, nt, ns, tp, u, uf, probs = valid_verify_inputs()
     for fn in (verify_tree_greedy, verify_tree_greedy_naive):
         with pytest.raises(ValueError, match="num_steps"):
             fn(cand, ri, nt, ns, tp, 0)
@@ -1133,7 +789,7 @@ def test_verify_bad_input():
 
 def test_ops_refuse_tensors_on_another_device():
     """The `meta` device stands in for a second device on a CPU-only machine."""
-    cand, ri, nt, ns, tp, u, uf, probs = _valid_verify_inputs()
+    cand, ri, nt, ns, tp, u, uf, probs = valid_verify_inputs()
     with pytest.raises(ValueError, match="retrieve_index is on meta"):
         verify_tree_greedy(cand, ri.to("meta"), nt, ns, tp, 2)
     with pytest.raises(ValueError, match="target_predict is on meta"):
