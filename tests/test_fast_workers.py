@@ -33,11 +33,12 @@ CASES = {
 }
 
 
-def test_fast_worker_classes_bind_the_fast_ops():
+def test_a_worker_constructed_with_the_fast_ops_calls_them():
+    from specdec.workers import EagleWorkerV2, TargetOnlyWorker
     target = near_bigram_target(seed=0).to(TEST_DEVICE)
-    assert fast.EagleWorkerV2(target, perfect_eagle(target), SpecConfig(2, 2, 4), max_batch=2, max_seq_len=32).ops \
+    assert EagleWorkerV2(target, perfect_eagle(target), SpecConfig(2, 2, 4), fast, max_batch=2, max_seq_len=32).ops \
         is fast
-    assert fast.TargetOnlyWorker(target, max_batch=2, max_seq_len=32).ops is fast
+    assert TargetOnlyWorker(target, fast, max_batch=2, max_seq_len=32).ops is fast
     assert Engine(target, impl="fast").worker.ops is fast
 
 

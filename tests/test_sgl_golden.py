@@ -14,7 +14,7 @@ import torch
 
 import fast
 import reference
-from reference.verify import tree_speculative_sampling_target_only_naive
+from reference.naive import tree_speculative_sampling_target_only_naive
 
 CANDIDATES = [[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]]
 RETRIEVE_INDEX = [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]

@@ -18,19 +18,10 @@ import pytest
 import torch
 from hypothesis import given
 
-from reference.tree import (
-    build_tree_kernel_efficient,
-    build_tree_naive,
-    max_num_draft_tokens,
-    organize_draft_results,
-    select_top_k_tokens,
-)
-from reference.verify import (
-    tree_speculative_sampling_target_only,
-    tree_speculative_sampling_target_only_naive,
-    verify_tree_greedy,
-    verify_tree_greedy_naive,
-)
+from reference.naive import build_tree_naive, tree_speculative_sampling_target_only_naive, verify_tree_greedy_naive
+from reference.tree import (build_tree_kernel_efficient, max_num_draft_tokens, organize_draft_results,
+                            select_top_k_tokens)
+from reference.verify import tree_speculative_sampling_target_only, verify_tree_greedy
 from tests.helpers import PROPERTY_CI, PROPERTY_SLOW, chi_square_pvalue
 from tests.oracles import (FAST_GRID, FIXED_TARGET, FULL_GRID, DraftedTree, drafted_case, emitted_sequences,
                            exact_fixed_tree_distribution, fixed_tree, sampling_inputs, target_predict_for,

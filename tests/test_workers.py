@@ -8,7 +8,8 @@ import torch
 import reference
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_llama, random_mtp
-from specdec.op_checks import TreeAttentionPlan, missing_ops
+from specdec.op_checks import TreeAttentionPlan
+from specdec.workers import EagleWorkerV2, MultiLayerEagleWorkerV2
 from tests.equivalence import no_host_sync
 from tests.helpers import (LOGPROB_ATOL, always_wrong_eagle, always_wrong_mtp, assert_same_as_baseline, bigram_target,
                            check_sampling_is_lossless, logprob_params, near_bigram_target, perfect_drafts_by_kind,
@@ -378,12 +379,13 @@ def test_mismatched_or_misshapen_drafts_are_rejected_at_construction():
         Engine(target, draft=target, spec=SpecConfig(2))
 
 
-def test_reference_worker_classes_bind_the_reference_ops():
+def test_a_worker_constructed_with_the_reference_ops_calls_them():
     target = random_llama()
-    w = reference.EagleWorkerV2(target, random_eagle_head(target), SpecConfig(2, 2, 4), max_batch=2, max_seq_len=32)
+    w = EagleWorkerV2(target, random_eagle_head(target), SpecConfig(2, 2, 4), reference, max_batch=2, max_seq_len=32)
     assert w.ops is reference
-    w = reference.MultiLayerEagleWorkerV2(target, random_mtp(target, 2), SpecConfig(2), max_batch=2, max_seq_len=32)
-    assert w.ops is reference and type(w).__name__ == "MultiLayerEagleWorkerV2"
+    w = MultiLayerEagleWorkerV2(target, random_mtp(target, 2), SpecConfig(2), reference, max_batch=2, max_seq_len=32)
+    assert w.ops is reference
+    assert Engine(target, impl="reference").worker.ops is reference
 
 
 @pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp"])
@@ -597,8 +599,6 @@ def test_decode_steps_have_identical_op_shapes(kind, impl):
     """Consecutive decode steps call the same ops with the same tensor shapes and Python values (what a
     CUDA graph needs), whatever was accepted, with greedy and sampled requests and logprobs."""
     ops = _RecordingOps(importlib.import_module(impl))
-    if impl == "fast" and missing_ops(ops._ops):
-        pytest.skip(f"fast lacks {missing_ops(ops._ops)}")
     w = _unbound_worker(kind, near_bigram_target(seed=3, mix=0.5), ops, max_batch=2, max_seq_len=96)
     w.prefill([[1, 2, 3], [4, 5]], [logprob_params(temperature=0.7, top_k=5, top_p=0.9), logprob_params(max_new=30)],
               seed=0)
