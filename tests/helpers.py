@@ -191,3 +191,19 @@ def check_sampling_is_lossless(kind, spec, temperature, top_k, top_p, N, impl="r
     assert any(a > 1 for a in accepted) and any(a == 1 for a in accepted)  # both paths exercised
     p = chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells])
     assert p > FALSE_FAILURE_RATE, p
+
+
+def sampled_sequences_pvalue(outs, exact) -> float:
+    """Chi-square p-value of the sampled outputs' token sequences against `exact` (sequence -> probability,
+    possibly pruned: the sequences it leaves out form one "other" cell holding the missing mass)."""
+    counts = dict.fromkeys(exact, 0)
+    other = 0
+    for o in outs:
+        key = tuple(o.token_ids)
+        if key in counts:
+            counts[key] += 1
+        else:
+            other += 1
+    cells = list(exact)
+    p_other = max(0.0, 1.0 - sum(exact.values()))
+    return chi_square_pvalue([counts[c] for c in cells] + [other], [exact[c] for c in cells] + [p_other])

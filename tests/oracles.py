@@ -508,3 +508,18 @@ def random_logprob_case(seed: int, dtype: torch.dtype, **force):
         token_ids_logprobs=token_ids,
     )
     return batch, LogitsOutput(next_token_logits=logits), predict, accept_index, S
+
+
+def exact_joint_pruned(target, prompt, n_tokens, temperature, floor=1e-5):
+    """Exact probabilities of the first n_tokens sampled tokens for every sequence whose probability is at least
+    `floor` (sequences below it are grouped by the caller as one "other" cell), by batched enumeration."""
+    probs = {(): 1.0}
+    for _ in range(n_tokens):
+        seqs = list(probs)
+        ids = torch.tensor([prompt + list(s) for s in seqs])
+        with torch.no_grad():
+            logits, _ = target(ids, torch.arange(ids.shape[1]).expand_as(ids))
+        p_next = torch.softmax(logits[:, -1].double() / temperature, dim=-1)
+        probs = {s + (t,): probs[s] * float(p_next[i, t]) for i, s in enumerate(seqs)
+                 for t in torch.nonzero(p_next[i] * probs[s] >= floor).flatten().tolist()}
+    return probs
