@@ -11,7 +11,9 @@ from .plots import case_label
 
 def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
     """Markdown: one row per worker (peers last), accepted tokens per step, step cost at the smallest batch
-    size, and CPU tokens/s relative to transformers' target-only at each batch size; then the baseline."""
+    size (and, where the CSV has it, the speedup over specdec target-only that the step's model forwards
+    allow with zero overhead), and CPU tokens/s relative to transformers' target-only at each batch size;
+    then the baseline."""
     df = df[df["temperature"] == temperature].copy()
     if df.empty:
         raise ValueError(f"no rows at temperature {temperature}")
@@ -22,7 +24,9 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
     cases = list(dict.fromkeys(df["case"]))
     cases = [c for c in cases if not c.startswith("transformers")] + [c for c in cases if c.startswith("transformers")
                                                                       and c != "transformers target-only"]
-    head = ["worker", "accepted / step", f"step cost (B={sizes[0]})"] + [f"B={b}" for b in sizes]
+    bound = "speedup_bound" in df and not pd.to_numeric(df["speedup_bound"], errors="coerce").isna().all()
+    head = ["worker", "accepted / step", f"step cost (B={sizes[0]})"] + ([f"bound (B={sizes[0]})"] if bound else [])
+    head += [f"B={b}" for b in sizes]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in cases:
         rows = df[df["case"] == case].set_index("batch_size")
@@ -30,6 +34,9 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
         acc = first.get("mean_accept_len")
         cost = first.get("step_cost_in_target_only_steps")
         cells = [case, "" if pd.isna(acc) else f"{acc:.2f}", "" if pd.isna(cost) else f"{cost:.2f}"]
+        if bound:
+            b1 = pd.to_numeric(pd.Series([first.get("speedup_bound")]), errors="coerce").iloc[0]
+            cells.append("" if pd.isna(b1) else f"{b1:.2f}x")
         cells += [f"{rows.loc[b, 'cpu_speedup_vs_hf_target_only']:.2f}x" if b in rows.index else "" for b in sizes]
         lines.append("| " + " | ".join(cells) + " |")
     hf = df[df["worker"] == "hf-target-only"].set_index("batch_size")["cpu_tokens_per_s"]
