@@ -751,7 +751,7 @@ def why_this_shape(card: dict) -> str:
 
 def render_model_cards(cards: list[dict]) -> str:
     """MODEL_CARD.md: every shipped pair's card, the small pair first."""
-    return "\n\n".join(render_model_card(c) for c in cards)
+    return "\n\n".join(render_model_card(c) for c in sorted(cards, key=lambda c: c.get("name") != DEFAULT_NAME))
 
 
 def render_model_card(card: dict) -> str:

@@ -1,0 +1,88 @@
+"""The deep pair (`zoo.DEEP_NAME`, a 24-layer target at hidden 128 and its drafts): what the small pair's
+losslessness tests hold, held here too, against target-only decoding, transformers' `generate` and the
+exact distribution."""
+import pytest
+
+from specdec import Engine, SamplingParams, SpecConfig, zoo
+from specdec.zoo.corpus import heldout_prompts
+from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, sampled_sequences_pvalue
+from tests.oracles import exact_joint_pruned
+
+CASES = {"EAGLE tree S5 K4 W16": ("eagle", SpecConfig(5, 4, 16)),
+         "EAGLE-3 tree S5 K4 W16": ("eagle3", SpecConfig(5, 4, 16)),
+         "EAGLE chain S3": ("eagle", SpecConfig(3, 1)), "EAGLE-3 chain S3": ("eagle3", SpecConfig(3, 1)),
+         "MTP MiMo S3": ("mtp", SpecConfig(3)), "MTP Step-3.5 S3": ("mtp_chain", SpecConfig(3))}
+
+
+@pytest.fixture(scope="module")
+def deep():
+    if zoo.DEEP_NAME not in zoo.names():
+        pytest.fail(f"the deep pair {zoo.DEEP_NAME!r} does not ship; names() = {zoo.names()}")
+    return zoo.load(zoo.DEEP_NAME)
+
+
+@pytest.fixture(scope="module")
+def greedy_baseline(deep):
+    prompts = heldout_prompts(2, 64, seed=5)
+    params = SamplingParams(max_new_tokens=24, return_logprob=True)
+    return prompts, params, Engine(deep.target, impl="reference").generate(prompts, params)
+
+
+def test_the_deep_pair_is_deep_narrow_trained_and_fits(deep):
+    cfg = deep.target.config
+    assert (cfg.num_hidden_layers, cfg.hidden_size) == (24, 128)
+    small = zoo.load().card["heldout"]["target"]["heldout_nats_per_byte"]
+    assert deep.card["heldout"]["target"]["heldout_nats_per_byte"] <= 1.1 * small
+    assert sum(f.stat().st_size for f in deep.path.rglob("*") if f.is_file()) <= 20e6
+    assert list(deep.eagle3.feature_layers) == [2, 12, 21]  # low, middle, high; the peers' default
+    assert zoo.speed_pair() == zoo.DEEP_NAME
+
+
+def test_target_only_equals_transformers_generate(deep, greedy_baseline):
+    pytest.importorskip("transformers")
+    from specdec.bench_peers import HFGenerate
+    prompts, params, base = greedy_baseline
+    hf = HFGenerate(deep.path / "target").generate(prompts, SamplingParams(max_new_tokens=params.max_new_tokens))
+    assert [o.token_ids for o in hf] == [o.token_ids for o in base]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_worker_is_greedy_lossless_on_the_deep_pair(deep, greedy_baseline, name):
+    kind, spec = CASES[name]
+    prompts, params, base = greedy_baseline
+    outs = Engine(deep.target, getattr(deep, kind), spec, impl="reference").generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+    assert max(abs(x - y) for o, b in zip(outs, base) for x, y in zip(o.logprobs, b.logprobs)) <= LOGPROB_ATOL
+    assert sum(a for o in outs for a in o.accept_lens) > 1.5 * sum(len(o.accept_lens) for o in outs)
+
+
+@pytest.mark.parametrize("name", ["EAGLE tree S5 K4 W16", pytest.param("MTP Step-3.5 S3", marks=pytest.mark.slow)])
+def test_the_fast_path_is_greedy_lossless_on_the_deep_pair(deep, name):
+    kind, spec = CASES[name]
+    prompts = heldout_prompts(1, 48, seed=6)
+    params = SamplingParams(max_new_tokens=6, return_logprob=True)
+    base = Engine(deep.target, impl="reference").generate(prompts, params)
+    outs = Engine(deep.target, getattr(deep, kind), spec, impl="fast").generate(prompts, params)
+    assert outs[0].token_ids == base[0].token_ids
+    assert max(abs(x - y) for x, y in zip(outs[0].logprobs, base[0].logprobs)) <= LOGPROB_ATOL
+
+
+@pytest.mark.parametrize("name", ["EAGLE tree S5 K4 W16", "MTP MiMo S3"])
+def test_the_deep_pair_samples_the_targets_distribution(deep, name):
+    kind, spec = CASES[name]
+    spec = SpecConfig(2, spec.topk, min(spec.num_draft_tokens, 6)) if kind == "eagle" else SpecConfig(3)
+    prompt = list(b"    def __init__(self, ")
+    n_tokens, N, temperature = 3, 3000, 1.0
+    exact = exact_joint_pruned(deep.target, prompt, n_tokens, temperature)
+    engine = Engine(deep.target, getattr(deep, kind), spec, impl="reference", max_batch=N, max_seq_len=40)
+    outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=n_tokens, temperature=temperature), seed=11)
+    assert sum(a for o in outs for a in o.accept_lens) > 1.3 * sum(len(o.accept_lens) for o in outs)
+    assert sampled_sequences_pvalue(outs, exact) > FALSE_FAILURE_RATE
+
+
+def test_the_draft_step_costs_what_the_card_says(deep):
+    """The card's measured cost ratio is a measurement of this pair (one thread), not a constant."""
+    cost = deep.card["draft_step_cost"]
+    assert cost["threads"] == 1 and 0 < cost["draft_forward_in_target_only_steps"] < 0.25
+    assert cost["draft_forward_in_target_only_steps"] == pytest.approx(
+        cost["eagle_draft_forward_ms"] / cost["target_only_step_ms"], rel=1e-2)
