@@ -225,7 +225,8 @@ def run_benchmark(target, drafts: dict, cases: list[BenchCase], prompts: list[li
                 rows.append(row)
                 progress(f"T={temperature} B={B} {case_name(case):24s} tok/s {tps:8.1f} cpu-tok/s {cpu_tps:8.1f} "
                          f"accept {row['mean_accept_len'] or 1:.2f} x{row['cpu_speedup_vs_target_only']:.2f} "
-                         f"bound x{row['speedup_bound'] or 0:.2f} same={same}")
+                         + (f"bound x{row['speedup_bound']:.2f} " if row["speedup_bound"] != "" else "")
+                         + f"same={same}")
     return write_csv(rows, COLUMNS, out_dir, f"{tag}-{run_id}.csv")
 
 
