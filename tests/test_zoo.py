@@ -286,3 +286,16 @@ def test_the_model_card_renders_every_shipped_pair_and_why_its_shape():
                                  "draft_forward_in_target_only_steps": 0.096})
     why = zt.why_this_shape(deep)
     assert "24 layers at hidden 128" in why and "0.096 of a target step" in why
+
+
+def test_train_a_tiny_deep_target_and_its_eagle3_head():
+    """The deep pair's shape in miniature (many layers, narrow, one KV head): the target trains, and its
+    EAGLE-3 head reads the peers' default features, low, middle and high."""
+    cfg = LlamaConfig(vocab_size=258, hidden_size=16, intermediate_size=40, num_hidden_layers=8,
+                      num_attention_heads=2, num_key_value_heads=1)
+    opts = zt.StageOpts(steps=3, batch_size=2, seq_len=32, warmup=1, lr=3e-3)
+    target, stats = zt.train_target(cfg, opts, seed=0, log=lambda s: None)
+    assert stats["steps"] == 3 and math.isfinite(stats["final_train_loss_ema"])
+    opts = zt.StageOpts(steps=2, batch_size=2, seq_len=32, warmup=1, extra={"unroll": 2, "draft_vocab_size": 40})
+    head, st = zt.train_eagle3(target, opts, seed=0, log=lambda s: None)
+    assert st["feature_layers"] == [2, 4, 5] == list(head.feature_layers)
