@@ -295,33 +295,13 @@ def main_bench(args) -> int:
     return 0
 
 
-class _CPUPhaseTimer:
-    """PhaseTimer's interface with process CPU seconds (one thread: what a step costs, whatever else runs)."""
-
-    def __init__(self):
-        self.marks: dict[str, float] = {}
-
-    def __call__(self, name: str):
-        import contextlib
-
-        @contextlib.contextmanager
-        def timed():
-            t0 = time.process_time()
-            yield
-            self.marks[name] = self.marks.get(name, 0.0) + time.process_time() - t0
-        return timed()
-
-    def totals(self) -> dict[str, float]:
-        out, self.marks = self.marks, {}
-        return out
-
-
 def draft_step_cost(target, eagle_head, prompts, max_new_tokens=32, num_steps=5, repeats=3) -> dict:
     """The cost of one draft forward of `eagle_head` against one target-only decode step, at B = 1, in process
     CPU seconds at the current thread count (median over `repeats`): the draft forwards are those of an
     EAGLE chain of `num_steps` (S - 1 per step inside the draft phase, with their top-K and tree bookkeeping,
     so the figure errs high); the target-only step is the difference of a long and a short decode, so the
     prefill cancels."""
+    from .workers.base import PhaseTimer
     params = SamplingParams(max_new_tokens=max_new_tokens)
     max_len = max(len(p) for p in prompts) + max_new_tokens + 64
     base = Engine(target, max_batch=1, max_seq_len=max_len, impl="reference")
@@ -341,7 +321,7 @@ def draft_step_cost(target, eagle_head, prompts, max_new_tokens=32, num_steps=5,
     for _ in range(repeats):
         (cpu_long, steps_long), (cpu_short, steps_short) = cpu_and_steps(max_new_tokens), cpu_and_steps(2)
         target_step.append((cpu_long - cpu_short) / (steps_long - steps_short))  # the prefill cancels
-        chain.worker.timer = _CPUPhaseTimer()
+        chain.worker.timer = PhaseTimer("cpu", clock=time.process_time)
         steps = 0
         for p in prompts:
             chain.generate([p], params)

@@ -1,9 +1,10 @@
 """The models' linear layer: nn.Linear whose CPU fp32 inference picks its matmul backend by measurement.
 
 Which CPU backend is faster depends on the machine, the weight's shape and the number of rows, more than
-any constant says: on an AMD EPYC, oneDNN with the weight prepacked into its blocked layout ran a
-(M x 256) @ (256 x 1376) product 2.2-2.4x faster than PyTorch's default path (MKL sgemm) for M = 2..256;
-on an Intel Xeon with AMX the same oneDNN path was 2.2x slower at M = 2 and only 1.2x faster at M = 16.
+any constant says. For a (M x 256) @ (256 x 1376) product at one thread, oneDNN with the weight prepacked
+into its blocked layout against PyTorch's default path (MKL sgemm): on this project's AMD EPYC, 1.5x slower
+at M = 1, even at M = 2, 1.6x faster at M = 4 and 2.0-2.3x from M = 16 up; on an Intel Xeon with AMX, 2.2x
+slower at M = 2 and only 1.2x faster at M = 16.
 So on first use of each (weight shape, row bucket) a CPU fp32 forward without autograd times both
 backends on that weight (a few milliseconds, cached per process) and keeps the faster one; the row bucket
 is M rounded up to a power of two. Everything else (autograd, other dtypes and devices, torch.compile,

@@ -47,8 +47,10 @@ class PhaseTimer:
     """Wall time per phase of a decode step, for benchmarks: CUDA events on a GPU (read once, after the
     run, by `totals`), perf_counter elsewhere. A worker's `timer` is None unless a benchmark sets one."""
 
-    def __init__(self, device):
+    def __init__(self, device, clock=time.perf_counter):
+        """clock: the host clock off CUDA (time.process_time measures CPU seconds instead of wall)."""
         self.cuda = torch.device(device).type == "cuda"
+        self.clock = clock
         self.marks: list[tuple[str, object, object]] = []
 
     @contextlib.contextmanager
@@ -59,9 +61,9 @@ class PhaseTimer:
             yield
             end.record()
         else:
-            start = time.perf_counter()
+            start = self.clock()
             yield
-            end = time.perf_counter()
+            end = self.clock()
         self.marks.append((name, start, end))
 
     def totals(self) -> dict[str, float]:
