@@ -75,7 +75,7 @@ def exact_joint(target, prompt, n_tokens, temperature, top_k, top_p):
     for seq in itertools.product(range(V), repeat=n_tokens):
         full = prompt + list(seq)
         with torch.no_grad():
-            logits, _ = target(torch.tensor([full[:-1]]), torch.arange(len(full) - 1)[None])
+            logits = target(torch.tensor([full[:-1]]), torch.arange(len(full) - 1)[None]).logits
         p = 1.0
         for j, tok in enumerate(seq):
             p *= softmax_filtered(logits[0, len(prompt) - 1 + j].tolist(), temperature, top_k, top_p)[tok]
@@ -518,7 +518,7 @@ def exact_joint_pruned(target, prompt, n_tokens, temperature, floor=1e-5):
         seqs = list(probs)
         ids = torch.tensor([prompt + list(s) for s in seqs])
         with torch.no_grad():
-            logits, _ = target(ids, torch.arange(ids.shape[1]).expand_as(ids))
+            logits = target(ids, torch.arange(ids.shape[1]).expand_as(ids)).logits
         p_next = torch.softmax(logits[:, -1].double() / temperature, dim=-1)
         probs = {s + (t,): probs[s] * float(p_next[i, t]) for i, s in enumerate(seqs)
                  for t in torch.nonzero(p_next[i] * probs[s] >= floor).flatten().tolist()}

@@ -21,12 +21,12 @@ def test_the_target_returns_the_residual_streams_entering_the_asked_layers():
              for i, layer in enumerate(target.model.layers)]
     ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        logits, hidden, feats = target(ids, torch.arange(5).expand(2, 5), features=(2, 1, 0))
-        plain_logits, plain_hidden = target(ids, torch.arange(5).expand(2, 5))
+        out = target(ids, torch.arange(5).expand(2, 5), features=(2, 1, 0))
+        plain = target(ids, torch.arange(5).expand(2, 5))
     for h in hooks:
         h.remove()
-    assert torch.equal(feats, torch.cat([seen[2], seen[1], seen[0]], -1))
-    assert torch.equal(logits, plain_logits) and torch.equal(hidden, plain_hidden)
+    assert torch.equal(out.features, torch.cat([seen[2], seen[1], seen[0]], -1)) and plain.features is None
+    assert torch.equal(out.logits, plain.logits) and torch.equal(out.hidden, plain.hidden)
     assert default_feature_layers(32) == [2, 16, 29]
 
 
@@ -124,12 +124,12 @@ def test_the_feature_norms_and_norm_output_compute_as_specified():
             p.uniform_(0.5, 1.5)
         ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0))
         pos = torch.arange(6).expand(2, 6)
-        _, _, feats = target(ids, pos, features=head.feature_layers)
-        logits, hidden = head(ids, feats, pos)
+        feats = target(ids, pos, features=head.feature_layers).features
+        logits, hidden, _ = head(ids, feats, pos)
         x = _rms(feats, head.input_norm.weight, eps)
         x = torch.cat([_rms(c, n.weight, eps) for c, n in zip(x.chunk(3, -1), head.fc_norm)], -1)
         plain.load_state_dict({k: v for k, v in head.state_dict().items() if k in plain.state_dict()})
-        _, pre_norm = plain(ids, head.fc(x), pos)  # the plain head skips fc on an H-wide input
+        pre_norm = plain(ids, head.fc(x), pos).hidden  # the plain head skips fc on an H-wide input
         want_hidden = _rms(pre_norm, head.norm.weight, eps)
         torch.testing.assert_close(hidden, want_hidden, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(logits, want_hidden @ head.lm_head.weight.T, rtol=1e-5, atol=1e-5)

@@ -45,7 +45,7 @@ def test_logprobs_match_an_independent_float64_computation(target):
     out = engine.generate([PROMPTS[0]], sp, seed=1)[0]
     seq = PROMPTS[0] + out.token_ids
     with torch.no_grad():
-        logits, _ = target(torch.tensor([seq]), torch.arange(len(seq))[None])
+        logits = target(torch.tensor([seq]), torch.arange(len(seq))[None]).logits
     n = len(PROMPTS[0])
     for j, tok in enumerate(out.token_ids):
         row = [float(x) / 0.7 for x in logits[0, n - 1 + j]]
@@ -63,7 +63,7 @@ def test_engine_logprobs_equal_the_helpers_on_the_same_logits(target):
     engine = Engine(target, max_seq_len=64, return_original_logprob=True)
     out = engine.generate([PROMPTS[2]], _lp_params(temperature=0.5), seed=3)[0]
     seq = PROMPTS[2] + out.token_ids
-    logits, _ = target(torch.tensor([seq]), torch.arange(len(seq))[None])
+    logits = target(torch.tensor([seq]), torch.arange(len(seq))[None]).logits
     rows = logits[0, len(PROMPTS[2]) - 1:-1]
     n = rows.shape[0]
     lo = reference.compute_spec_v2_logprobs(
@@ -108,7 +108,7 @@ def test_first_token_is_distributed_as_the_filtered_softmax(temperature, top_k, 
     top-k / top-p filter (exact, float64); false-failure rate FALSE_FAILURE_RATE per case."""
     t = random_llama(vocab_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, seed=11, init_std=0.1)
     prompt = [1, 2, 3]
-    logits, _ = t(torch.tensor([prompt]), torch.arange(3)[None])
+    logits = t(torch.tensor([prompt]), torch.arange(3)[None]).logits
     probs = softmax_filtered(logits[0, -1].tolist(), temperature, top_k, top_p)
     N = 4000
     engine = Engine(t, max_batch=N, max_seq_len=8)

@@ -27,14 +27,15 @@ def test_incremental_decoding_matches_full_forward(kw):
     m = random_llama(**kw)
     B, L, P = 3, 13, 5
     ids = torch.randint(0, m.config.vocab_size, (B, L), generator=torch.Generator().manual_seed(0))
-    full_logits, full_hidden = m(ids, torch.arange(L).expand(B, L))
+    full_logits = m(ids, torch.arange(L).expand(B, L)).logits
     cache = KVCache.for_model(m.config, m.config.num_hidden_layers, 5, 32, torch.float32, "cpu")
     slots = torch.tensor([4, 0, 2])  # cache rows need not be 0..B-1
-    logits, _ = m(ids[:, :P], torch.arange(P).expand(B, P), cache, _meta(slots, torch.zeros(B, dtype=torch.long), P))
+    logits = m(ids[:, :P], torch.arange(P).expand(B, P), cache,
+               _meta(slots, torch.zeros(B, dtype=torch.long), P)).logits
     steps = [logits]
     for t in range(P, L):
         start = torch.full((B,), t)
-        lg, _ = m(ids[:, t:t + 1], start[:, None], cache, _meta(slots, start, t + 1))
+        lg = m(ids[:, t:t + 1], start[:, None], cache, _meta(slots, start, t + 1)).logits
         steps.append(lg)
     inc = torch.cat(steps, dim=1)
     assert (inc - full_logits).abs().max() <= 1e-4
@@ -60,13 +61,13 @@ def test_tree_attention_matches_each_branch_alone():
     seq_lens = torch.tensor([6, 4])  # ragged committed prefixes
     m(prefix, torch.arange(6).expand(2, 6), cache, _meta(slots, torch.zeros(2, dtype=torch.long), 6))
     positions = seq_lens[:, None] + torch.tensor(depth)
-    tree_logits, _ = m(tokens, positions, cache, _meta(slots, seq_lens, 6 + W, tree_mask=anc.expand(2, W, W)))
+    tree_logits = m(tokens, positions, cache, _meta(slots, seq_lens, 6 + W, tree_mask=anc.expand(2, W, W))).logits
     for b in range(2):
         n = int(seq_lens[b])
         for i in range(W):
             path = [j for j in range(W) if anc[i, j]]
             seq = torch.cat([prefix[b, :n], tokens[b, path]])[None]
-            ref, _ = m(seq, torch.arange(seq.shape[1])[None])
+            ref = m(seq, torch.arange(seq.shape[1])[None]).logits
             assert (tree_logits[b, i] - ref[0, -1]).abs().max() <= 1e-4
 
 
@@ -96,7 +97,7 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, kw):
     for (k, a), (k2, b) in zip(m.state_dict().items(), m2.state_dict().items()):
         assert k == k2 and torch.equal(a, b)
     ids = torch.randint(0, 64, (1, 7))
-    assert torch.equal(m(ids, torch.arange(7)[None])[0], m2(ids, torch.arange(7)[None])[0])
+    assert torch.equal(m(ids, torch.arange(7)[None]).logits, m2(ids, torch.arange(7)[None]).logits)
 
 
 def test_state_dict_uses_hugging_face_llama_names():
@@ -404,13 +405,13 @@ def test_a_transformers_llama_with_another_rope_base_loads_exactly(tmp_path):
     ids = torch.randint(0, 64, (2, 19), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = hf(ids).logits
-        got, _ = ours(ids, torch.arange(19).expand(2, 19))
+        got = ours(ids, torch.arange(19).expand(2, 19)).logits
     assert (got - want).abs().max() <= 1e-4
     old = dict(d, rope_theta=11000.0)
     old.pop("rope_parameters")
     (tmp_path / "config.json").write_text(json.dumps(old))
     with torch.no_grad():
-        again, _ = LlamaForCausalLM.from_pretrained(tmp_path)(ids, torch.arange(19).expand(2, 19))
+        again = LlamaForCausalLM.from_pretrained(tmp_path)(ids, torch.arange(19).expand(2, 19)).logits
     assert torch.equal(again, got)
 
 
@@ -460,7 +461,7 @@ def _assert_matches_transformers(hf, ours, ids, prompt_len, new_tokens):
     B, T = ids.shape
     with torch.no_grad():
         want = hf(ids).logits
-        got, _ = ours(ids, torch.arange(T).expand(B, T))
+        got = ours(ids, torch.arange(T).expand(B, T)).logits
         prompt = ids[0, :prompt_len].tolist()
         hf_tokens = hf.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False)[0, prompt_len:]
     assert (got - want).abs().max() <= 1e-4
@@ -485,7 +486,7 @@ def test_rope_types_match_transformers(tmp_path, rope):
     d.update(rope_theta=params.pop("rope_theta"), rope_scaling=params)
     (tmp_path / "config.json").write_text(json.dumps(d))
     with torch.no_grad():
-        old_style, _ = LlamaForCausalLM.from_pretrained(tmp_path)(ids, torch.arange(100).expand(2, 100))
+        old_style = LlamaForCausalLM.from_pretrained(tmp_path)(ids, torch.arange(100).expand(2, 100)).logits
     assert torch.equal(old_style, got)
 
 
@@ -585,7 +586,7 @@ def test_a_safeailab_eagle_checkpoint_loads_and_runs_as_written(tmp_path, prefix
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(6))
     hidden = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
-        got, _ = head(ids, hidden, torch.arange(9).expand(2, 9))
+        got = head(ids, hidden, torch.arange(9).expand(2, 9)).logits
     assert (got - _safeailab_eagle_logits(sd, t, ids, hidden)).abs().max() <= 1e-4
     from specdec import Engine, SamplingParams, SpecConfig
     prompts = [[1, 2, 3, 4, 5], [9, 8]]
@@ -661,12 +662,12 @@ def test_mtp_layers_load_from_the_targets_directory(tmp_path, layout, family):
     hidden = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(10))
     pos = torch.arange(7).expand(2, 7)
     with torch.no_grad():
-        got, _ = mtp.forward_layer(1, ids, hidden, pos)
+        got = mtp.forward_layer(1, ids, hidden, pos).logits
         if layout == "deepseek":  # the same math as this project's layout: the donor is the oracle
-            want, _ = donor.forward_layer(1, ids, hidden, pos)
+            want = donor.forward_layer(1, ids, hidden, pos).logits
             assert (got - want).abs().max() <= 1e-5
         else:  # [hidden; embedding]: the donor's input_proj read the other way round differs...
-            want, _ = donor.forward_layer(1, ids, hidden, pos)
+            want = donor.forward_layer(1, ids, hidden, pos).logits
             assert (got - want).abs().max() > 1e-2
             swapped = random_mtp(target, 2)
             swapped.load_state_dict(donor.state_dict())
@@ -674,11 +675,11 @@ def test_mtp_layers_load_from_the_targets_directory(tmp_path, layout, family):
             w = swapped.layers[1].eh_proj.weight
             w.data = torch.cat([w.data[:, H:], w.data[:, :H]], 1)  # ...unless its halves are swapped
             later = pos + 1  # away from position 0, where MiMo drops the embedding
-            want, _ = swapped.forward_layer(1, ids, hidden, later)
-            assert (mtp.forward_layer(1, ids, hidden, later)[0] - want).abs().max() <= 1e-5
+            want = swapped.forward_layer(1, ids, hidden, later).logits
+            assert (mtp.forward_layer(1, ids, hidden, later).logits - want).abs().max() <= 1e-5
             other = ids.clone()
             other[:, 0] = (ids[:, 0] + 1) % 64  # and at position 0 the token is not read at all
-            again, _ = mtp.forward_layer(1, other, hidden, pos)
+            again = mtp.forward_layer(1, other, hidden, pos).logits
             assert torch.equal(again, got)
     prompts = [[1, 2, 3, 4, 5, 6], [7, 8]]
     want = Engine(target, max_seq_len=64).generate(prompts, SamplingParams(max_new_tokens=15))

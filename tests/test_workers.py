@@ -80,7 +80,7 @@ def test_mtp_logprobs_in_a_mixed_batch(chain):
 def check_logprobs_against_target(target, prompt, out, sp):
     seq = prompt + out.token_ids
     with torch.no_grad():
-        logits, _ = target(torch.tensor([seq]), torch.arange(len(seq))[None])
+        logits = target(torch.tensor([seq]), torch.arange(len(seq))[None]).logits
     rows = torch.log_softmax(logits[0, len(prompt) - 1:-1] / sp.temperature, dim=-1)
     for j, tok in enumerate(out.token_ids):
         assert abs(out.logprobs[j] - rows[j, tok].item()) <= LOGPROB_ATOL
@@ -239,7 +239,7 @@ def test_eagle_draft_and_target_kv_equal_a_fresh_prefill(head):
             nb = n[b]
             with torch.no_grad():
                 out = target(seq[:, :nb], torch.arange(nb)[None], features=features)
-                h = out[1] if features is None else out[2]
+                h = out.hidden if features is None else out.features
                 fresh_cache = _fresh_draft_kv(draft, seq[:, 1:nb + 1], h, nb)
                 fresh_target = _fresh_target_kv(target, seq[:, :nb], nb)
             slot = w.slot_list[b]
@@ -299,7 +299,7 @@ def test_mtp_draft_kv_equals_a_fresh_prefill(chain):
             stream = _committed_tokens(w, b, prompts[b], n) + [int(w.state.last_tokens[b])]
             ids = torch.tensor([stream])
             with torch.no_grad():
-                _, h = target(ids[:, :n], torch.arange(n)[None])
+                h = target(ids[:, :n], torch.arange(n)[None]).hidden
                 cache = KVCache.for_model(draft.config, S, 1, n + S + 2, torch.float32, "cpu")
                 meta = AttentionMetadata(torch.tensor([0]), torch.tensor([0]), attn_len=n, ops=reference)
                 hidden = h
@@ -309,7 +309,7 @@ def test_mtp_draft_kv_equals_a_fresh_prefill(chain):
                         break
                     toks = ids[:, k + 1:k + 1 + valid]
                     toks = torch.cat([toks, torch.zeros(1, n - valid, dtype=torch.long)], dim=1)
-                    _, out = draft.forward_layer(k, toks, hidden, torch.arange(n)[None], cache, meta)
+                    out = draft.forward_layer(k, toks, hidden, torch.arange(n)[None], cache, meta).hidden
                     slot = w.slot_list[b]
                     assert (w.draft_cache.k[k][slot, :valid] - cache.k[k][0, :valid]).abs().max() <= 1e-4
                     assert (w.draft_cache.v[k][slot, :valid] - cache.v[k][0, :valid]).abs().max() <= 1e-4

@@ -124,7 +124,7 @@ def test_shipped_target_continues_python(bundle):
         ids = torch.tensor([tok.encode(text)])
         with torch.no_grad():
             for _ in range(n):
-                logits, _ = bundle.target(ids, torch.arange(ids.shape[1])[None])
+                logits = bundle.target(ids, torch.arange(ids.shape[1])[None]).logits
                 ids = torch.cat([ids, logits[:, -1:].argmax(-1)], dim=1)
         return tok.decode(ids[0, -n:].tolist())
 
@@ -197,18 +197,19 @@ def test_ttt_unrolling_matches_step_by_step_drafting(kind):
     x = torch.randint(0, 40, (B, T + 1))
     pos = lambda n: torch.arange(n)[None].expand(B, n)  # noqa: E731
     with torch.no_grad():
-        h = tgt(x[:, :-1], pos(T), features=getattr(head, "feature_layers", None))[-1]
+        out = tgt(x[:, :-1], pos(T), features=getattr(head, "feature_layers", None))
+        h = out.hidden if kind == "eagle" else out.features
         outs = zt.eagle_unrolled(head, h, x[:, 1:], 4)
         for a in range(T):
             hid = h[:, :a + 1] if kind == "eagle" else head.project_features(h[:, :a + 1])
-            lg, g = head(x[:, 1:a + 2], hid, pos(a + 1))
+            lg, g, _ = head(x[:, 1:a + 2], hid, pos(a + 1))
             torch.testing.assert_close(lg[:, a], outs[0][0][:, a], atol=1e-4, rtol=1e-4)
             for j in range(1, 4):
                 t = a + j
                 if t >= T:
                     break
                 hid = torch.cat([hid, g[:, -1:]], dim=1)
-                lg, g = head(x[:, 1:t + 2], hid, pos(t + 1))
+                lg, g, _ = head(x[:, 1:t + 2], hid, pos(t + 1))
                 torch.testing.assert_close(lg[:, t], outs[j][0][:, t], atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(g[:, t], outs[j][1][:, t], atol=1e-4, rtol=1e-4)
 

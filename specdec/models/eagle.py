@@ -8,6 +8,7 @@ from .draft_common import DraftConfig, DraftModelBase, draft_config_like, random
 from .io import load_strict, read_config, read_state_dict
 from .linear import Linear
 from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
+from .outputs import ModelOutput
 
 
 class EagleDraftHead(DraftModelBase):
@@ -29,8 +30,8 @@ class EagleDraftHead(DraftModelBase):
 
     def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None,
                 return_logits=True):
-        """input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> logits (B, T, V) fp32 (None when
-        not return_logits; `compute_logits` of chosen rows of hidden gives them), hidden (B, T, H)."""
+        """input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> ModelOutput: logits (B, T, V) fp32
+        (None when not return_logits; `compute_logits` of chosen rows of hidden gives them), hidden (B, T, H)."""
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             x = self.fc(torch.cat([self.target.embed(input_ids), hidden_states.to(self.dtype)], dim=-1))
@@ -38,7 +39,7 @@ class EagleDraftHead(DraftModelBase):
                                     self.config.rope_scaling)
             x = self.layers[0](x, cos, sin, None if cache is None else cache.layer(0), meta)
             hidden = self.norm(x)
-            return (self.compute_logits(hidden) if return_logits else None), hidden
+            return ModelOutput(self.compute_logits(hidden) if return_logits else None, hidden)
 
     def compute_logits(self, hidden):
         """hidden: (..., H), the head's output -> logits (..., V) fp32 (the target's LM head)."""

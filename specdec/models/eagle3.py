@@ -24,6 +24,7 @@ from .draft_common import DraftConfig, DraftModelBase, draft_config_like, random
 from .io import load_strict, read_config, read_state_dict
 from .layers import AttentionMetadata, LlamaAttention, LlamaMLP, RMSNorm, rope_cos_sin
 from .linear import Linear
+from .outputs import ModelOutput
 
 
 @dataclass
@@ -133,12 +134,13 @@ class Eagle3DraftHead(DraftModelBase):
     def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None,
                 return_logits=True):
         """input_ids, positions: (B, T) int64; hidden_states: (B, T, F * H) target features or (B, T, H) the
-        head's own output -> logits over the draft vocabulary (B, T, draft_vocab_size) fp32 (None when not
-        return_logits), hidden (B, T, H) (what the next draft step reads: pre-norm, or normed with norm_output)."""
+        head's own output -> ModelOutput: logits over the draft vocabulary (B, T, draft_vocab_size) fp32 (None
+        when not return_logits), hidden (B, T, H) (what the next draft step reads: pre-norm, or normed with
+        norm_output)."""
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
             out = self.step(input_ids, hidden_states, cos, sin, None if cache is None else cache.layer(0), meta)
-            return (self.compute_logits(out) if return_logits else None), out
+            return ModelOutput(self.compute_logits(out) if return_logits else None, out)
 
     def project_features(self, features):
         """features: (..., F * H) the target's -> (..., H), what the midlayer's residual stream starts from."""

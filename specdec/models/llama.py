@@ -10,6 +10,7 @@ from .rope import normalize_rope_scaling
 from .io import load_strict, read_config, read_state_dict, save_dir
 from .linear import Linear
 from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, hf_named_parameters, rope_cos_sin
+from .outputs import ModelOutput
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -184,7 +185,7 @@ def _is_mtp_key(key: str, num_hidden_layers: int) -> bool:
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama decoder; `forward` returns fp32 logits and the hidden states the LM head reads.
+    """Llama decoder; `forward` returns a `ModelOutput`: fp32 logits and the hidden states the LM head reads.
 
     State-dict keys are Hugging Face's (`model.embed_tokens.weight`, `model.layers.0.self_attn.q_proj.weight`,
     `model.norm.weight`, `lm_head.weight`), so a transformers-written Llama directory loads as it is.
@@ -218,12 +219,12 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, cache=None, meta: AttentionMetadata | None = None, return_logits=True,
                 features: tuple[int, ...] | None = None):
         """input_ids, positions: (B, T) int64; cache: KVCache or None (then causal over the T tokens,
-        no cache) -> logits (B, T, V) fp32 (None when not return_logits: a caller that reads a few rows
-        applies `compute_logits` to those), hidden (B, T, H) (final-normed: what the LM head reads).
+        no cache) -> ModelOutput: logits (B, T, V) fp32 (None when not return_logits: a caller that reads a
+        few rows applies `compute_logits` to those), hidden (B, T, H) (final-normed: what the LM head reads).
 
         features: layer indices i whose input residual stream (i = num_hidden_layers: the last layer's
-        output, before the final norm) is returned too, concatenated: (B, T, len(features) * H) as a third
-        output. These are EAGLE-3's target features; without them nothing is kept."""
+        output, before the final norm) is returned too, concatenated: (B, T, len(features) * H) as the
+        output's `features`. These are EAGLE-3's target features; without them nothing is kept (None)."""
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             x = self.embed(input_ids)
@@ -237,9 +238,8 @@ class LlamaForCausalLM(nn.Module):
                 captured[len(self.model.layers)] = x
             hidden = self.model.norm(x)
             logits = self.compute_logits(hidden) if return_logits else None
-            if features is None:
-                return logits, hidden
-            return logits, hidden, torch.cat([captured[i] for i in features], dim=-1)
+            feats = None if features is None else torch.cat([captured[i] for i in features], dim=-1)
+            return ModelOutput(logits, hidden, feats)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict_for_save(self) -> dict:

@@ -7,6 +7,7 @@ from torch import nn
 from .draft_common import DraftConfig, DraftModelBase, draft_config_like, randomize_
 from .linear import Linear
 from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
+from .outputs import ModelOutput
 
 
 class MTPLayer(LlamaDecoderLayer):
@@ -41,9 +42,9 @@ class MTPDraftModel(DraftModelBase):
 
     def forward_layer(self, k: int, input_ids, hidden_states, positions, cache=None,
                       meta: AttentionMetadata | None = None, return_logits=True):
-        """Layer k. input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> logits (B, T, V) fp32
-        (None when not return_logits; `layer_logits(k, rows of hidden)` gives them), hidden (B, T, H)
-        (the block's output, read by layer k+1 in Step-3.5 style)."""
+        """Layer k. input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> ModelOutput: logits
+        (B, T, V) fp32 (None when not return_logits; `layer_logits(k, rows of hidden)` gives them), hidden
+        (B, T, H) (the block's output, read by layer k+1 in Step-3.5 style)."""
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             layer = self.layers[k]
@@ -56,7 +57,7 @@ class MTPDraftModel(DraftModelBase):
             cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
                                     self.config.rope_scaling)
             x = LlamaDecoderLayer.forward(layer, x, cos, sin, None if cache is None else cache.layer(k), meta)
-            return (self.layer_logits(k, x) if return_logits else None), x
+            return ModelOutput(self.layer_logits(k, x) if return_logits else None, x)
 
     def layer_logits(self, k: int, hidden):
         """hidden: (..., H), layer k's output -> its logits (..., V) fp32 (shared head norm, target LM head)."""

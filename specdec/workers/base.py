@@ -245,10 +245,10 @@ class WorkerBase:
         positions = torch.arange(T, device=self.device).expand(len(prompts), T)
         meta = AttentionMetadata(self.state.slots, torch.zeros_like(self.state.seq_lens), attn_len=T, ops=self.ops)
         out = self.target(ids, positions, self.cache, meta, return_logits=False, features=self.target_features)
-        hidden = out[1]
+        hidden = out.hidden
         last = self.state.seq_lens - 1
         logits_last = self.target.compute_logits(hidden[torch.arange(len(prompts), device=self.device), last])
-        return logits_last, hidden if self.target_features is None else out[2], ids, positions
+        return logits_last, hidden if self.target_features is None else out.features, ids, positions
 
     def sample_tokens(self, logits, uniforms):
         """logits: (B, V); uniforms: (B,) -> (B,) int64 (argmax for greedy requests)."""
@@ -299,7 +299,7 @@ class TargetOnlyWorker(WorkerBase):
         st = self.state
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(1), ops=self.ops)
         with self.phase("verify_forward"):
-            logits, _ = self.target(st.last_tokens[:, None], st.seq_lens[:, None], self.cache, meta)
+            logits = self.target(st.last_tokens[:, None], st.seq_lens[:, None], self.cache, meta).logits
         logits = logits[:, 0]
         with self.phase("verify"):
             tokens = self.sample_tokens(logits, st.uniforms[:, 0])
@@ -353,7 +353,7 @@ class SpeculativeWorkerBase(WorkerBase):
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(W), tree_mask=tree_mask, ops=self.ops)
         with self.phase("verify_forward"):
             out = self.target(candidates, positions, self.cache, meta, features=self.target_features)
-            logits, hidden = out[0], out[-1]  # the final hidden state, or the draft's features
+            logits, hidden = out.logits, out.hidden if out.features is None else out.features  # or the draft's features
         with self.phase("verify"):
             step = self._verify_and_commit(logits, candidates, retrieve_index, retrieve_next_token,
                                            retrieve_next_sibling)

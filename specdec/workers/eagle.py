@@ -39,7 +39,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         # Draft extend over the prompt shifted left by one, the sampled token appended at n-1.
         shifted = torch.cat([ids[:, 1:], ids[:, :1]], dim=1).scatter(1, last[:, None], tokens[:, None])
         meta = AttentionMetadata(st.slots, torch.zeros_like(st.seq_lens), attn_len=T, ops=self.ops)
-        _, d_hidden = self.draft(shifted, hidden, positions, self.draft_cache, meta, return_logits=False)
+        d_hidden = self.draft(shifted, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
         self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
         return self.single_token_output(logits_last, tokens)
 
@@ -80,7 +80,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
             meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len((i + 1) * K), ops=self.ops,
                                      write_offset=i * K, tree_mask=ancestry[:, :, :(i + 1) * K].contiguous())
             positions = (st.seq_lens + i)[:, None].expand(B, K)
-            logits, hidden = self.draft(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
+            out = self.draft(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
+            logits, hidden = out.logits, out.hidden
             topk_p, topk_index = self._draft_topk(logits.view(B * K, -1), K)
             hidden = hidden.reshape(B * K, -1)
         return score_list, token_list, parents_list
@@ -95,7 +96,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         hidden = target_hidden[nodes]
         positions = st.seq_lens[:, None] + torch.arange(S + 1, device=self.device)
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(S + 1), ops=self.ops)
-        _, d_hidden = self.draft(ids, hidden, positions, self.draft_cache, meta, return_logits=False)
+        d_hidden = self.draft(ids, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
         last = (step.accept_lens - 1).long()
         self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
 

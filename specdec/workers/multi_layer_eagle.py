@@ -70,7 +70,8 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         guesses = []
         for k in range(S):
             ids = st.stream.gather(1, positions + k + 1)
-            _, out = self.draft.forward_layer(k, ids, hidden, positions, self.draft_cache, meta, return_logits=False)
+            out = self.draft.forward_layer(k, ids, hidden, positions, self.draft_cache, meta,
+                                           return_logits=False).hidden
             guess = self.ops.softmax_topk(self.draft.layer_logits(k, out[rows, at_last]), 1)[1][:, 0]
             st.stream.scatter_(1, (last + k + 2)[:, None], guess[:, None])
             guesses.append(guess)

@@ -232,7 +232,7 @@ def target_loss(target, batch: torch.Tensor, amp: bool) -> torch.Tensor:
     """batch: (B, T+1) -> mean next-token cross-entropy (nats per byte) over the T predictions."""
     x, y = batch[:, :-1], batch[:, 1:]
     with _autocast(amp):
-        logits, _ = target(x, _positions(*x.shape))
+        logits = target(x, _positions(*x.shape)).logits
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
@@ -326,7 +326,7 @@ def _target_features(target, x: torch.Tensor, amp: bool, features=None):
     concatenated residual streams entering those layers (B, T, F * H) instead of the hidden."""
     with torch.no_grad(), _autocast(amp):
         out = target(x, _positions(*x.shape, x.device), features=features)
-    return out[0].float(), out[-1].float()
+    return out.logits.float(), (out.hidden if features is None else out.features).float()
 
 
 def eagle_loss(target, head, batch: torch.Tensor, passes: int, w_reg: float, w_cls: float, amp: bool):
@@ -467,7 +467,7 @@ def mtp_forward(model: MTPDraftModel, hidden: torch.Tensor, tokens: torch.Tensor
     pos = _positions(B, T, hidden.device)
     outs, h_in = [], hidden
     for k in range(model.num_layers):
-        logits, out_h = model.forward_layer(k, tokens[:, k + 1:k + 1 + T], h_in, pos)
+        logits, out_h, _ = model.forward_layer(k, tokens[:, k + 1:k + 1 + T], h_in, pos)
         outs.append((logits, out_h))
         if model.chain_hidden_states:
             h_in = out_h
@@ -522,7 +522,7 @@ def _heldout(n: int, length: int, seed: int = 4321) -> torch.Tensor:
 def evaluate_target(target, windows: torch.Tensor) -> dict:
     """windows: (N, T+1) -> held-out next-token loss (nats/byte), bits/byte, top-1 accuracy."""
     x, y = windows[:, :-1], windows[:, 1:]
-    logits, _ = target(x, _positions(*x.shape))
+    logits = target(x, _positions(*x.shape)).logits
     loss = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
     acc = float((logits.argmax(-1) == y).float().mean())
     return {"heldout_nats_per_byte": round(loss, 4), "heldout_bits_per_byte": round(loss / math.log(2), 4),
@@ -541,7 +541,7 @@ def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5) -> dict
     x = windows[:, :-1]
     B, T = x.shape
     out = target(x, _positions(B, T), features=getattr(head, "feature_layers", None))
-    z, h = out[0], out[-1]
+    z, h = out.logits, out.hidden if out.features is None else out.features
     outs = eagle_unrolled(head, h, windows[:, 1:], depths)
     tgt_arg = z.argmax(-1)
     p, _ = _draft_vocab_targets(head, z)
@@ -572,7 +572,7 @@ def evaluate_mtp(target, model, windows: torch.Tensor) -> dict:
     target's distribution, and top-1 agreement with the target's argmax."""
     S = model.num_layers
     T = windows.shape[1] - S
-    z, h = target(windows[:, :T], _positions(windows.shape[0], T))
+    z, h, _ = target(windows[:, :T], _positions(windows.shape[0], T))
     outs = mtp_forward(model, h, windows, T)
     res = {}
     for k, (logits, _) in enumerate(outs):
