@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.op_checks import (TreeAttentionPlan, check_attention_args, check_plan, check_plan_args,
-                               check_rope_kv_args)
+from specdec.checks import check_attention_args, check_plan, check_plan_args, check_rope_kv_args
+from specdec.contract import TreeAttentionPlan
 
 _IMPL = "fast"
 

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.op_checks import check_softmax_topk_args
+from specdec.checks import check_softmax_topk_args
 
 from .logprobs import _scan_vocab, _values_ids_of
 

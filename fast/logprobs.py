@@ -21,7 +21,7 @@ from specdec.logprob_packing import (
     requested_token_ids,
     set_logprob_outputs,
 )
-from specdec.op_checks import check_logprob_args
+from specdec.checks import check_logprob_args
 
 __all__ = ["PADDED_LOGPROB", "PADDED_TOP_LOGPROB_IDX", "TOP_K_CAP", "compute_spec_v2_logprobs"]
 

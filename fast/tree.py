@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from specdec.draft_tree import organize_draft_results, select_top_k_tokens
-from specdec.op_checks import check_build_tree_args, max_num_draft_tokens
+from specdec.checks import check_build_tree_args
+from specdec.contract import max_num_draft_tokens
 
 __all__ = [
     "build_tree_kernel_efficient",

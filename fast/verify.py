@@ -22,8 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.op_checks import (check_integer_dtype, check_same_device, check_sampling_args, check_shape, check_tensor,
-                               check_tree_args)
+from specdec.checks import check_sampling_args, check_tree_args, check_verify_greedy_args
 
 __all__ = [
     "BONUS_CDF_EPSILON",
@@ -159,11 +158,8 @@ def verify_tree_greedy(
     ``retrieve_index`` is a permutation of ``0 .. B*W-1`` (``build_tree_kernel_efficient`` makes it
     ``b*W + i``).
     """
-    B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    check_tensor("target_predict", target_predict)
-    check_shape("target_predict", target_predict, (B, W))
-    check_integer_dtype("target_predict", target_predict)
-    check_same_device(candidates.device, target_predict=target_predict)
+    B, W = check_verify_greedy_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+                                    target_predict, num_steps)
     return _launch_verify_tree_greedy(
         candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, target_predict, num_steps, B, W
     )

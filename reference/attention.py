@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.op_checks import (TreeAttentionPlan, check_attention_args, check_plan, check_plan_args,
-                               check_rope_kv_args)
+from specdec.checks import check_attention_args, check_plan, check_plan_args, check_rope_kv_args
+from specdec.contract import TreeAttentionPlan
 
 _IMPL = "reference"
 

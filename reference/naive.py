@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.op_checks import (check_build_tree_args, check_integer_dtype, check_same_device, check_sampling_args,
-                               check_shape, check_tensor, check_tree_args)
+from specdec.checks import check_build_tree_args, check_sampling_args, check_tree_args, check_verify_greedy_args
 
 __all__ = ["build_tree_naive", "sample_residual_naive", "tree_speculative_sampling_target_only_naive",
            "verify_tree_greedy_naive"]
@@ -124,11 +123,8 @@ def verify_tree_greedy_naive(
     A plain per-request loop that reads like SGLang's CUDA kernel (``VerifyTreeGreedy``).
     Slow (host syncs everywhere): for tests.
     """
-    B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    check_tensor("target_predict", target_predict)
-    check_shape("target_predict", target_predict, (B, W))
-    check_integer_dtype("target_predict", target_predict)
-    check_same_device(candidates.device, target_predict=target_predict)
+    B, W = check_verify_greedy_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+                                    target_predict, num_steps)
     S = num_steps
     device = candidates.device
     cand = candidates.tolist()
@@ -252,3 +248,4 @@ def tree_speculative_sampling_target_only_naive(
         torch.tensor(accept_index, dtype=torch.int32, device=device).view(B, S + 1),
         torch.tensor(accept_length, dtype=torch.int32, device=device),
     )
+

@@ -22,7 +22,8 @@ import math
 import torch
 
 from specdec.draft_tree import organize_draft_results, select_top_k_tokens
-from specdec.op_checks import check_build_tree_args, max_num_draft_tokens
+from specdec.checks import check_build_tree_args
+from specdec.contract import NO_NODE, max_num_draft_tokens
 
 __all__ = [
     "build_tree_kernel_efficient",
@@ -125,7 +126,7 @@ def build_tree_kernel_efficient(
     child = (parent_full.unsqueeze(1) == node.view(1, W, 1)) & linked_full.unsqueeze(1)
     has_child = child.any(dim=-1)
     first_child = child.to(torch.int8).argmax(dim=-1)
-    retrieve_next_token = torch.where(has_child, first_child, -1).to(torch.int64)
+    retrieve_next_token = torch.where(has_child, first_child, NO_NODE).to(torch.int64)
     # sib[b, i, j]: j > i is a linked child of i's parent, i itself linked
     sib = (
         (parent_full.unsqueeze(2) == parent_full.unsqueeze(1))
@@ -134,7 +135,7 @@ def build_tree_kernel_efficient(
         & (node.view(1, 1, W) > node.view(1, W, 1))
     )
     has_sib = sib.any(dim=-1)
-    retrieve_next_sibling = torch.where(has_sib, sib.to(torch.int8).argmax(dim=-1), -1).to(torch.int64)
+    retrieve_next_sibling = torch.where(has_sib, sib.to(torch.int8).argmax(dim=-1), NO_NODE).to(torch.int64)
 
     retrieve_index = torch.arange(B * W, dtype=torch.int64, device=device).view(B, W)
     tokens = torch.cat([bonus_tokens.to(torch.int64).unsqueeze(1), draft_tokens.to(torch.int64)], dim=1)

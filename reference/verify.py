@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.op_checks import (check_integer_dtype, check_same_device, check_sampling_args, check_shape, check_tensor,
-                               check_tree_args)
+from specdec.contract import NO_NODE
+from specdec.checks import check_sampling_args, check_tree_args, check_verify_greedy_args
 
 __all__ = ["tree_speculative_sampling_target_only", "verify_tree_greedy"]
 
@@ -85,11 +85,8 @@ def verify_tree_greedy(
     sibling ranks, depths and that ancestor test come from the links by pointer jumping (ceil(log2 W)
     rounds each), so a step costs a fixed ~70 tensor ops whatever W.
     """
-    B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
-    check_tensor("target_predict", target_predict)
-    check_shape("target_predict", target_predict, (B, W))
-    check_integer_dtype("target_predict", target_predict)
-    check_same_device(candidates.device, target_predict=target_predict)
+    B, W = check_verify_greedy_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+                                    target_predict, num_steps)
     S = num_steps
     device = candidates.device
     ri = retrieve_index.to(torch.int64)
@@ -128,11 +125,11 @@ def verify_tree_greedy(
     accepted = path_ok & has_parent & (depth <= S)
 
     accept_length = accepted.sum(1)
-    accept_index = torch.full((B, S + 2), -1, dtype=torch.int32, device=device)  # last column: sink
+    accept_index = torch.full((B, S + 2), NO_NODE, dtype=torch.int32, device=device)  # last column: sink
     accept_index[:, 0] = ri[:, 0].to(torch.int32)
     accept_index.scatter_(1, torch.where(accepted, depth, S + 1), ri.to(torch.int32))
     on_path = accepted | (node == 0)
-    predict = torch.full((B * W + 1,), -1, dtype=torch.int32, device=device)  # last slot: write sink
+    predict = torch.full((B * W + 1,), NO_NODE, dtype=torch.int32, device=device)  # last slot: write sink
     flat = torch.where(on_path, ri, B * W).flatten()
     predict.scatter_(0, flat, tp_flat[flat.clamp_max(B * W - 1)].to(torch.int32))
     return predict[: B * W], accept_index[:, : S + 1].contiguous(), accept_length.to(torch.int32)
@@ -208,8 +205,8 @@ def tree_speculative_sampling_target_only(
     unif = uniform_samples.to(torch.float32)
     b_off = torch.arange(B, device=device).unsqueeze(1) * W  # (B, 1)
 
-    predict = torch.full((B * W + 1,), -1, dtype=torch.int32, device=device)
-    accept_index = torch.full((B, S + 2), -1, dtype=torch.int32, device=device)
+    predict = torch.full((B * W + 1,), NO_NODE, dtype=torch.int32, device=device)
+    accept_index = torch.full((B, S + 2), NO_NODE, dtype=torch.int32, device=device)
     accept_index[:, 0] = ri[:, 0].to(torch.int32)
     cur = torch.zeros(B, 1, dtype=torch.int64, device=device)
     child = nxt[:, :1]

@@ -7,29 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass, field
 
-from .op_checks import max_num_draft_tokens
+from .checks import check_int, check_real
+from .contract import max_num_draft_tokens
 
 #: A temperature below this (but above 0) decodes greedily, as SGLang does: dividing logits by it would
 #: overflow fp32 or round to a one-hot distribution anyway.
 GREEDY_TEMPERATURE_BELOW = 1e-6
-
-
-def as_index(value, what: str) -> int:
-    """An integer (Python, numpy or a 0-d integer tensor; not a bool) -> int; anything else is a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if not (hasattr(value, "dtype") and getattr(value, "shape", None) == () and "int" in str(value.dtype)):
-            raise ValueError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
-    return int(value)
-
-
-def as_real(value, what: str) -> float:
-    """A real number (not a bool, not None, not a string) -> float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{what} must be a number, got {type(value).__name__} {value!r}")
-    return float(value)
 
 
 @dataclass
@@ -66,20 +51,17 @@ class SamplingParams:
         def bad(what: str) -> ValueError:
             return ValueError(f"request {index}: {what}")
 
-        def integer(name, minimum):
+        def checked(check, *args):
             try:
-                v = as_index(getattr(self, name), name)
-            except ValueError as e:
-                raise bad(str(e)) from None
-            if v < minimum:
-                raise bad(f"{name} must be an int >= {minimum}, got {v}")
-            return v
+                return check(*args)
+            except ValueError as e:  # ArgumentTypeError too: it is a ValueError
+                raise type(e)(f"request {index}: {e}") from None
+
+        def integer(name, minimum, maximum=None):
+            return checked(check_int, name, getattr(self, name), minimum, maximum)
 
         def real(name):
-            try:
-                return as_real(getattr(self, name), name)
-            except ValueError as e:
-                raise bad(str(e)) from None
+            return checked(check_real, name, getattr(self, name))
 
         def token_list(name, allow_none):
             ids = getattr(self, name)
@@ -87,16 +69,7 @@ class SamplingParams:
                 return None
             if not isinstance(ids, (list, tuple)):
                 raise bad(f"{name} must be a list of token ids, got {type(ids).__name__} {ids!r}")
-            out = []
-            for t in ids:
-                try:
-                    t = as_index(t, f"{name} entry")
-                except ValueError as e:
-                    raise bad(str(e)) from None
-                if not 0 <= t < vocab_size:
-                    raise bad(f"{name} id {t} outside the vocabulary [0, {vocab_size})")
-                out.append(t)
-            return out
+            return [checked(check_int, f"{name}[{i}]", t, 0, vocab_size - 1) for i, t in enumerate(ids)]
 
         max_new_tokens = integer("max_new_tokens", 1)
         temperature = real("temperature")
@@ -113,9 +86,7 @@ class SamplingParams:
         if not isinstance(self.return_logprob, bool):
             raise bad(f"return_logprob must be True or False, got {type(self.return_logprob).__name__} "
                       f"{self.return_logprob!r}")
-        top_logprobs_num = integer("top_logprobs_num", 0)
-        if top_logprobs_num > vocab_size:
-            raise bad(f"top_logprobs_num={top_logprobs_num} exceeds the vocabulary size {vocab_size}")
+        top_logprobs_num = integer("top_logprobs_num", 0, vocab_size)
         return dataclasses.replace(self, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                    top_p=top_p, stop_token_ids=token_list("stop_token_ids", False),
                                    top_logprobs_num=top_logprobs_num,
@@ -135,20 +106,17 @@ class SpecConfig:
     num_draft_tokens: int | None = None
 
     def __post_init__(self):
-        S, K = self.num_steps, self.topk
-        if isinstance(S, bool) or not isinstance(S, int) or S < 1:
-            raise ValueError(f"num_steps must be an int >= 1, got {S!r}")
-        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-            raise ValueError(f"topk must be an int >= 1, got {K!r}")
+        S = check_int("num_steps", self.num_steps, 1)
+        K = check_int("topk", self.topk, 1)
         if self.num_draft_tokens is None:  # a chain for K = 1; else K nodes per depth, capped by the tree
-            default = S + 1 if K == 1 else min(max_num_draft_tokens(K, S), 1 + S * K)
-            object.__setattr__(self, "num_draft_tokens", default)
-        W = self.num_draft_tokens
-        w_max = max_num_draft_tokens(K, S)
-        if isinstance(W, bool) or not isinstance(W, int) or not 2 <= W <= w_max:
-            raise ValueError(
-                f"num_draft_tokens={W!r} must be in [2, 1 + topk + (num_steps-1)*topk^2] = [2, {w_max}] "
-                f"for num_steps={S}, topk={K}")
+            W = S + 1 if K == 1 else min(max_num_draft_tokens(K, S), 1 + S * K)
+        else:
+            W, w_max = check_int("num_draft_tokens", self.num_draft_tokens), max_num_draft_tokens(K, S)
+            if not 2 <= W <= w_max:
+                raise ValueError(f"num_draft_tokens={W} must be in [2, 1 + topk + (num_steps-1)*topk^2] = "
+                                 f"[2, {w_max}] for num_steps={S}, topk={K}")
+        for name, v in (("num_steps", S), ("topk", K), ("num_draft_tokens", W)):
+            object.__setattr__(self, name, v)  # plain ints, numpy integers included
         if K == 1 and W != S + 1:
             raise ValueError(
                 f"topk=1 makes the tree a chain, so num_draft_tokens must equal num_steps + 1 = {S + 1}, got {W}")
@@ -166,14 +134,22 @@ class SpecConfig:
     def speculative_num_draft_tokens(self) -> int:
         return self.num_draft_tokens
 
-    @property
-    def kv_margin(self) -> int:
-        """Cache slots a decode step may write past the committed length."""
-        return max(self.num_draft_tokens, (self.num_steps - 1) * self.topk, self.num_steps + 1)
-
 
 #: The kinds of draft a worker runs (the zoo Bundle's draft attributes, bench CSVs' `worker` column).
 DRAFT_KINDS = ("eagle", "eagle3", "mtp", "mtp_chain")
+
+
+def kv_margin(kind: str, spec: SpecConfig | None) -> int:
+    """Cache slots past the committed length that one decode step of this worker may write (0 target-only).
+    EAGLE: the W verify nodes, the (S-1)K in-flight draft nodes, the S+1 of the draft extend. MTP: its draft
+    extend reruns a window of 2S positions from S-1 before the old committed length, so up to 2S past it."""
+    if spec is None:
+        return 0
+    if kind in ("eagle", "eagle3"):
+        return max(spec.num_draft_tokens, (spec.num_steps - 1) * spec.topk, spec.num_steps + 1)
+    if kind in ("mtp", "mtp_chain"):
+        return 2 * spec.num_steps
+    raise ValueError(f"unknown draft kind {kind!r}")
 
 
 def worker_label(kind: str, spec: SpecConfig | None) -> str:

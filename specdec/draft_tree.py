@@ -19,8 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.op_checks import check_float_dtype, check_int, check_integer_dtype, check_shape, check_tensor, \
-    check_tree_size
+from specdec.checks import check_int, check_tensor, check_tree_size
 
 __all__ = ["organize_draft_results", "select_top_k_tokens"]
 
@@ -75,20 +74,9 @@ def select_top_k_tokens(
     """
     check_int("i", i, 0)
     check_int("topk", topk, 1)
-    for name, t in (("topk_p", topk_p), ("topk_index", topk_index), ("hidden_states", hidden_states)):
-        check_tensor(name, t)
-    if topk_p.dim() != 2:
-        raise ValueError(f"topk_p must be 2-D, got shape {tuple(topk_p.shape)}")
-    if topk_p.shape[1] != topk:
-        raise ValueError(f"topk_p.shape[1] must equal topk={topk}, got shape {tuple(topk_p.shape)}")
-    check_shape("topk_index", topk_index, tuple(topk_p.shape), "same as topk_p")
-    check_integer_dtype("topk_index", topk_index)
-    check_float_dtype("topk_p", topk_p)
-    if hidden_states.dim() != 2 or hidden_states.shape[0] != topk_p.shape[0]:
-        raise ValueError(
-            f"hidden_states must have shape ({topk_p.shape[0]}, H) (one row per row of topk_p), "
-            f"got {tuple(hidden_states.shape)}"
-        )
+    check_tensor("topk_p", topk_p, "float", (None, topk), what="rows, topk")
+    check_tensor("topk_index", topk_index, "int", tuple(topk_p.shape), what="same as topk_p")
+    check_tensor("hidden_states", hidden_states, shape=(topk_p.shape[0], None), what="one row per row of topk_p")
     K = topk
     device = topk_p.device
 
@@ -101,9 +89,7 @@ def select_top_k_tokens(
         tree_info = (topk_p.unsqueeze(1), topk_index, parents)
         return input_ids, hidden_states, scores, tree_info
 
-    check_tensor("scores", scores)
-    if scores.dim() != 2 or scores.shape[1] != K:
-        raise ValueError(f"scores must have shape (B, topk={K}), got {tuple(scores.shape)}")
+    check_tensor("scores", scores, shape=(None, K), what="B, topk")
     B = scores.shape[0]
     if topk_p.shape[0] != B * K:
         raise ValueError(
@@ -168,18 +154,9 @@ def organize_draft_results(
     if K < 1:
         raise ValueError(f"topk (score_list[0].shape[2]) must be >= 1, got {K}")
     for j in range(S):
-        sc = check_tensor(f"score_list[{j}]", score_list[j])
-        tk = check_tensor(f"token_list[{j}]", token_list[j])
-        pa = check_tensor(f"parents_list[{j}]", parents_list[j])
-        if j == 0:
-            check_shape("token_list[0]", tk, (B, K))
-            check_shape("parents_list[0]", pa, (B, K + 1))
-        else:
-            check_shape(f"score_list[{j}]", sc, (B, K, K))
-            check_shape(f"token_list[{j}]", tk, (B, K * K))
-            check_shape(f"parents_list[{j}]", pa, (B, K))
-        check_integer_dtype(f"token_list[{j}]", tk)
-        check_integer_dtype(f"parents_list[{j}]", pa)
+        check_tensor(f"score_list[{j}]", score_list[j], shape=(B, 1, K) if j == 0 else (B, K, K))
+        check_tensor(f"token_list[{j}]", token_list[j], "int", (B, K) if j == 0 else (B, K * K))
+        check_tensor(f"parents_list[{j}]", parents_list[j], "int", (B, K + 1) if j == 0 else (B, K))
     check_tree_size("num_draft_token", num_draft_token, K, S)
 
     scores = torch.cat([s.flatten(start_dim=1) for s in score_list], dim=1)  # (B, K + (S-1)K^2)

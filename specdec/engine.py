@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import SamplingParams, SpecConfig, as_index
+from .checks import check_int
+from .config import SamplingParams, SpecConfig
 
 
 @dataclass
@@ -59,13 +60,11 @@ class Engine:
                  cuda_graphs: bool | None = None):
         if impl not in ("auto", "reference", "fast"):
             raise ValueError(f"impl must be 'auto', 'reference' or 'fast', got {impl!r}")
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        max_batch = check_int("max_batch", max_batch, 1)
         max_pos = target.config.max_position_embeddings
         if max_seq_len is None:
             max_seq_len = min(max_pos, 4096)
-        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
-            raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
+        max_seq_len = check_int("max_seq_len", max_seq_len, 2)
         if max_seq_len > max_pos:
             raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's max_position_embeddings={max_pos}")
         self.target = target
@@ -151,16 +150,7 @@ class Engine:
                 raise ValueError(f"request {i}: params must be a SamplingParams, got {type(sp).__name__}")
             if not isinstance(p, (list, tuple)) or len(p) == 0:
                 raise ValueError(f"request {i}: the prompt must be a non-empty list of token ids, got {p!r}")
-            ids = []
-            for t in p:
-                try:
-                    t = as_index(t, "a token id")
-                except ValueError:
-                    raise ValueError(f"request {i}: token id {t!r} is not an integer") from None
-                if not 0 <= t < V:
-                    raise ValueError(f"request {i}: token id {t!r} outside the vocabulary [0, {V})")
-                ids.append(t)
-            clean_prompts.append(ids)
+            clean_prompts.append([check_int(f"request {i}: prompt[{j}]", t, 0, V - 1) for j, t in enumerate(p)])
             sp = sp.validated(i, V)
             checked.append(sp)
             need = len(p) + sp.max_new_tokens + margin
@@ -189,10 +179,7 @@ class Engine:
 
     def _generate(self, prompts, params, seed, stream=None) -> list[GenerateOutput]:
         prompts, params = self._validate(prompts, params)
-        try:
-            seed = as_index(seed, "seed")
-        except ValueError as e:
-            raise ValueError(str(e)) from None
+        seed = check_int("seed", seed)
         B = len(prompts)
         outs = [GenerateOutput([], "length") for _ in params]
         for o, sp in zip(outs, params):

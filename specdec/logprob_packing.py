@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .contract import PADDED_LOGPROB, PADDED_TOP_LOGPROB_IDX
+
 __all__ = [
     "PADDED_LOGPROB",
     "PADDED_TOP_LOGPROB_IDX",
@@ -21,14 +23,6 @@ __all__ = [
     "set_logprob_outputs",
 ]
 
-#: Value written at a padded accept slot (``accept_index == -1``) in ``next_token_logprobs``,
-#: in the top-logprob values and in the token-id logprob values. A real logprob is 0.0 only
-#: when a token has probability 1; the engine never emits a padded slot (it slices every
-#: step's output by ``accept_lens``), so the value is only ever seen by callers that look past
-#: ``accept_lens``, and it is the same whatever the other requests hold.
-PADDED_LOGPROB = 0.0
-#: Index written in the top-logprob indices of a padded accept slot (never a real token id).
-PADDED_TOP_LOGPROB_IDX = -1
 
 
 def accepted_rows(accept_index: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .checks import check_int
 from .config import SamplingParams
 from .engine import Engine, GenerateOutput
 
@@ -53,10 +54,7 @@ def _eos_ids(path: Path) -> list[int]:
             except (json.JSONDecodeError, AttributeError):
                 raise ValueError(f"{f}: not a JSON object") from None
             if eos is not None:
-                ids = eos if isinstance(eos, list) else [eos]
-                if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                    raise ValueError(f"{f}: eos_token_id must be an int or a list of ints, got {eos!r}")
-                return ids
+                return [check_int(f"{f}: eos_token_id", i, 0) for i in (eos if isinstance(eos, list) else [eos])]
     return []
 
 

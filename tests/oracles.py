@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from reference.tree import build_tree_kernel_efficient, organize_draft_results, select_top_k_tokens
 from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
-from specdec.op_checks import max_num_draft_tokens
+from specdec.contract import max_num_draft_tokens
 
 NEG_INF = float("-inf")
 

@@ -9,7 +9,7 @@ import torch
 
 import reference
 from specdec.logprob_types import LogitsOutput
-from specdec.op_checks import TreeAttentionPlan
+from specdec.contract import TreeAttentionPlan
 from tests.conftest import _back, _map_tensors, _to
 
 

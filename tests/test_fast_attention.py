@@ -136,9 +136,9 @@ def test_attention_bad_input(op):
         (dict(slots=slots[:1]), "slots must have shape"),
         (dict(cache_start=start.float()), "cache_start must have an integer dtype"),
         (dict(tree_mask=mask[:, :, :-1]), "tree_mask must have shape"),
-        (dict(tree_mask=mask.int()), "tree_mask must be a bool tensor"),
+        (dict(tree_mask=mask.int()), "tree_mask must have a bool dtype"),
         (dict(attn_len=10_000), "attn_len=10000 exceeds"),
-        (dict(write_offset=-1), "write_offset must be >= 0"),
+        (dict(write_offset=-1), "write_offset must be an int >= 0"),
         (dict(scale=0.0), "scale must be a positive float"),
     ]:
         with pytest.raises((ValueError, TypeError), match=match):

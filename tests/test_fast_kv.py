@@ -88,7 +88,7 @@ def test_commit_bad_input(op):
         op(kv, slots, seq_lens[:2], accept, W)
     with pytest.raises(TypeError, match="accept_index must have an integer dtype"):
         op(kv, slots, seq_lens, accept.float(), W)
-    with pytest.raises(ValueError, match="num_draft_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="num_draft_tokens must be an int >= 1"):
         op(kv, slots, seq_lens, accept, 0)
     with pytest.raises(TypeError, match="num_draft_tokens must be an int"):
         op(kv, slots, seq_lens, accept, 9.0)

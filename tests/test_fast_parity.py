@@ -13,7 +13,7 @@ from torch.overrides import TorchFunctionMode
 
 import fast
 import reference
-from specdec.op_checks import WORKER_OPS
+from specdec.contract import WORKER_OPS
 
 WORKER_CLASSES = {"EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"}
 SHARED_OPS = sorted(set(reference.__all__) - WORKER_CLASSES & set(fast.__all__))

@@ -64,7 +64,7 @@ def test_sglang_golden_tree_sampling(impl, thresholds, seed):
 
 
 def test_thresholds_below_one_warn_that_they_are_lossy():
-    import specdec.op_checks as checks
+    import specdec.checks as checks
     checks._warned_lossy_thresholds = False
     with pytest.warns(UserWarning, match="no longer distributed as the target"):
         reference.tree_speculative_sampling_target_only(*_golden_case(0), 3, threshold_single=0.0, threshold_acc=0.0)
@@ -78,5 +78,5 @@ def test_thresholds_below_one_warn_that_they_are_lossy():
 @pytest.mark.parametrize("name", ["threshold_single", "threshold_acc"])
 def test_thresholds_outside_the_closed_unit_interval_are_refused(name, bad):
     for op in IMPLEMENTATIONS.values():
-        with pytest.raises(ValueError, match=f"{name} must lie in \\[0, 1\\]"):
+        with pytest.raises(ValueError, match=f"{name} must be a number in \\[0.0, 1.0\\], got {bad}"):
             op(*_golden_case(0), 3, **{name: bad})

@@ -694,7 +694,7 @@ def test_select_top_k_bad_input():
         select_top_k_tokens(
             0, torch.rand(B, K), torch.zeros(B, K, dtype=torch.long), torch.rand(B, H), None, 3
         )
-    with pytest.raises(ValueError, match="i must be >= 0"):
+    with pytest.raises(ValueError, match="i must be an int >= 0"):
         select_top_k_tokens(
             -1, torch.rand(B, K), torch.zeros(B, K, dtype=torch.long), torch.rand(B, H), None, K
         )

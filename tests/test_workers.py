@@ -8,7 +8,7 @@ import torch
 import reference
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_llama, random_mtp
-from specdec.op_checks import TreeAttentionPlan
+from specdec.contract import TreeAttentionPlan
 from specdec.workers import EagleWorkerV2, MultiLayerEagleWorkerV2
 from tests.equivalence import no_host_sync
 from tests.helpers import (LOGPROB_ATOL, always_wrong_eagle, always_wrong_mtp, assert_same_as_baseline, bigram_target,
@@ -357,9 +357,9 @@ def test_sampling_is_lossless_full_grid(kind, spec, temperature, top_k, top_p):
     (dict(num_steps=2, topk=2, num_draft_tokens=8), r"num_draft_tokens=8 must be in \[2, 1 \+ topk .*\] = \[2, 7\]"),
     (dict(num_steps=2, topk=2, num_draft_tokens=1), "num_draft_tokens=1"),
     (dict(num_steps=3, topk=1, num_draft_tokens=3), "must equal num_steps \\+ 1 = 4, got 3"),
-    (dict(num_steps=True), "num_steps must be an int >= 1, got True"),
-    (dict(num_steps=2, topk=True), "topk must be an int >= 1, got True"),
-    (dict(num_steps=2, topk=2, num_draft_tokens=4.0), "num_draft_tokens=4.0"),
+    (dict(num_steps=True), "num_steps must be an int >= 1, got bool True"),
+    (dict(num_steps=2, topk=True), "topk must be an int >= 1, got bool True"),
+    (dict(num_steps=2, topk=2, num_draft_tokens=4.0), "num_draft_tokens must be an int, got float 4.0"),
 ])
 def test_spec_config_violations(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SamplingParams
+from ..config import SamplingParams, kv_margin
 from ..kv_cache import KVCache
 from ..logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from ..models.layers import AttentionMetadata
@@ -271,29 +271,34 @@ class WorkerBase:
         return self.ops.compute_spec_v2_logprobs(batch, logits_output, predict, accept_index, num_steps,
                                                  return_original_logprob=self.return_original_logprob)
 
-    def one_token_step(self, logits, tokens) -> StepOutput:
-        """A one-node step (prefill, or target-only decode): logits (B, V), tokens (B,); no logprobs yet."""
+    def one_token_output(self, logits, tokens) -> StepOutput:
+        """A one-node step (prefill, or target-only decode): logits (B, V), tokens (B,). Its logprob fields
+        are empty: `prefill` fills them at once, `finish_decode` after a decode body."""
         B = tokens.shape[0]
         accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
         return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
                           LogitsOutput(next_token_logits=logits), finite_rows(logits))
 
-    def single_token_output(self, logits, tokens) -> StepOutput:
-        """The prefill's step: `one_token_step` with its logprobs filled."""
-        step = self.one_token_step(logits, tokens)
+    def prefill(self, prompts, params, seed) -> StepOutput:
+        """Target forward over the prompts, the first token sampled, then the draft's prefill extend.
+        Returns the one-token step of the first token, its logprobs filled."""
+        self.start(prompts, params, seed)
+        logits_last, hidden, ids, positions = self.prefill_target(prompts)
+        tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
+        self.state.last_tokens = tokens
+        self.draft_extend_for_prefill(ids, hidden, positions, tokens)
+        step = self.one_token_output(logits_last, tokens)
         step.logits_output = self.compute_logprobs(step.logits_output, tokens, step.accept_index, 0)
         return step
+
+    def draft_extend_for_prefill(self, ids, hidden, positions, tokens) -> None:
+        """The draft's forward over the prompt (nothing without a draft). ids, positions: (B, T) int64 of the
+        right-padded prompts; hidden: (B, T, H), the target's hidden states (or features); tokens: (B,) the
+        sampled first tokens."""
 
 
 class TargetOnlyWorker(WorkerBase):
     """Plain autoregressive decoding with the target: the baseline every result is compared with."""
-
-    def prefill(self, prompts, params, seed) -> StepOutput:
-        self.start(prompts, params, seed)
-        logits, _, _, _ = self.prefill_target(prompts)
-        st = self.state
-        st.last_tokens = self.sample_tokens(logits, self.rng.uniforms(1, self.device)[:, 0])
-        return self.single_token_output(logits, st.last_tokens)
 
     def decode_body(self) -> StepOutput:
         st = self.state
@@ -305,7 +310,7 @@ class TargetOnlyWorker(WorkerBase):
             tokens = self.sample_tokens(logits, st.uniforms[:, 0])
         st.seq_lens = st.seq_lens + 1
         st.last_tokens = tokens
-        return self.one_token_step(logits, tokens)
+        return self.one_token_output(logits, tokens)
 
 
 class SpeculativeWorkerBase(WorkerBase):
@@ -317,19 +322,45 @@ class SpeculativeWorkerBase(WorkerBase):
             t, d = getattr(target.config, name), getattr(draft.config, name)
             if t != d:
                 raise ValueError(f"draft {name}={d} does not match the target's {name}={t}")
-        self.draft = draft
+        self.draft_model = draft
         self.spec = spec
         self.num_steps = spec.num_steps
         self.topk = spec.topk
         self.num_draft_tokens = spec.num_draft_tokens
 
+    def caches(self) -> list[KVCache]:
+        return [self.cache, self.draft_cache]
+
+    #: this worker's kind for `config.kv_margin`
+    kind = "eagle"
+
     @property
     def kv_margin(self) -> int:
-        return self.spec.kv_margin
+        return kv_margin(self.kind, self.spec)
 
     @property
     def max_step_tokens(self) -> int:
         return self.num_steps + 1
+
+    def decode_body(self) -> StepOutput:
+        """draft -> verify (target forward, accept, KV commit) -> draft_extend_for_decode, as SGLang's
+        EagleWorkerV2 orders a step; the committed length advances last, since the extend reads the old one."""
+        st = self.state
+        step, target_hidden = self.verify(*self.draft())
+        with self.phase("draft_extend"):
+            self.draft_extend_for_decode(step, target_hidden)
+        st.seq_lens = st.seq_lens + step.accept_lens
+        return step
+
+    def draft(self):
+        """This step's verify input: candidates (B, W) int64 (node 0 the root), tree_mask (B, W, W) bool,
+        positions (B, W) int64, retrieve_index, retrieve_next_token, retrieve_next_sibling (B, W)."""
+        raise NotImplementedError
+
+    def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
+        """After verify: the draft's forward over the accepted path, leaving the next step's draft input in
+        `state`. target_hidden: (B*W, H), the target's hidden states (or features) of every node."""
+        raise NotImplementedError
 
     @property
     def uniforms_per_step(self) -> int:

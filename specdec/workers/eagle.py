@@ -23,30 +23,23 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         # Row j marks in-flight draft slot j itself; a frontier node's ancestry is its parent's | its own row.
         self._own_slot = torch.eye(max(spec.num_steps - 1, 1) * spec.topk, dtype=torch.bool, device=self.device)
 
-    def caches(self):
-        return [self.cache, self.draft_cache]
-
     # ---- stages ------------------------------------------------------------------------------
 
-    def prefill(self, prompts, params, seed) -> StepOutput:
-        self.start(prompts, params, seed)
-        logits_last, hidden, ids, positions = self.prefill_target(prompts)
+    def draft_extend_for_prefill(self, ids, hidden, positions, tokens) -> None:
+        """The prompt shifted left by one, the sampled token appended at n-1, paired with h_0..h_{n-1}; the
+        output at n-1 gives the root's top-K children."""
         st = self.state
-        last = (st.seq_lens - 1)
+        last = st.seq_lens - 1
         B, T = ids.shape
-        tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
-        st.last_tokens = tokens
-        # Draft extend over the prompt shifted left by one, the sampled token appended at n-1.
         shifted = torch.cat([ids[:, 1:], ids[:, :1]], dim=1).scatter(1, last[:, None], tokens[:, None])
         meta = AttentionMetadata(st.slots, torch.zeros_like(st.seq_lens), attn_len=T, ops=self.ops)
-        d_hidden = self.draft(shifted, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
+        d_hidden = self.draft_model(shifted, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
         self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
-        return self.single_token_output(logits_last, tokens)
 
     def _set_next_root_children(self, hidden):
         """hidden: (B, H), the draft's output at each request's last committed position."""
         st = self.state
-        st.topk_p, st.topk_index = self._draft_topk(self.draft.compute_logits(hidden), self.topk)
+        st.topk_p, st.topk_index = self._draft_topk(self.draft_model.compute_logits(hidden), self.topk)
         st.draft_hidden = hidden
 
     def _draft_topk(self, logits, K):
@@ -80,13 +73,13 @@ class EagleWorkerV2(SpeculativeWorkerBase):
             meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len((i + 1) * K), ops=self.ops,
                                      write_offset=i * K, tree_mask=ancestry[:, :, :(i + 1) * K].contiguous())
             positions = (st.seq_lens + i)[:, None].expand(B, K)
-            out = self.draft(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
+            out = self.draft_model(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
             logits, hidden = out.logits, out.hidden
             topk_p, topk_index = self._draft_topk(logits.view(B * K, -1), K)
             hidden = hidden.reshape(B * K, -1)
         return score_list, token_list, parents_list
 
-    def draft_extend(self, step: StepOutput, target_hidden):
+    def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
         """Draft forward over the accepted path (padded to S+1): (h[n_j], predict[n_j]) at position n+j.
         Its output at n+a gives the next root's top-K children."""
         st = self.state
@@ -96,11 +89,12 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         hidden = target_hidden[nodes]
         positions = st.seq_lens[:, None] + torch.arange(S + 1, device=self.device)
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(S + 1), ops=self.ops)
-        d_hidden = self.draft(ids, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
+        d_hidden = self.draft_model(ids, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
         last = (step.accept_lens - 1).long()
         self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
 
-    def decode_body(self) -> StepOutput:
+    def draft(self):
+        """draft_forward, organize_draft_results, build_tree_kernel_efficient -> the verify input."""
         st = self.state
         B, W = st.seq_lens.shape[0], self.num_draft_tokens
         with self.phase("draft"):
@@ -111,9 +105,5 @@ class EagleWorkerV2(SpeculativeWorkerBase):
              flat_tokens) = self.ops.build_tree_kernel_efficient(
                 st.last_tokens, parent_list, top_scores_index, draft_tokens, st.seq_lens, self.topk,
                 self.num_steps, W)
-        step, target_hidden = self.verify(flat_tokens.view(B, W), tree_mask, positions.view(B, W), retrieve_index,
-                                          retrieve_next_token, retrieve_next_sibling)
-        with self.phase("draft_extend"):
-            self.draft_extend(step, target_hidden)
-        st.seq_lens = st.seq_lens + step.accept_lens
-        return step
+        return (flat_tokens.view(B, W), tree_mask, positions.view(B, W), retrieve_index, retrieve_next_token,
+                retrieve_next_sibling)

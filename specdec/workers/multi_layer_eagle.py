@@ -18,6 +18,8 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
     made stale is redone (SGLang keeps a pool of past hidden states for the same reason).
     """
 
+    kind = "mtp"
+
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         S = spec.num_steps
         if spec.topk != 1 or spec.num_draft_tokens != S + 1:
@@ -39,13 +41,6 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         self._chain_next_token = next_token.expand(max_batch, W).contiguous()
         self._chain_next_sibling = torch.full((max_batch, W), -1, dtype=torch.int64, device=self.device)
 
-    @property
-    def kv_margin(self) -> int:
-        return 2 * self.num_steps  # the draft extend writes up to S (or 2S - 1 near the start) past n
-
-    def caches(self):
-        return [self.cache, self.draft_cache]
-
     # ---- stages ------------------------------------------------------------------------------
     def _write_ring(self, positions, hidden):
         """positions: (B, T) int64; hidden: (B, T, H)."""
@@ -53,7 +48,7 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         slots = (positions % self.ring_size)[:, :, None].expand_as(hidden)
         ring.scatter_(1, slots, hidden.to(ring.dtype))
 
-    def draft_extend(self, start, last, T: int, hidden0, attn_len: int):
+    def run_draft_layers(self, start, last, T: int, hidden0, attn_len: int) -> None:
         """Run the S layers over positions start .. start+T-1 (valid up to `last`, per request),
         layer k over the stream shifted by k+1, rotating in each layer's guess at `last`.
 
@@ -70,23 +65,20 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         guesses = []
         for k in range(S):
             ids = st.stream.gather(1, positions + k + 1)
-            out = self.draft.forward_layer(k, ids, hidden, positions, self.draft_cache, meta,
+            out = self.draft_model.forward_layer(k, ids, hidden, positions, self.draft_cache, meta,
                                            return_logits=False).hidden
-            guess = self.ops.softmax_topk(self.draft.layer_logits(k, out[rows, at_last]), 1)[1][:, 0]
+            guess = self.ops.softmax_topk(self.draft_model.layer_logits(k, out[rows, at_last]), 1)[1][:, 0]
             st.stream.scatter_(1, (last + k + 2)[:, None], guess[:, None])
             guesses.append(guess)
-            if self.draft.chain_hidden_states:
+            if self.draft_model.chain_hidden_states:
                 hidden = out
         st.draft_tokens = torch.stack(guesses, dim=1)
 
-    def prefill(self, prompts, params, seed) -> StepOutput:
-        self.start(prompts, params, seed)
-        logits_last, hidden, ids, positions = self.prefill_target(prompts)
+    def draft_extend_for_prefill(self, ids, hidden, positions, tokens) -> None:
+        """The stream and the hidden ring start from the prompt and the sampled token; the S layers run over
+        the whole prompt."""
         st = self.state
         B, T = ids.shape
-        last = st.seq_lens - 1
-        tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
-        st.last_tokens = tokens
         st.stream = torch.zeros(B, self.stream_len, dtype=torch.int64, device=self.device)
         st.stream[:, :T] = ids
         st.stream.scatter_(1, st.seq_lens[:, None], tokens[:, None])
@@ -94,24 +86,18 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         R = min(self.ring_size, T)
         recent = (st.seq_lens[:, None] - R + torch.arange(R, device=self.device)).clamp_min(0)
         self._write_ring(recent, hidden.gather(1, recent[:, :, None].expand(-1, -1, hidden.shape[-1])))
-        self.draft_extend(torch.zeros_like(st.seq_lens), last, T, hidden, attn_len=T)
-        return self.single_token_output(logits_last, tokens)
+        self.run_draft_layers(torch.zeros_like(st.seq_lens), st.seq_lens - 1, T, hidden, attn_len=T)
 
-    def decode_body(self) -> StepOutput:
+    def draft(self):
+        """The chain: the root, then the S guesses the last extend rotated in."""
         st = self.state
         B, W = st.seq_lens.shape[0], self.num_draft_tokens
-        n = st.seq_lens
         candidates = torch.cat([st.last_tokens[:, None], st.draft_tokens], dim=1)
-        positions = n[:, None] + torch.arange(W, device=self.device)
-        step, target_hidden = self.verify(candidates, self._chain_mask.expand(B, W, W), positions,
-                                          self._chain_retrieve_index[:B], self._chain_next_token[:B],
-                                          self._chain_next_sibling[:B])
-        with self.phase("draft_extend"):
-            self._extend_after(step, target_hidden)
-        st.seq_lens = n + step.accept_lens
-        return step
+        positions = st.seq_lens[:, None] + torch.arange(W, device=self.device)
+        return (candidates, self._chain_mask.expand(B, W, W), positions, self._chain_retrieve_index[:B],
+                self._chain_next_token[:B], self._chain_next_sibling[:B])
 
-    def _extend_after(self, step: StepOutput, target_hidden):
+    def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
         """Rotate the accepted tokens and target hidden states in, then rerun the S layers over the window."""
         st = self.state
         S, n = self.num_steps, st.seq_lens
@@ -126,4 +112,4 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         ring_index = (window % self.ring_size)[:, :, None].expand(-1, -1, st.hidden_ring.shape[-1])
         hidden0 = st.hidden_ring.gather(1, ring_index)
         last = n + step.accept_lens - 1
-        self.draft_extend(start, last, 2 * S, hidden0, attn_len=max(self.attn_len(S + 1), 2 * S))
+        self.run_draft_layers(start, last, 2 * S, hidden0, attn_len=max(self.attn_len(S + 1), 2 * S))

@@ -1,0 +1,377 @@
+"""The check vocabulary: one integer check, one real check, one tensor check, and the ops' argument checks
+built from them (one definition of a valid call, shared by `reference` and `fast`).
+
+One rule for what a bad value raises: a `ValueError` naming the value. A value of the wrong kind (not an
+integer, not a tensor, a float dtype where an integer one is needed) raises `ArgumentTypeError`, which is a
+`ValueError` and a `TypeError` at once, so `except ValueError` catches every bad input and `except TypeError`
+still catches a wrong type (numpy's `AxisError` is both in the same way).
+
+Only shapes, dtypes, devices and Python values are checked: nothing here reads a tensor's values, so the
+checks cost no host synchronisation inside a decode step.
+"""
+from __future__ import annotations
+
+import numbers
+import operator
+import warnings
+
+import torch
+
+from .contract import TreeAttentionPlan, max_num_draft_tokens
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """A value of the wrong kind: both a TypeError and a ValueError (see the module docstring)."""
+
+
+def _bounds(minimum, maximum) -> str:
+    if minimum is not None and maximum is not None:
+        return f" in [{minimum}, {maximum}]"
+    if minimum is not None:
+        return f" >= {minimum}"
+    if maximum is not None:
+        return f" <= {maximum}"
+    return ""
+
+
+def _check_range(name: str, kind: str, v, minimum, maximum):
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        raise ValueError(f"{name} must be {kind}{_bounds(minimum, maximum)}, got {v}")
+    return v
+
+
+def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
+    """An integer (Python or numpy, or a 0-d integer tensor; never a bool) within [minimum, maximum] -> int."""
+    ok = not isinstance(value, bool) and (
+        isinstance(value, numbers.Integral)
+        or (isinstance(value, torch.Tensor) and value.dim() == 0 and _is_integer_dtype(value.dtype))
+        or (type(value).__module__ == "numpy" and getattr(value, "shape", None) == ()
+            and "int" in str(getattr(value, "dtype", "")))
+    )
+    if not ok:
+        raise ArgumentTypeError(f"{name} must be an int{_bounds(minimum, maximum)}, got {type(value).__name__} "
+                                f"{value!r}")
+    return _check_range(name, "an int", operator.index(value), minimum, maximum)
+
+
+def check_real(name: str, value, minimum: float | None = None, maximum: float | None = None) -> float:
+    """A real number (not a bool, not a string, not NaN) within [minimum, maximum] -> float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be a number{_bounds(minimum, maximum)}, got {type(value).__name__} "
+                                f"{value!r}")
+    v = float(value)
+    if v != v:
+        raise ValueError(f"{name} must be a number{_bounds(minimum, maximum)}, got nan")
+    return _check_range(name, "a number", v, minimum, maximum)
+
+
+def _is_integer_dtype(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+_DTYPE_KINDS = {
+    "int": ("an integer", _is_integer_dtype),
+    "float": ("a floating-point", lambda d: d.is_floating_point),
+    "bool": ("a bool", lambda d: d == torch.bool),
+    "float32": ("the float32", lambda d: d == torch.float32),
+}
+
+
+def check_tensor(name: str, t, dtype: str | None = None, shape: tuple | None = None, device=None,
+                 what: str = "") -> torch.Tensor:
+    """`t` must be a tensor; of dtype kind `dtype` ("int", "float", "bool" or "float32") when given; of
+    `shape` when given (an entry None matches any size, and a shorter tuple than t.dim() never matches);
+    on `device` when given. `what` explains the expected shape in the message. -> t."""
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None:
+        label, ok = _DTYPE_KINDS[dtype]
+        if not ok(t.dtype):
+            raise ArgumentTypeError(f"{name} must have {label} dtype, got {t.dtype}")
+    if shape is not None:
+        got = tuple(t.shape)
+        if len(got) != len(shape) or any(w is not None and g != w for g, w in zip(got, shape)):
+            raise ValueError(f"{name} must have shape {_shape_text(shape, what)}, got {got}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the op's other tensors on {device}")
+    return t
+
+
+def _shape_text(shape: tuple, what: str) -> str:
+    if all(w is None for w in shape):
+        return f"({what})" if what else f"with {len(shape)} dims"
+    concrete = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
+    return f"{concrete} ({what})" if what else concrete
+
+
+def check_same_device(device, **tensors) -> None:
+    """Every named tensor must be on `device` (the op's first tensor argument's)."""
+    for name, t in tensors.items():
+        check_tensor(name, t, device=device)
+
+
+# ---- the ops' argument checks --------------------------------------------------------------------------
+
+def check_tree_size(name: str, num_tokens, topk: int, spec_steps: int) -> int:
+    hi = max_num_draft_tokens(topk, spec_steps)
+    check_int(name, num_tokens, 2)
+    if num_tokens > hi:
+        raise ValueError(
+            f"{name}={num_tokens} is out of range: with topk={topk} and spec_steps={spec_steps} "
+            f"it must lie in [2, 1 + K + (S-1)K^2] = [2, {hi}]"
+        )
+    return num_tokens
+
+
+def check_build_tree_args(
+    bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens, topk, spec_steps, num_verify_tokens
+) -> tuple[int, int]:
+    K = check_int("topk", topk, 1)
+    S = check_int("spec_steps", spec_steps, 1)
+    W = check_tree_size("num_verify_tokens", num_verify_tokens, K, S)
+    check_tensor("bonus_tokens", bonus_tokens, "int", (None,))
+    B, device = bonus_tokens.shape[0], bonus_tokens.device
+    P = 1 + K * (S - 1) if S > 1 else 0
+    check_tensor("parent_list", parent_list, "int", (B, P), device,
+                 f"(B, 1 + topk*(spec_steps-1)) with spec_steps={S}")
+    check_tensor("top_scores_index", top_scores_index, "int", (B, W - 1), device,
+                 f"(B, num_verify_tokens - 1), W={W}")
+    check_tensor("draft_tokens", draft_tokens, "int", (B, W - 1), device, f"(B, num_verify_tokens - 1), W={W}")
+    check_tensor("seq_lens", seq_lens, "int", (B,), device)
+    return B, W
+
+
+def check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps):
+    check_int("num_steps", num_steps, 1)
+    check_tensor("candidates", candidates, shape=(None, None), what="B, W")
+    B, W = candidates.shape
+    if W < 1:
+        raise ValueError(f"candidates must hold at least the root (W >= 1), got shape {tuple(candidates.shape)}")
+    check_tensor("candidates", candidates, "int")
+    for name, t in (
+        ("retrieve_index", retrieve_index),
+        ("retrieve_next_token", retrieve_next_token),
+        ("retrieve_next_sibling", retrieve_next_sibling),
+    ):
+        check_tensor(name, t, "int", (B, W), candidates.device)
+    return B, W
+
+
+def check_verify_greedy_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, target_predict,
+                             num_steps) -> tuple[int, int]:
+    """`verify_tree_greedy`'s arguments -> (B, W)."""
+    B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
+    check_tensor("target_predict", target_predict, "int", (B, W), candidates.device)
+    return B, W
+
+
+def check_sampling_args(
+    B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc,
+    device=None,
+):
+    check_tensor("uniform_samples", uniform_samples, "float", (B, W), device)
+    check_tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, "float", (B,), device)
+    check_tensor("target_probs", target_probs, shape=(B, W, None), what="B, W, V")
+    if target_probs.shape[2] < 1:
+        raise ValueError(f"target_probs must have shape ({B}, {W}, V) with V >= 1, got {tuple(target_probs.shape)}")
+    check_tensor("target_probs", target_probs, "float", device=device)
+    threshold_single = check_real("threshold_single", threshold_single, 0.0, 1.0)
+    threshold_acc = check_real("threshold_acc", threshold_acc, 0.0, 1.0)
+    if threshold_single < 1.0 or threshold_acc < 1.0:
+        warn_lossy_thresholds(threshold_single, threshold_acc)
+    return target_probs.shape[2]
+
+
+_warned_lossy_thresholds = False
+
+
+def warn_lossy_thresholds(threshold_single, threshold_acc) -> None:
+    """Once per process: thresholds below 1 are SGLang's relaxed acceptance, not lossless sampling."""
+    global _warned_lossy_thresholds
+    if not _warned_lossy_thresholds:
+        _warned_lossy_thresholds = True
+        warnings.warn(f"tree_speculative_sampling_target_only: threshold_single={threshold_single}, "
+                      f"threshold_acc={threshold_acc} accept more than the target allows; the output is no "
+                      f"longer distributed as the target's (thresholds 1.0 are lossless)", stacklevel=3)
+
+
+def _per_request(name: str, values, B: int, default) -> list:
+    """A batch field with one entry per request (None: `default` for all)."""
+    if values is None:
+        return [default] * B
+    if len(values) != B:
+        raise ValueError(f"{name} has {len(values)} entries but the batch has B = {B} requests")
+    return list(values)
+
+
+def check_logprob_args(batch, logits_output, predict, accept_index, speculative_num_steps, scale):
+    """Python-side checks only (shapes, dtypes, devices, list contents): no tensor value is read."""
+    S = check_int("speculative_num_steps", speculative_num_steps, 0)
+    logits = check_tensor("logits_output.next_token_logits", logits_output.next_token_logits, "float",
+                          (None, None), what="B*W, V")
+    N, V = logits.shape
+    if V == 0:
+        raise ValueError(f"next_token_logits has an empty vocabulary (shape {tuple(logits.shape)})")
+    check_tensor("accept_index", accept_index, "int", (None, S + 1), logits.device,
+                 "B, speculative_num_steps + 1")
+    B = accept_index.shape[0]
+    if B == 0 and N != 0:
+        raise ValueError(f"accept_index has 0 requests but next_token_logits has {N} rows")
+    if B and (N == 0 or N % B):
+        raise ValueError(f"next_token_logits has {N} rows, not a positive multiple of the batch size B = {B} "
+                         f"(accept_index shape {tuple(accept_index.shape)})")
+    W = N // B if B else 0
+    check_tensor("predict", predict, "int", (N,), logits.device, "B*W: one token per logits row")
+
+    seq_lens = getattr(batch, "seq_lens", None)
+    if seq_lens is not None and len(seq_lens) != B:
+        raise ValueError(f"batch.seq_lens has {len(seq_lens)} entries but accept_index has B = {B} requests")
+    temperatures = None
+    if scale:
+        temperatures = check_tensor("batch.sampling_info.temperatures", batch.sampling_info.temperatures, "float",
+                                    (B, 1), logits.device)
+
+    top_nums = _per_request("batch.top_logprobs_nums", getattr(batch, "top_logprobs_nums", None), B, 0)
+    top_nums = [check_int(f"request {b}: top_logprobs_num", k, 0, V) for b, k in enumerate(top_nums)]
+    ids_per_req: list[list[int]] = []
+    for b, ids in enumerate(_per_request("batch.token_ids_logprobs", getattr(batch, "token_ids_logprobs", None),
+                                         B, None)):
+        if ids is None:
+            ids_per_req.append([])
+            continue
+        if isinstance(ids, (str, bytes, torch.Tensor)) or not hasattr(ids, "__iter__"):
+            raise ArgumentTypeError(
+                f"request {b}: token_ids_logprobs must be a list of ints or None, got {type(ids).__name__}")
+        ids_per_req.append([check_int(f"request {b}: token_ids_logprobs[{i}]", t, 0, V - 1)
+                            for i, t in enumerate(ids)])
+    return B, S, W, V, temperatures, top_nums, ids_per_req
+
+
+def check_commit_kv_args(kv, slots, seq_lens, accept_index, num_draft_tokens) -> tuple[int, int]:
+    """Shapes, dtypes and devices of `commit_kv_cache`'s arguments -> (B, S+1). Values are trusted."""
+    check_tensor("kv", kv, "float", (None,) * 5, what="N, max_batch, max_seq_len, Hkv, D")
+    check_tensor("accept_index", accept_index, "int", (None, None), kv.device, "B, S+1")
+    B, S1 = accept_index.shape
+    if S1 < 1:
+        raise ValueError(f"accept_index must have shape (B, S+1), got {tuple(accept_index.shape)}")
+    for name, t in (("slots", slots), ("seq_lens", seq_lens)):
+        check_tensor(name, t, "int", (B,), kv.device, "one value per row")
+    check_int("num_draft_tokens", num_draft_tokens, 1)
+    return B, S1
+
+
+def check_rows(name: str, t, fp32_only: bool) -> tuple[int, int]:
+    """`t` must be an (N, V) floating-point tensor with V >= 1 (float32 when `fp32_only`); -> (N, V)."""
+    check_tensor(name, t, "float32" if fp32_only else "float", (None, None), what="N, V")
+    if t.shape[1] < 1:
+        raise ValueError(f"{name} must have shape (N, V) with V >= 1, got {tuple(t.shape)}")
+    return t.shape[0], t.shape[1]
+
+
+def check_softmax_with_temperature_args(logits, temperatures) -> tuple[int, int]:
+    """logits: (N, V) floating point; temperatures: (N,) floating point, same device -> (N, V)."""
+    N, V = check_rows("logits", logits, fp32_only=False)
+    check_tensor("temperatures", temperatures, "float", (N,), logits.device, "one value per row")
+    return N, V
+
+
+def check_renorm_prob_args(probs, param_name: str, param, integer: bool) -> tuple[int, int]:
+    """probs: (N, V) float32; `param` (top_ks or top_ps): (N,), integer or floating point -> (N, V)."""
+    N, V = check_rows("probs", probs, fp32_only=True)
+    check_tensor(param_name, param, "int" if integer else "float", (N,), probs.device, "one value per row")
+    return N, V
+
+
+def check_softmax_topk_args(logits, topk) -> tuple[int, int]:
+    """`softmax_topk`'s arguments -> (N, V)."""
+    N, V = check_rows("logits", logits, fp32_only=False)
+    check_int("topk", topk, 1)
+    if topk > V:
+        raise ValueError(f"topk={topk} exceeds the vocabulary size V={V}")
+    return N, V
+
+
+def _check_cache_pair(k_cache, v_cache, device) -> tuple[int, int, int, int]:
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t, "float", (None,) * 4, device, "max_batch, max_seq_len, Hkv, D")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
+    return tuple(k_cache.shape)
+
+
+def _check_query(q) -> tuple[int, int, int, int]:
+    check_tensor("q", q, "float", (None,) * 4, what="B, T, Hq, D")
+    return tuple(q.shape)
+
+
+def check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len, scale):
+    """`tree_attention`'s arguments -> (B, T, Hq, D). Values (slots, lengths) are trusted."""
+    B, T, Hq, D = _check_query(q)
+    _, max_seq, Hkv, Dk = _check_cache_pair(k_cache, v_cache, q.device)
+    if Dk != D:
+        raise ValueError(f"the cache's head_dim {Dk} differs from q's head_dim {D}")
+    if Hq % Hkv:
+        raise ValueError(f"q has {Hq} heads, not a multiple of the cache's {Hkv} KV heads")
+    _check_key_span(B, T, q.device, slots, cache_start, write_offset, tree_mask, attn_len, max_seq)
+    if check_real("scale", scale) <= 0:
+        raise ValueError(f"scale must be a positive float, got {scale!r}")
+    return B, T, Hq, D
+
+
+def check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset):
+    """`apply_rope_and_write_kv`'s arguments -> (B, T, Hq, D). Values (slots, lengths) are trusted."""
+    B, T, Hq, D = _check_query(q)
+    if D % 2:
+        raise ValueError(f"head_dim must be even for rotary embeddings, got {D}")
+    _, max_seq, Hkv, Dk = _check_cache_pair(k_cache, v_cache, q.device)
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(name, t, "float", (B, T, Hkv, D), what="(B, T, Hkv, D) with the cache's Hkv and q's D")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(name, t, "float", (B, T, D), what="B, T, D")
+    if Dk != D:
+        raise ValueError(f"the cache's head_dim {Dk} differs from q's head_dim {D}")
+    for name, t in (("slots", slots), ("cache_start", cache_start)):
+        check_tensor(name, t, "int", (B,), q.device, "one value per row")
+    check_int("write_offset", write_offset, 0)
+    if write_offset + T > max_seq:
+        raise ValueError(f"write_offset={write_offset} + T={T} new tokens exceed the cache's {max_seq} slots")
+    return B, T, Hq, D
+
+
+def check_plan_args(slots, cache_start, write_offset, tree_mask, attn_len, num_new, max_seq_len) -> int:
+    """`plan_tree_attention`'s arguments -> B."""
+    check_tensor("slots", slots, shape=(None,), what="B")
+    B = slots.shape[0]
+    check_int("num_new", num_new, 1)
+    check_int("max_seq_len", max_seq_len, 1)
+    _check_key_span(B, num_new, slots.device, slots, cache_start, write_offset, tree_mask, attn_len, max_seq_len)
+    return B
+
+
+def _check_key_span(B, T, device, slots, cache_start, write_offset, tree_mask, attn_len, max_seq_len) -> None:
+    """What attention and its plan share: the rows, where the T new tokens go, and what they may see."""
+    for name, t in (("slots", slots), ("cache_start", cache_start)):
+        check_tensor(name, t, "int", (B,), device, "one value per row")
+    check_int("write_offset", write_offset, 0)
+    check_int("attn_len", attn_len, 1)
+    if write_offset + T > max_seq_len:
+        raise ValueError(f"write_offset={write_offset} + T={T} new tokens exceed the cache's {max_seq_len} slots")
+    if attn_len > max_seq_len:
+        raise ValueError(f"attn_len={attn_len} exceeds the cache's max_seq_len={max_seq_len}")
+    if tree_mask is not None:
+        check_tensor("tree_mask", tree_mask, "bool", (B, T, write_offset + T), device, "B, T, write_offset + T")
+
+
+def check_plan(plan, impl: str, B: int, T: int, write_offset: int, attn_len: int | None, max_seq_len: int) -> None:
+    """A plan handed to an op must be this module's and built for this call's shapes."""
+    if not isinstance(plan, TreeAttentionPlan):
+        raise ArgumentTypeError(f"plan must be a TreeAttentionPlan from plan_tree_attention, got "
+                                f"{type(plan).__name__}")
+    if plan.impl != impl:
+        raise ValueError(f"plan was built by {plan.impl!r}'s plan_tree_attention; this op is {impl!r}'s")
+    got = (plan.batch, plan.num_new, plan.write_offset, plan.max_seq_len)
+    want = (B, T, write_offset, max_seq_len)
+    if got != want or (attn_len is not None and plan.attn_len != attn_len):
+        raise ValueError(f"plan was built for (B, T, write_offset, max_seq_len, attn_len) = {got + (plan.attn_len,)}, "
+                         f"this call has {want + (attn_len,)}")
+

@@ -1,0 +1,65 @@
+"""The ops' contract, shared by `reference`, `fast` and the workers: which ops a worker reaches through its
+ops module, the plan type the attention ops pass between them, the tree arithmetic and the padding values.
+
+A leaf module: it imports torch's dataclass machinery only, never `reference`, `fast`, the models or the
+workers. The logprob helper's duck types (`logprob_types`) and its host packing (`logprob_packing`) sit
+beside it; the argument checks are in `checks`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Every op a worker reaches through its ops module (`reference` or `fast`): a module can run the
+#: workers only when it has all of them, with the reference's signatures.
+WORKER_OPS = (
+    "softmax_topk",
+    "select_top_k_tokens",
+    "organize_draft_results",
+    "build_tree_kernel_efficient",
+    "verify_tree_greedy",
+    "tree_speculative_sampling_target_only",
+    "compute_spec_v2_logprobs",
+    "softmax_with_temperature",
+    "top_k_renorm_prob",
+    "top_p_renorm_prob",
+    "plan_tree_attention",
+    "apply_rope_and_write_kv",
+    "tree_attention",
+    "commit_kv_cache",
+)
+
+#: The index that means "no node": a padded slot of `accept_index`, a `predict` entry at a node that was
+#: not accepted, the end of a `retrieve_next_token` / `retrieve_next_sibling` chain (SGLang's -1).
+NO_NODE = -1
+
+#: Value written at a padded accept slot (``accept_index == -1``) in ``next_token_logprobs``,
+#: in the top-logprob values and in the token-id logprob values. A real logprob is 0.0 only
+#: when a token has probability 1; the engine never emits a padded slot (it slices every
+#: step's output by ``accept_lens``), so the value is only ever seen by callers that look past
+#: ``accept_lens``, and it is the same whatever the other requests hold.
+PADDED_LOGPROB = 0.0
+#: Index written in the top-logprob indices of a padded accept slot (never a real token id).
+PADDED_TOP_LOGPROB_IDX = -1
+
+
+def max_num_draft_tokens(topk: int, spec_steps: int) -> int:
+    """``(topk, spec_steps) -> int``: the largest tree size W = 1 + K + (S-1)K^2 (root included)."""
+    return 1 + topk + (spec_steps - 1) * topk * topk
+
+
+@dataclass(frozen=True)
+class TreeAttentionPlan:
+    """What every layer of one forward shares: built once by an ops module's `plan_tree_attention`, read
+    by the same module's `apply_rope_and_write_kv` and `tree_attention` (FlashInfer's plan / run split).
+
+    impl: the building module's name (a plan is read only by the ops that built it); batch, num_new,
+    write_offset, attn_len, max_seq_len: the call it was built for; tensors: the module's precomputed
+    masks and indices."""
+
+    impl: str
+    batch: int
+    num_new: int
+    write_offset: int
+    attn_len: int
+    max_seq_len: int
+    tensors: dict
