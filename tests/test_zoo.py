@@ -181,6 +181,29 @@ def test_train_drafts_smoke():
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_unrolled_passes_train_through_the_cache(kind):
+    """The trainer runs the head's `step` (the forward's cached path builds no graph): the last unrolled pass's
+    loss alone reaches every weight of the head and the hidden states pass 0 read, through the keys and values
+    earlier passes left in the cache."""
+    torch.manual_seed(0)
+    tgt = random_llama(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2)
+    head = (random_eagle_head(tgt, seed=3) if kind == "eagle" else
+            random_eagle3_head(tgt, draft_vocab_size=24, feature_layers=[1, 2, 3], seed=3, fc_norm=True))
+    head.train()
+    B, T = 2, 8
+    x = torch.randint(0, 40, (B, T + 1))
+    with torch.no_grad():
+        out = tgt(x[:, :-1], torch.arange(T)[None].expand(B, T), features=getattr(head, "feature_layers", None))
+    h = (out.hidden if kind == "eagle" else out.features).clone().requires_grad_(True)
+    logits, _ = zt.eagle_unrolled(head, h, x[:, 1:], 3)[-1]
+    logits[:, 2:].logsumexp(-1).sum().backward()
+    assert h.grad is not None and h.grad[:, :T - 2].abs().sum(-1).min() > 0
+    for name, p in head.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_ttt_unrolling_matches_step_by_step_drafting(kind):
     """Pass j at position t of the unrolled training forward = draft step j anchored at t - j: the head
     run over the real hidden states up to t - j, then fed its own output hidden state j times. An EAGLE-3

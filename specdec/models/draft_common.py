@@ -1,4 +1,4 @@
-"""What the EAGLE head and the MTP layers share: their config, the link to the target, checkpoints."""
+"""What the drafts share: their config, the link to the target, checkpoints; the heads' forward."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 from .io import load_strict, read_config, read_state_dict, save_dir
-from .layers import hf_named_parameters
+from .layers import AttentionMetadata, hf_named_parameters, rope_cos_sin
 from .llama import LlamaConfig, dtype_name
+from .outputs import ModelOutput
 
 
 @dataclass
@@ -86,6 +87,33 @@ class DraftModelBase(nn.Module):
         model = cls(config, target)
         load_strict(model, read_state_dict(path), path)
         return model.to(device=device or target.device, dtype=dtype or target.dtype).eval()
+
+
+class DraftHeadBase(DraftModelBase):
+    """A one-layer draft head (EAGLE, EAGLE-3). `step` is its computation on rotary tables and one layer's
+    explicit (k, v) cache, with no grad mode of its own (the trainer runs it with gradients, attending to keys
+    that earlier unrolled passes left in the cache); `forward` runs it from positions and a KVCache."""
+
+    def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None,
+                return_logits=True) -> ModelOutput:
+        """input_ids, positions: (B, T) int64; hidden_states: (B, T, H) (an EAGLE-3 head also takes the target's
+        features, (B, T, F * H)) -> ModelOutput: logits (B, T, V) fp32 over the head's vocabulary (None when
+        not return_logits; `compute_logits` of chosen rows of hidden gives them), hidden (B, T, H) (what the
+        next draft step reads)."""
+        # The cached path is inference only: writing into the cache must not build a graph.
+        with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
+            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
+            hidden = self.step(input_ids, hidden_states, cos, sin, None if cache is None else cache.layer(0), meta)
+            return ModelOutput(self.compute_logits(hidden) if return_logits else None, hidden)
+
+    def step(self, input_ids, hidden_states, cos, sin, kv, meta) -> torch.Tensor:
+        """The head on (token, hidden) pairs -> its output hidden (B, T, H). cos, sin: (B, T, D) rotary tables;
+        kv: one layer's (k, v) cache with `meta`, or None (causal over the T tokens)."""
+        raise NotImplementedError
+
+    def compute_logits(self, hidden) -> torch.Tensor:
+        """hidden: (..., H), the head's output -> logits (..., V) fp32 over the head's vocabulary."""
+        raise NotImplementedError
 
 
 def randomize_(module: nn.Module, seed: int, std: float) -> None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .draft_common import DraftConfig, DraftModelBase, draft_config_like, randomize_
+from .draft_common import DraftConfig, DraftHeadBase, draft_config_like, randomize_
 from .io import load_strict, read_config, read_state_dict
 from .linear import Linear
-from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
-from .outputs import ModelOutput
+from .layers import LlamaDecoderLayer, RMSNorm
 
 
-class EagleDraftHead(DraftModelBase):
+class EagleDraftHead(DraftHeadBase):
     """At position t it reads (h_t, x_{t+1}) and predicts x_{t+2}; its output hidden state (what its
     LM head reads) stands in for the target's h_{t+1} at the next draft step. Embedding and LM head
     are the target's."""
@@ -28,18 +27,11 @@ class EagleDraftHead(DraftModelBase):
         self.layers = nn.ModuleList([LlamaDecoderLayer(config, input_norm=not eagle)])
         self.norm = nn.Identity() if eagle else RMSNorm(H, config.rms_norm_eps)
 
-    def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None,
-                return_logits=True):
-        """input_ids, positions: (B, T) int64; hidden_states: (B, T, H) -> ModelOutput: logits (B, T, V) fp32
-        (None when not return_logits; `compute_logits` of chosen rows of hidden gives them), hidden (B, T, H)."""
-        # The cached path is inference only: writing into the cache must not build a graph.
-        with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
-            x = self.fc(torch.cat([self.target.embed(input_ids), hidden_states.to(self.dtype)], dim=-1))
-            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
-                                    self.config.rope_scaling)
-            x = self.layers[0](x, cos, sin, None if cache is None else cache.layer(0), meta)
-            hidden = self.norm(x)
-            return ModelOutput(self.compute_logits(hidden) if return_logits else None, hidden)
+    def step(self, input_ids, hidden_states, cos, sin, kv, meta):
+        """fc over [token embedding; hidden], the decoder layer, the final norm -> the output hidden (B, T, H).
+        `kv` is a layer's (k, v) cache or None (causal over the T tokens)."""
+        x = self.fc(torch.cat([self.target.embed(input_ids), hidden_states.to(self.dtype)], dim=-1))
+        return self.norm(self.layers[0](x, cos, sin, kv, meta))
 
     def compute_logits(self, hidden):
         """hidden: (..., H), the head's output -> logits (..., V) fp32 (the target's LM head)."""

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .draft_common import DraftConfig, DraftModelBase, draft_config_like, randomize_
+from .draft_common import DraftConfig, DraftHeadBase, draft_config_like, randomize_
 from .io import load_strict, read_config, read_state_dict
-from .layers import AttentionMetadata, LlamaAttention, LlamaMLP, RMSNorm, rope_cos_sin
+from .layers import LlamaAttention, LlamaMLP, RMSNorm
 from .linear import Linear
-from .outputs import ModelOutput
 
 
 @dataclass
@@ -97,7 +96,7 @@ class Eagle3MidLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class Eagle3DraftHead(DraftModelBase):
+class Eagle3DraftHead(DraftHeadBase):
     """An EAGLE-3 head on `target` (see the module docstring). `feature_layers` is what the worker asks the
     target's forward for; `d2t` (draft_vocab_size,) int64 maps draft ids to target ids."""
 
@@ -131,17 +130,6 @@ class Eagle3DraftHead(DraftModelBase):
     def feature_layers(self) -> tuple[int, ...]:
         return tuple(self.config.feature_layers)
 
-    def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None,
-                return_logits=True):
-        """input_ids, positions: (B, T) int64; hidden_states: (B, T, F * H) target features or (B, T, H) the
-        head's own output -> ModelOutput: logits over the draft vocabulary (B, T, draft_vocab_size) fp32 (None
-        when not return_logits), hidden (B, T, H) (what the next draft step reads: pre-norm, or normed with
-        norm_output)."""
-        with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
-            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
-            out = self.step(input_ids, hidden_states, cos, sin, None if cache is None else cache.layer(0), meta)
-            return ModelOutput(self.compute_logits(out) if return_logits else None, out)
-
     def project_features(self, features):
         """features: (..., F * H) the target's -> (..., H), what the midlayer's residual stream starts from."""
         h = features.to(self.dtype)
@@ -152,8 +140,9 @@ class Eagle3DraftHead(DraftModelBase):
         return self.fc(h)
 
     def step(self, input_ids, hidden_states, cos, sin, kv, meta):
-        """The midlayer on (token, hidden) pairs, target features projected first -> the output hidden
-        (B, T, H). `kv` is a layer's (k, v) cache or None (causal over the T tokens)."""
+        """The midlayer on (token, hidden) pairs, target features (B, T, F * H) projected first -> the output
+        hidden (B, T, H): pre-norm, or normed with norm_output. `kv` is a layer's (k, v) cache or None (causal
+        over the T tokens). Its logits, over the draft vocabulary, are `compute_logits` of it."""
         h = hidden_states.to(self.dtype)
         if h.shape[-1] != self.config.hidden_size:
             h = self.project_features(h)

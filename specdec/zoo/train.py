@@ -274,20 +274,6 @@ def ttt_mask(T: int, j: int, device="cpu") -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
-def _head_pass(head, input_ids, h_in, cos, sin, kv, meta):
-    """One pass of an EAGLE or EAGLE-3 head over every position, attending through an explicit (k, v)
-    cache -> (logits over the head's vocabulary, the hidden state the next draft step reads). The heads'
-    forward, spelled out: their cached path is inference-only (no graph), and here the decoder layer must
-    attend, with gradients, to the keys that earlier passes left in the cache. tests/test_zoo.py checks
-    that the unrolled passes equal step-by-step calls of the head."""
-    if isinstance(head, Eagle3DraftHead):
-        out = head.step(input_ids, h_in, cos, sin, kv, meta)
-        return head.compute_logits(out), out
-    x = head.fc(torch.cat([head.target.embed(input_ids), h_in.to(head.dtype)], dim=-1))
-    out = head.norm(head.layers[0](x, cos, sin, kv, meta))
-    return head.target.compute_logits(out), out
-
-
 def eagle_unrolled(head, hidden: torch.Tensor, input_ids: torch.Tensor, passes: int):
     """hidden: (B, T, H) the target's h_t (an EAGLE-3 head: its features, (B, T, F * H)); input_ids:
     (B, T) x_{t+1} -> list of `passes` pairs (logits (B, T, V or draft_vocab_size), hidden_out (B, T, H)).
@@ -313,7 +299,10 @@ def eagle_unrolled(head, hidden: torch.Tensor, input_ids: torch.Tensor, passes: 
         mask = None if j == 0 else ttt_mask(T, j, dev)[None].expand(B, T, (j + 1) * T)
         meta = AttentionMetadata(slots=slots, cache_start=start, attn_len=(j + 1) * T, ops=reference,
                                  write_offset=j * T, tree_mask=mask)
-        logits, out_h = _head_pass(head, input_ids, h_in, cos, sin, (k_cache, v_cache), meta)
+        # the head's step with gradients (its forward's cached path is inference only): each pass attends
+        # through the cache to the keys that earlier passes left in it
+        out_h = head.step(input_ids, h_in, cos, sin, (k_cache, v_cache), meta)
+        logits = head.compute_logits(out_h)
         outs.append((logits, out_h))
         prev_k, prev_v = k_cache, v_cache
         # position 0 of a later pass is never read by a query that counts (see ttt_mask): any filler will do
