@@ -88,6 +88,7 @@ def main(argv=None) -> int:
                                      formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"specdec {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    from .bench.common import DTYPES
     from .zoo import names as _zoo_names
     zoo_names = _zoo_names()
     impl_help = "ops: reference (PyTorch), fast (Triton; interpreted on a CPU), auto (fast on CUDA)"
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
                             f"{','.join(DRAFT_KINDS)}")
     bench.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                        help="also run the transformers peers (acceptance suite, float32, needs the bench extra)")
-    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    bench.add_argument("--dtype", default="float32", choices=list(DTYPES),
                        help="the models' dtype (acceptance suite; greedy agreement with target-only in low "
                             "precision is in the identical_request_fraction column)")
     bench.add_argument("--out", default="results", help="directory for the CSV and its plot")
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
     bench.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
     bench.add_argument("--model", default="auto", choices=["auto"] + zoo_names, help=MODEL_HELP + " (acceptance suite)")
     if argv[:1] == ["gpu-check"]:
-        from .gpu_check import main as gpu_check_main
+        from .bench.gpu_check import main as gpu_check_main
         return gpu_check_main(argv[1:])
     if argv[:1] == ["zoo"]:
         rest = argv[1:]
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
         too_big = [b for b in args.batch_sizes if b > args.num_prompts]
         if too_big:
             parser.error(f"--batch-sizes {too_big} exceed --num-prompts {args.num_prompts}")
-    if args.threads:
+    if args.threads:  # the one place --threads is applied, for every command
         import torch
         torch.set_num_threads(args.threads)
     try:
@@ -225,19 +226,19 @@ def _zoo_list() -> int:
 
 def _run(args) -> int:
     if args.command == "report":
-        from .report import print_report
+        from .bench.report import print_report
         return print_report(args.csv)
     if args.command == "generate":
         from .generate_cli import run_generate
         return run_generate(args)
     if args.command == "bench":
         if args.suite == "kernels":
-            from .bench_kernels import main_kernels
+            from .bench.kernels import main_kernels
             return main_kernels(args) or 0
         if args.suite == "e2e":
-            from .bench_e2e import main_e2e
+            from .bench.e2e import main_e2e
             return main_e2e(args) or 0
-        from .bench import main_bench
+        from .bench.acceptance import main_bench
         return main_bench(args) or 0
     if args.command == "demo":
         from .demo import run_demo

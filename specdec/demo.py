@@ -7,12 +7,8 @@ import textwrap
 
 import torch
 
-from . import Engine, SamplingParams, SpecConfig
-from .config import worker_label
-
-RUNS = [(worker_label(kind, spec), kind, spec) for kind, spec in
-        [(None, None), ("eagle", SpecConfig(5, 4, 16)), ("eagle3", SpecConfig(5, 4, 16)), ("eagle", SpecConfig(3, 1)),
-         ("eagle3", SpecConfig(3, 1)), ("mtp", SpecConfig(3)), ("mtp_chain", SpecConfig(3))]]
+from . import Engine, SamplingParams
+from .bench.cases import CASES
 
 
 def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, device="cpu", model=None) -> int:
@@ -30,8 +26,9 @@ def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, devi
     if ran == "fast" and torch.device(bundle.target.device).type != "cuda":
         print("note: no CUDA device: the fast path's Triton kernels run under Triton's interpreter (exact, slow)")
     base, base_tps, status = None, None, 0
-    for name, draft_key, spec in RUNS:
-        draft = getattr(bundle, draft_key) if spec else None
+    for case in CASES:
+        name, spec = case.label, case.spec
+        draft = getattr(bundle, case.kind) if spec else None
         engine = Engine(bundle.target, draft, spec, impl=impl, max_batch=1,
                         max_seq_len=prompt_len + max_new_tokens + 64)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=8))  # warm-up

@@ -4,23 +4,28 @@ import csv
 import torch
 
 from specdec import SpecConfig
+from specdec.bench.acceptance import AcceptanceRow, run_benchmark
+from specdec.bench.cases import WorkerCase
+from specdec.bench.common import columns
+from specdec.bench.plots import load_results, plot_acceptance_and_speedup
 from specdec.models import random_eagle3_head
-from specdec.bench import COLUMNS, BenchCase, run_benchmark
-from specdec.plots import load_results, plot_acceptance_and_speedup
 from tests.helpers import near_bigram_target, perfect_eagle, perfect_mtp
 
 
 def test_benchmark_csv_schema_and_plot(tmp_path):
     target = near_bigram_target(seed=1, mix=0.2)
     drafts = {"eagle": perfect_eagle(target), "mtp": perfect_mtp(target, 2, False)}
-    cases = [BenchCase("target-only", None), BenchCase("eagle", SpecConfig(2, 2, 4)), BenchCase("mtp", SpecConfig(2))]
+    cases = [WorkerCase("target-only", None), WorkerCase("eagle", SpecConfig(2, 2, 4)),
+             WorkerCase("mtp", SpecConfig(2))]
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9]]
     target.save_pretrained(tmp_path / "target")
-    cases += [BenchCase("hf-target-only", None), BenchCase("hf-prompt-lookup", None, 3)]
+    cases += [WorkerCase("hf-target-only", None), WorkerCase("hf-prompt-lookup", None, 3)]
     path = run_benchmark(target, drafts, cases, prompts, [1, 2], [0.0, 0.8], 6, "tiny", out_dir=tmp_path,
                          progress=lambda s: None, peer_dir=tmp_path / "target", repeats=2)
     rows = list(csv.DictReader(path.open()))
-    assert list(rows[0].keys()) == COLUMNS
+    assert list(rows[0].keys()) == columns(AcceptanceRow)
+    assert {r["suite"] for r in rows} == {"acceptance"}
+    assert [r["label"] for r in rows[:3]] == ["target-only", "EAGLE tree S2 K2 W4", "MTP MiMo S2"]
     peers = [r for r in rows if r["impl"] == "transformers"]
     rows = [r for r in rows if r["impl"] != "transformers"]
     assert len(rows) == 3 * 2 * 2
@@ -57,15 +62,14 @@ def test_kernel_benchmark_csv_schema_and_plot(tmp_path):
     """The kernel suite on a corner of the sweep: one CSV in the documented schema, and its plot."""
     import torch
 
-    from specdec.bench_kernels import COLUMNS as KERNEL_COLUMNS
-    from specdec.bench_kernels import run_kernel_benchmark
-    from specdec.plots import plot_kernels
+    from specdec.bench.kernels import KernelRow, run_kernel_benchmark
+    from specdec.bench.plots import plot_kernels
 
     path = run_kernel_benchmark("cpu", impls=("reference", "fast"), batch_sizes=(1, 2), num_slots=(2,),
                                 vocab_sizes=(300, 1001), dtypes=(torch.float32,), top_logprobs_nums=(0, 3),
                                 repeats=3, out_dir=tmp_path, progress=lambda s: None)
     rows = list(csv.DictReader(path.open()))
-    assert list(rows[0].keys()) == KERNEL_COLUMNS
+    assert list(rows[0].keys()) == columns(KernelRow)
     assert {r["impl"] for r in rows} == {"reference"}  # no CUDA: interpreted fast rows are never recorded
     ops = {r["op"] for r in rows}
     assert {"compute_spec_v2_logprobs", "build_tree_kernel_efficient", "verify_tree_greedy",
@@ -82,8 +86,8 @@ def test_kernel_benchmark_csv_schema_and_plot(tmp_path):
 def test_e2e_benchmark_csv_schema_phases_and_plot(tmp_path, monkeypatch):
     """The e2e suite on tiny random models: one CSV in the documented schema, phase times per step that
     add up to at most the step, tokens equal to the reference's, and the plot."""
-    from specdec import bench_e2e
-    from specdec.plots import plot_e2e
+    from specdec.bench import e2e as bench_e2e
+    from specdec.bench.plots import plot_e2e
 
     target = near_bigram_target(seed=1, mix=0.2)
     drafts = {"eagle": perfect_eagle(target), "eagle3": random_eagle3_head(target, draft_vocab_size=40, seed=2),
@@ -93,17 +97,18 @@ def test_e2e_benchmark_csv_schema_phases_and_plot(tmp_path, monkeypatch):
     path = bench_e2e.run_e2e_benchmark("cpu", batch_sizes=(1, 2), max_new_tokens=8, prompt_len=4, repeats=2,
                                        out_dir=tmp_path, progress=lambda s: None)
     rows = list(csv.DictReader(path.open()))
-    assert list(rows[0].keys()) == bench_e2e.COLUMNS
+    assert list(rows[0].keys()) == columns(bench_e2e.E2ERow)
     assert len(rows) == 5 * 2 and {r["impl"] for r in rows} == {"reference"}
-    assert {r["worker"] for r in rows} == {"target-only", "EAGLE tree S5 K4 W16", "EAGLE chain S3",
-                                           "EAGLE-3 tree S5 K4 W16", "MTP MiMo S3"}
+    assert {(r["worker"], r["label"]) for r in rows} == {
+        ("target-only", "target-only"), ("eagle", "EAGLE tree S5 K4 W16"), ("eagle", "EAGLE chain S3"),
+        ("eagle3", "EAGLE-3 tree S5 K4 W16"), ("mtp", "MTP MiMo S3")}
     for r in rows:
         assert r["same_tokens_as_reference"] == "True"
         phases = [float(r[f"{p}_ms"]) for p in bench_e2e.PHASES if r[f"{p}_ms"]]
         assert phases and sum(phases) <= float(r["step_ms"]) * 1.05
         if r["worker"] != "target-only":
             assert float(r["draft_extend_ms"]) > 0
-        if r["worker"] not in ("target-only", "EAGLE-3 tree S5 K4 W16"):  # a random EAGLE-3 head rarely hits
+        if r["worker"] not in ("target-only", "eagle3"):  # a random EAGLE-3 head rarely hits
             assert float(r["mean_accept_len"]) > 1
     png = plot_e2e(load_results(tmp_path), tmp_path / "e2e.png")
     assert png.stat().st_size > 10_000
@@ -114,9 +119,9 @@ def test_kernel_launches_alone_compute_the_op_on_rotated_copies():
     work (its logprobs equal the float64 log-softmax) on its own copy of the logits."""
     import torch
 
-    from specdec.bench_kernels import _logprob_case, rotation_copies, time_rotated
+    from specdec.bench.kernels import logprob_case, rotation_copies, time_rotated
 
-    case = _logprob_case(2, 2, 300, torch.float32, 5, torch.device("cpu"), torch.Generator().manual_seed(0))
+    case = logprob_case(2, 2, 300, torch.float32, 5, torch.device("cpu"), torch.Generator().manual_seed(0))
     calls = case.launches(3)
     inputs = [c.args[0] for c in calls]
     assert len({x.data_ptr() for x in inputs}) == 3 and all(torch.equal(x, inputs[0]) for x in inputs)
@@ -133,7 +138,7 @@ def test_kernel_launches_alone_compute_the_op_on_rotated_copies():
 
 
 def test_draft_step_cost_is_a_ratio_of_two_measured_costs():
-    from specdec.bench import draft_step_cost
+    from specdec.bench.acceptance import draft_step_cost
     target = near_bigram_target(seed=1, mix=0.2)
     cost = draft_step_cost(target, perfect_eagle(target), [[1, 2, 3], [4, 5]], max_new_tokens=8, num_steps=3,
                            repeats=1)
@@ -141,3 +146,21 @@ def test_draft_step_cost_is_a_ratio_of_two_measured_costs():
     assert cost["target_only_step_ms"] > 0 and cost["eagle_draft_forward_ms"] > 0
     ratio = cost["eagle_draft_forward_ms"] / cost["target_only_step_ms"]
     assert abs(cost["draft_forward_in_target_only_steps"] - ratio) <= 1e-3 * ratio + 1e-4
+
+
+def test_old_csvs_read_in_todays_schema(tmp_path):
+    """A committed acceptance CSV from before the `suite` and `label` columns reads with both (the label from
+    its draft kind and shape); an e2e CSV whose `worker` held the label reads with `worker` the draft kind."""
+    from specdec.bench.plots import read_results
+
+    old = read_results("results/acceptance-20261130-010414.csv")
+    assert set(old["suite"]) == {"acceptance"}
+    assert list(old.columns).index("label") == list(old.columns).index("worker") + 1
+    labels = dict(zip(old["worker"], old["label"]))
+    assert labels["eagle3"].startswith("EAGLE-3 ") and labels["mtp_chain"] == "MTP Step-3.5 S3"
+    assert labels["hf-target-only"] == "transformers target-only"
+    (tmp_path / "e2e-1.csv").write_text("suite,worker,num_steps\ne2e,target-only,0\ne2e,EAGLE-3 tree S5 K4 W16,5\n"
+                                        "e2e,MTP Step-3.5 S3,3\n")
+    e2e = read_results(tmp_path / "e2e-1.csv")
+    assert list(e2e["worker"]) == ["target-only", "eagle3", "mtp_chain"]
+    assert list(e2e["label"]) == ["target-only", "EAGLE-3 tree S5 K4 W16", "MTP Step-3.5 S3"]

@@ -40,7 +40,7 @@ def test_the_deep_pair_is_deep_narrow_trained_and_fits(deep):
 
 def test_target_only_equals_transformers_generate(deep, greedy_baseline):
     pytest.importorskip("transformers")
-    from specdec.bench_peers import HFGenerate
+    from specdec.bench.peers import HFGenerate
     prompts, params, base = greedy_baseline
     hf = HFGenerate(deep.path / "target").generate(prompts, SamplingParams(max_new_tokens=params.max_new_tokens))
     assert [o.token_ids for o in hf] == [o.token_ids for o in base]

@@ -11,12 +11,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-import specdec.gpu_check as gpu_check
+import specdec.bench.gpu_check as gpu_check
+from specdec.bench import gpu_parts
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMAS = {"environment.csv": gpu_check.EnvironmentRow, "ceilings.csv": gpu_check.CeilingRow,
-           "logprob_kernels.csv": gpu_check.LogprobKernelRow, "graph_replay.csv": gpu_check.GraphReplayRow,
-           "e2e.csv": gpu_check.E2ERow}
+SCHEMAS = {"environment.csv": gpu_parts.EnvironmentRow, "ceilings.csv": gpu_parts.CeilingRow,
+           "logprob_kernels.csv": gpu_parts.LogprobKernelRow, "graph_replay.csv": gpu_parts.GraphReplayRow,
+           "e2e.csv": gpu_parts.GpuE2ERow}
 
 #: Loaded by every Python process of the run (PYTHONPATH): any subprocess or import of pip is recorded.
 PIP_GUARD = textwrap.dedent('''
@@ -71,6 +72,10 @@ def test_smoke_run_writes_every_file_and_nothing_else(tmp_path):
             rows = list(csv.reader(f))
         assert rows[0] == [f.name for f in dataclasses.fields(row_type)], name
         assert len(rows) > 1 and all(len(r) == len(rows[0]) for r in rows), name
+    run_ids = {r["run_id"] for name in SCHEMAS if name != "environment.csv"
+               for r in csv.DictReader((out / name).open())}
+    env = {r["key"]: r["value"] for r in csv.DictReader((out / "environment.csv").open())}
+    assert run_ids == {env["run_id"]} and env["suite"] == "gpu-check"  # one run, every part's rows
     kernels = list(csv.DictReader((out / "logprob_kernels.csv").open()))
     assert {r["impl"] for r in kernels} == {"reference", "fast", "fast_kernels"}
     assert all(r["within_tolerance"] == "True" for r in kernels)
@@ -85,7 +90,7 @@ def test_smoke_run_writes_every_file_and_nothing_else(tmp_path):
     assert _untracked_and_ignored() == before
 
     # notebook 02 finds such a directory under results/ and draws its GPU figures from it
-    from specdec.plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
+    from specdec.bench.plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
     assert gpu_check_dirs(tmp_path) == [out]
     for plot in (plot_gpu_check_kernels, plot_gpu_check_e2e):
         assert plot(out, tmp_path / f"{plot.__name__}.png").stat().st_size > 10_000

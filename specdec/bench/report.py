@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .plots import case_label
+from .plots import read_results
 
 
 def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
@@ -19,7 +19,7 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
         raise ValueError(f"no rows at temperature {temperature}")
     if "cpu_speedup_vs_hf_target_only" not in df or df["cpu_speedup_vs_hf_target_only"].isna().all():
         raise ValueError("this CSV has no transformers peer rows (run `specdec bench` with transformers installed)")
-    df["case"] = df.apply(case_label, axis=1)
+    df["case"] = df["label"]
     sizes = sorted(df["batch_size"].unique())
     cases = list(dict.fromkeys(df["case"]))
     cases = [c for c in cases if not c.startswith("transformers")] + [c for c in cases if c.startswith("transformers")
@@ -50,7 +50,7 @@ def print_report(csv_path) -> int:
     path = Path(csv_path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
-    df = pd.read_csv(path)
+    df = read_results(path)
     info = df.iloc[0]
     print(f"{path.name}: {info['model']} on {info['device']}, impl={info['impl']}, commit {info['commit']}, "
           f"{int(info['threads'])} thread(s), {int(info['num_prompts'])} prompts x {int(info['max_new_tokens'])} "

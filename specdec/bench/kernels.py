@@ -7,9 +7,7 @@ under Triton's interpreter there, so their rows are skipped (with a printed note
 """
 from __future__ import annotations
 
-import datetime as _dt
 import functools
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -18,11 +16,33 @@ from typing import Callable
 
 import torch
 
-from .logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from ..logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from .common import Run, RunRow, dtype_name, quantile, time_calls, time_in_turn
 
-COLUMNS = ["suite", "run_id", "timestamp", "commit", "device", "torch", "triton", "threads", "load_avg", "timer",
-           "op", "impl", "dtype", "batch_size", "num_slots", "num_draft_tokens", "vocab_size", "top_logprobs_num",
-           "rows", "repeats", "median_us", "p20_us", "p80_us", "bytes", "gbps", "copy_gbps", "frac_of_copy"]
+
+@dataclass
+class KernelRow(RunRow):
+    """One (op, impl, dtype, shape) of `specdec bench --suite kernels` (results/README.md)."""
+
+    timer: str
+    op: str
+    impl: str
+    dtype: str
+    batch_size: int
+    num_slots: int
+    num_draft_tokens: int
+    vocab_size: int
+    top_logprobs_num: int
+    rows: int
+    repeats: int
+    median_us: float
+    p20_us: float
+    p80_us: float
+    bytes: int
+    gbps: float
+    copy_gbps: float
+    frac_of_copy: float
+
 
 #: The sweep the issue asks for on a GPU (B, S+1, V); `--quick` (the default on CPU) takes a corner of it.
 GPU_SWEEP = dict(batch_sizes=(1, 8, 32, 128), num_slots=(2, 4, 8), vocab_sizes=(32000, 128256, 151936, 151937))
@@ -51,7 +71,7 @@ class OpCase:
     inputs: dict = field(default_factory=dict)
 
 
-def _logprob_case(B, T, V, dtype, top_k, device, gen) -> OpCase:
+def logprob_case(B, T, V, dtype, top_k, device, gen) -> OpCase:
     """A chain step (W = S + 1) where every node is accepted: B*T rows of V logits are read."""
     W = T
     logits = torch.randn(B * W, V, generator=gen, device=device).to(dtype)
@@ -77,7 +97,7 @@ def logprob_launches(logits, predict, accept, temps, top_k, copies: int, num_spl
     import triton
 
     from fast.logprobs import compute_spec_v2_logprobs_launch
-    from specdec.logprob_packing import accepted_rows, request_temperatures
+    from ..logprob_packing import accepted_rows, request_temperatures
 
     B, T = accept.shape
     rows, valid = accepted_rows(accept, logits.shape[0] // B)
@@ -158,35 +178,6 @@ def _commit_case(B, T, dtype, device, gen, layers=32, kv_heads=8, head_dim=128, 
                   lambda ops: ops.commit_kv_cache(kv, slots, seq_lens, accept, W))
 
 
-def _time(fn, device, repeats) -> list[float]:
-    """Per-call times in microseconds of the op as a caller sees it, host work included: CUDA events around
-    each synchronised call on a GPU, process CPU time on a CPU (robust on a shared machine; at one thread it
-    is the op's own work). For the kernels alone see `time_rotated`."""
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        out = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            out.append(start.elapsed_time(end) * 1e3)
-        return out
-    out = []
-    for _ in range(repeats):
-        t0 = time.process_time_ns()
-        fn()
-        out.append((time.process_time_ns() - t0) / 1e3)
-    return out
-
-
-def _quantile(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
-
-
 def time_rotated(calls: list[Callable], device, repeats: int) -> list[float]:
     """Per-call microseconds of `calls` (the same work, each on its own copy of the inputs) run back to back.
 
@@ -196,12 +187,7 @@ def time_rotated(calls: list[Callable], device, repeats: int) -> list[float]:
     time of each call in turn."""
     device = torch.device(device)
     if device.type != "cuda":
-        out = []
-        for i in range(repeats):
-            t0 = time.process_time_ns()
-            calls[i % len(calls)]()
-            out.append((time.process_time_ns() - t0) / 1e3)
-        return out
+        return time_in_turn(calls, device, repeats)
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -255,7 +241,7 @@ def copy_bandwidth(device, nbytes: int = COPY_CEILING_BYTES, repeats: int = 10, 
     n = max(nbytes // 2 // 4, 1 << 16)
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    us = statistics.median(_time(lambda: dst.copy_(src), device, repeats))
+    us = statistics.median(time_calls(lambda: dst.copy_(src), device, repeats))
     return 2 * n * 4 / us / 1e3
 
 
@@ -264,8 +250,6 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
                          repeats=20, out_dir="results", progress=print) -> Path:
     """Measure every op at every shape of the sweep; write one CSV; return its path."""
     import reference
-
-    from .bench import environment, write_csv
 
     device = torch.device(device)
     sweep = GPU_SWEEP if device.type == "cuda" else CPU_SWEEP
@@ -289,8 +273,7 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
                      "accumulated_cache_size_limit"):
             if hasattr(dynamo_config, knob):
                 setattr(dynamo_config, knob, 4096)
-    env = environment(device)
-    run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run = Run("kernels", device)
     gen = torch.Generator(device=device).manual_seed(0)  # inputs drawn on the device, one case at a time
 
     def cases():
@@ -299,7 +282,7 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
                 for T in num_slots:
                     for V in vocab_sizes:
                         for k in top_logprobs_nums:
-                            yield _logprob_case(B, T, V, dtype, k, device, gen)
+                            yield logprob_case(B, T, V, dtype, k, device, gen)
         for B in batch_sizes:
             for T in num_slots[:1]:
                 for V in vocab_sizes[-1:]:
@@ -326,27 +309,25 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
             elif impl == "compiled":
                 fn = compiled.setdefault(case.op, torch.compile(getattr(reference, case.op), dynamic=True))
                 t0 = time.perf_counter()
-                times = _time(functools.partial(case.run, _Namespace(**{case.op: fn})), device, repeats)
+                times = time_calls(functools.partial(case.run, _Namespace(**{case.op: fn})), device, repeats)
             elif impl in modules and hasattr(modules[impl], case.op):
                 t0 = time.perf_counter()
-                times = _time(functools.partial(case.run, modules[impl]), device, repeats)
+                times = time_calls(functools.partial(case.run, modules[impl]), device, repeats)
             else:
                 continue
             med = statistics.median(times)
             gbps = case.bytes / med / 1e3
-            rows.append(dict(suite="kernels", run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"),
-                             **env, threads=torch.get_num_threads(), load_avg=round(os.getloadavg()[0], 2),
-                             timer=timer, op=case.op,
-                             impl=impl, dtype=str(case.dtype).replace("torch.", ""), batch_size=case.batch_size,
-                             num_slots=case.num_slots, num_draft_tokens=case.num_draft_tokens,
-                             vocab_size=case.vocab_size, top_logprobs_num=case.top_logprobs_num, rows=case.rows,
-                             repeats=repeats, median_us=round(med, 2), p20_us=round(_quantile(times, 0.2), 2),
-                             p80_us=round(_quantile(times, 0.8), 2), bytes=case.bytes, gbps=round(gbps, 3),
-                             copy_gbps=round(copy_gbps[key], 3), frac_of_copy=round(gbps / copy_gbps[key], 4)))
-            progress(f"{case.op:38s} {impl:9s} {rows[-1]['dtype']:8s} B={case.batch_size:<4d} S+1={case.num_slots} "
+            rows.append(KernelRow(**run.prefix(), timer=timer, op=case.op, impl=impl, dtype=dtype_name(case.dtype),
+                                  batch_size=case.batch_size, num_slots=case.num_slots,
+                                  num_draft_tokens=case.num_draft_tokens, vocab_size=case.vocab_size,
+                                  top_logprobs_num=case.top_logprobs_num, rows=case.rows, repeats=repeats,
+                                  median_us=round(med, 2), p20_us=round(quantile(times, 0.2), 2),
+                                  p80_us=round(quantile(times, 0.8), 2), bytes=case.bytes, gbps=round(gbps, 3),
+                                  copy_gbps=round(copy_gbps[key], 3), frac_of_copy=round(gbps / copy_gbps[key], 4)))
+            progress(f"{case.op:38s} {impl:9s} {rows[-1].dtype:8s} B={case.batch_size:<4d} S+1={case.num_slots} "
                      f"V={case.vocab_size:<6d} k={case.top_logprobs_num:<2d} {med:10.1f} us  "
-                     f"{gbps:7.1f} GB/s ({rows[-1]['frac_of_copy']:.0%} of copy)  [{time.perf_counter() - t0:.1f} s]")
-    return write_csv(rows, COLUMNS, out_dir, f"kernels-{run_id}.csv")
+                     f"{gbps:7.1f} GB/s ({rows[-1].frac_of_copy:.0%} of copy)  [{time.perf_counter() - t0:.1f} s]")
+    return run.write(rows, out_dir)
 
 
 class _Namespace:
@@ -358,8 +339,6 @@ def main_kernels(args) -> int:
     """`specdec bench --suite kernels`: the sweep on this machine's device; one CSV + its plot in args.out."""
     from .plots import load_results, plot_kernels
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = args.device
     path = run_kernel_benchmark(device, repeats=args.repeats if device == "cuda" else max(args.repeats, 5),
                                 out_dir=args.out)

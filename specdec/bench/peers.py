@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from .engine import GenerateOutput, GenerateStats
+from ..engine import GenerateOutput, GenerateStats
 
 
 class HFGenerate:

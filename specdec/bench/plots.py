@@ -6,19 +6,59 @@ from pathlib import Path
 import pandas as pd
 
 
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, out_png, rect=None) -> Path:
+    """Lays out, writes and closes `fig` -> its path."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout(rect=rect)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return Path(out_png)
+
+
 def load_results(results_dir="results", pattern="*.csv") -> pd.DataFrame:
+    """Every CSV of `results_dir` matching `pattern` (`read_results` each), one frame with a `file` column."""
     files = sorted(Path(results_dir).glob(pattern))
     if not files:
         raise ValueError(f"no CSV files matching {pattern!r} in {results_dir}")
-    return pd.concat([pd.read_csv(f).assign(file=f.name) for f in files], ignore_index=True)
+    return pd.concat([read_results(f).assign(file=f.name) for f in files], ignore_index=True)
+
+
+def read_results(path) -> pd.DataFrame:
+    """One benchmark CSV in today's schema, however old the file: a file without a `suite` column takes it
+    from its name (`<suite>-<run_id>.csv`); a file without a `label` column gets one, and where its `worker`
+    column held the label (e2e and gpu-check files before the `label` column) `worker` becomes the draft
+    kind, as in every file since."""
+    path = Path(path)
+    df = pd.read_csv(path)
+    if "suite" not in df:
+        df.insert(0, "suite", path.stem.split("-", 1)[0])
+    if "label" not in df and "worker" in df and len(df):
+        from ..config import DRAFT_KINDS
+        from .cases import kind_of_label
+        kinds = df["worker"].astype(str)
+        if kinds.isin(("target-only",) + DRAFT_KINDS).all() or kinds.str.startswith("hf-").any():
+            label = df.apply(case_label, axis=1)
+        else:
+            label, df["worker"] = df["worker"], kinds.map(kind_of_label)
+        df.insert(df.columns.get_loc("worker") + 1, "label", label)
+    return df
 
 
 def case_label(row) -> str:
-    """A CSV row's worker, named as everywhere else (`specdec.config.worker_label`; peers as `transformers ...`)."""
-    from .config import SpecConfig, worker_label
+    """A CSV row's worker, named as everywhere else (`WorkerCase.label`: `specdec.config.worker_label`; peers as
+    `transformers ...`), from its draft kind and shape."""
+    from ..config import SpecConfig, worker_label
+    from .cases import peer_label
     if str(row["worker"]).startswith("hf-"):
-        lookup = int(row.get("prompt_lookup_num_tokens", 0) or 0)
-        return f"transformers {row['worker'][3:]}" + (f" {lookup}" if lookup else "")
+        return peer_label(row["worker"], int(row.get("prompt_lookup_num_tokens", 0) or 0))
     if row["worker"] == "target-only":
         return "target-only"
     spec = SpecConfig(int(row["num_steps"]), int(row["topk"]), int(row["num_draft_tokens"]))
@@ -29,12 +69,10 @@ def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
     """Per temperature: mean accepted tokens per step and speedup over target-only (one bar group per
     worker configuration, one bar per batch size) and, where the transformers peers ran, CPU tokens/s
     relative to transformers' target-only against the batch size (one line per worker, peers included)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     df = df.copy()
-    df["case"] = df.apply(case_label, axis=1)
+    df["case"] = df["label"]
     temps = sorted(df["temperature"].unique())
     peers = "cpu_speedup_vs_hf_target_only" in df and pd.to_numeric(
         df["cpu_speedup_vs_hf_target_only"], errors="coerce").notna().any()
@@ -84,19 +122,14 @@ def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
     dtypes = ", ".join(sorted(set(df["dtype"]))) if "dtype" in df else "?"
     fig.suptitle(f"{df['model'].iloc[0]} ({dtypes}) on {device}, impl={impls}, {threads} thread(s), commit "
                  f"{df['commit'].iloc[0]}\nerror bars: p20-p80 of the repeats", fontsize="medium")
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return _save(fig, out_png)
 
 
 def plot_kernels(df: pd.DataFrame, out_png):
     """compute_spec_v2_logprobs: time against V (one panel per batch size, S+1 = the largest swept) with
     the copy-bandwidth ceiling for the same bytes, and the fraction of that ceiling each impl reaches;
     one line per (impl, dtype). Error bars are the p20-p80 spread of the repeats."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
@@ -139,25 +172,20 @@ def plot_kernels(df: pd.DataFrame, out_png):
     fig.suptitle(f"compute_spec_v2_logprobs, top_logprobs_num={int(lp['top_logprobs_num'].max())}\n"
                  f"{first['device']}, {first['timer']}, commit {first['commit']}; error bars: p20-p80 of the "
                  f"repeats", fontsize="medium")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return _save(fig, out_png, rect=(0, 0.08, 1, 1))
 
 
 def plot_e2e(df: pd.DataFrame, out_png):
     """Top row, one panel per model: tokens/s against batch size, colour = worker, line style = impl, error
     bars p20-p80 of the repeats. Bottom row: the time of one decode step split into its phases (eager rows
     at the smallest batch size, one bar per worker and impl)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.ticker import NullLocator
 
     df = df.copy()
     df["impl_run"] = df["impl"] + df["cuda_graphs"].map(lambda g: " + graphs" if str(g) == "True" else "")
     models = list(dict.fromkeys(df["model"]))
-    workers = list(dict.fromkeys(df["worker"]))
+    workers = list(dict.fromkeys(df["label"]))
     colours = {w: f"C{i}" for i, w in enumerate(workers)}
     styles = {"reference": "-", "fast": "--", "fast + graphs": ":"}
     phases = ["draft_ms", "verify_forward_ms", "verify_ms", "logprobs_ms", "draft_extend_ms"]
@@ -165,7 +193,7 @@ def plot_e2e(df: pd.DataFrame, out_png):
     for c, model in enumerate(models):
         sub = df[df["model"] == model]
         ax = axes[0][c]
-        for (worker, impl), g in sub.groupby(["worker", "impl_run"], sort=False):
+        for (worker, impl), g in sub.groupby(["label", "impl_run"], sort=False):
             g = g.sort_values("batch_size")
             err = [g["tokens_per_s"] - g["tokens_per_s_p20"], g["tokens_per_s_p80"] - g["tokens_per_s"]]
             ax.errorbar(g["batch_size"], g["tokens_per_s"], yerr=err, color=colours[worker],
@@ -182,7 +210,7 @@ def plot_e2e(df: pd.DataFrame, out_png):
         ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
         eager = sub[(sub["cuda_graphs"].astype(str) != "True") & (sub["batch_size"] == sub["batch_size"].min())]
         ax = axes[1][c]
-        labels = [f"{w}\n{i}" for w, i in zip(eager["worker"], eager["impl_run"])]
+        labels = [f"{w}\n{i}" for w, i in zip(eager["label"], eager["impl_run"])]
         bottom = [0.0] * len(eager)
         for k, phase in enumerate(phases):
             vals = pd.to_numeric(eager[phase], errors="coerce").fillna(0.0).tolist()
@@ -195,10 +223,7 @@ def plot_e2e(df: pd.DataFrame, out_png):
     first = df.iloc[0]
     fig.suptitle(f"end to end, greedy, {first['max_new_tokens']} new tokens\n{first['device']}, commit "
                  f"{first['commit']}; error bars: p20-p80 of the repeats", fontsize="medium")
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return _save(fig, out_png)
 
 
 def gpu_check_dirs(results_dir="results") -> list[Path]:
@@ -210,11 +235,9 @@ def plot_gpu_check_kernels(out_dir, out_png):
     """A gpu-check run's fused logprob rows: achieved bandwidth as a fraction of the run's measured copy ceiling,
     per shape (rows x V) and dtype: the reference op, the fast op with its host work, and the kernels' launch
     alone at the op's own split count, top-k 0 and 5 side by side."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
-    df = pd.read_csv(Path(out_dir) / "logprob_kernels.csv")
+    df = read_results(Path(out_dir) / "logprob_kernels.csv")
     df = df[(df["impl"] != "fast_kernels") | (df["num_splits"].astype(str) == "auto")].copy()
     df["shape"] = df["rows"].astype(str) + " x " + df["vocab_size"].map(lambda v: f"{v / 1000:.1f}k")
     df["what"] = df["impl"].map({"reference": "reference op", "fast": "fast op (with host work)",
@@ -233,25 +256,20 @@ def plot_gpu_check_kernels(out_dir, out_png):
         ax.set_ylabel("achieved GB/s ÷ measured copy GB/s")
         ax.set_title(f"compute_spec_v2_logprobs, {dtype} logits ({df['device'].iloc[0]})", fontsize="medium")
     axes[0][0].legend(fontsize="x-small", loc="lower left")
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return Path(out_png)
+    return _save(fig, out_png)
 
 
 def plot_gpu_check_e2e(out_dir, out_png):
     """A gpu-check run's end-to-end rows: decode tokens/s against the batch size, one panel per worker, one
     line per implementation (reference, fast, fast + CUDA graphs)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
-    df = pd.read_csv(Path(out_dir) / "e2e.csv")
+    df = read_results(Path(out_dir) / "e2e.csv")
     df["impl_run"] = df["impl"] + df["cuda_graphs"].map(lambda g: " + graphs" if str(g) == "True" else "")
-    workers = list(dict.fromkeys(df["worker"]))
+    workers = list(dict.fromkeys(df["label"]))
     fig, axes = plt.subplots(1, len(workers), figsize=(4.6 * len(workers), 3.8), squeeze=False, sharey=True)
     for ax, worker in zip(axes[0], workers):
-        for impl, g in df[df["worker"] == worker].groupby("impl_run", sort=False):
+        for impl, g in df[df["label"] == worker].groupby("impl_run", sort=False):
             g = g.sort_values("batch_size")
             ax.errorbar(g["batch_size"], g["tokens_per_s"],
                         yerr=[(g["tokens_per_s"] - g["tokens_per_s_min"]).clip(lower=0),
@@ -266,7 +284,4 @@ def plot_gpu_check_e2e(out_dir, out_png):
     axes[0][0].set_ylabel("decode tokens/s (prefill excluded)")
     axes[0][0].legend(fontsize="small")
     fig.suptitle(f"{df['model'].iloc[0]} ({df['dtype'].iloc[0]}) on {df['device'].iloc[0]}", fontsize="medium")
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return Path(out_png)
+    return _save(fig, out_png)

@@ -8,27 +8,61 @@ acceptance). Greedy decoding; every impl's tokens are checked against the refere
 """
 from __future__ import annotations
 
-import datetime as _dt
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import Engine, SamplingParams, SpecConfig
-from .config import worker_label
-from .workers.base import PhaseTimer
+from .. import Engine, SamplingParams
+from ..workers.base import PhaseTimer
+from .cases import CASES, by_kind
+from .common import Run, RunRow, dtype_name, quantile
 
-COLUMNS = ["suite", "run_id", "timestamp", "commit", "device", "torch", "triton", "threads", "load_avg", "model",
-           "params_m", "dtype", "worker", "num_steps", "topk", "num_draft_tokens", "impl", "cuda_graphs",
-           "batch_size", "prompt_len", "max_new_tokens", "repeats", "decode_steps", "tokens", "tokens_per_s",
-           "tokens_per_s_p20", "tokens_per_s_p80", "mean_accept_len", "speedup_vs_reference",
-           "same_tokens_as_reference", "step_ms", "draft_ms", "verify_forward_ms", "verify_ms", "logprobs_ms",
-           "draft_extend_ms"]
 PHASES = ("draft", "verify_forward", "verify", "logprobs", "draft_extend")
 #: (impl, cuda_graphs) in the order measured; graphs only where there is CUDA.
 IMPLS = (("reference", False), ("fast", False), ("fast", True))
+
+
+@dataclass
+class E2ECase(RunRow):
+    """The columns that say what an end-to-end row measured: the model, the worker, the implementation, the
+    workload. `E2ERow` here and gpu-check's e2e rows go on from them."""
+
+    model: str
+    params_m: float
+    dtype: str
+    worker: str
+    label: str
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    impl: str
+    cuda_graphs: bool
+    batch_size: int
+    prompt_len: int
+    max_new_tokens: int
+    repeats: int
+    decode_steps: int
+
+
+@dataclass
+class E2ERow(E2ECase):
+    """One (model, worker, impl, CUDA graphs, batch size) of `specdec bench --suite e2e` (results/README.md)."""
+
+    tokens: int
+    tokens_per_s: float
+    tokens_per_s_p20: float
+    tokens_per_s_p80: float
+    mean_accept_len: float | str
+    speedup_vs_reference: float
+    same_tokens_as_reference: bool
+    step_ms: float | str
+    draft_ms: float | str
+    verify_forward_ms: float | str
+    verify_ms: float | str
+    logprobs_ms: float | str
+    draft_extend_ms: float | str
 
 
 @dataclass
@@ -39,13 +73,9 @@ class E2EModel:
     prompts: list[list[int]]
 
 
-CASES = [("target-only", None), ("eagle", SpecConfig(5, 4, 16)), ("eagle", SpecConfig(3, 1)),
-         ("eagle3", SpecConfig(5, 4, 16)), ("mtp", SpecConfig(3))]
-
-
 def shipped_model(num_prompts: int, prompt_len: int, device, dtype=torch.float32) -> E2EModel:
-    from . import zoo
-    from .zoo.corpus import heldout_prompts
+    from .. import zoo
+    from ..zoo.corpus import heldout_prompts
 
     b = zoo.load()
     cast = dict(device=device, dtype=dtype)
@@ -53,13 +83,21 @@ def shipped_model(num_prompts: int, prompt_len: int, device, dtype=torch.float32
     return E2EModel(b.name, b.target.to(**cast), drafts, heldout_prompts(num_prompts, prompt_len, seed=0))
 
 
-def random_1b_model(num_prompts: int, prompt_len: int, device, dtype=torch.bfloat16) -> E2EModel:
-    """Llama-3.2-1B-like shapes (hidden 2048, 16 layers, 32 heads / 8 KV heads, MLP 8192, V 128,256)."""
-    from .models import random_eagle3_head, random_eagle_head, random_llama, random_mtp
+def random_1b_target(device, dtype=torch.bfloat16):
+    """A random Llama with Llama-3.2-1B's shapes (hidden 2048, 16 layers, 32 heads / 8 KV heads, MLP 8192,
+    V 128,256), drawn on `device`."""
+    from ..models import random_llama
 
-    target = random_llama(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                          num_attention_heads=32, num_key_value_heads=8, seed=0, dtype=dtype, device=device,
-                          max_position_embeddings=4096)
+    return random_llama(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                        num_attention_heads=32, num_key_value_heads=8, seed=0, dtype=dtype, device=device,
+                        max_position_embeddings=4096)
+
+
+def random_1b_model(num_prompts: int, prompt_len: int, device, dtype=torch.bfloat16) -> E2EModel:
+    """`random_1b_target` with random drafts."""
+    from ..models import random_eagle3_head, random_eagle_head, random_mtp
+
+    target = random_1b_target(device, dtype)
     gen = torch.Generator().manual_seed(1)
     prompts = torch.randint(128256, (num_prompts, prompt_len), generator=gen).tolist()
     # an EAGLE-3 head with the 32k draft vocabulary of the public Llama-3 heads, SGLang's default features
@@ -86,16 +124,13 @@ def _measure(engine: Engine, batches, params, repeats: int, phases: bool):
         passes.append(dict(tps=tokens / wall, outs=outs, steps=steps, tokens=tokens, wall=wall,
                            phase_s=worker.timer.totals() if phases else {}))
     worker.timer = None
-    passes.sort(key=lambda p: p["tps"])
-    pick = lambda q: passes[min(len(passes) - 1, round(q * (len(passes) - 1)))]  # noqa: E731
-    return pick(0.5), pick(0.2)["tps"], pick(0.8)["tps"]
+    tps = lambda p: p["tps"]  # noqa: E731
+    return quantile(passes, 0.5, tps), quantile(passes, 0.2, tps)["tps"], quantile(passes, 0.8, tps)["tps"]
 
 
 def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_new_tokens=64, prompt_len=96,
                       repeats=3, out_dir="results", progress=print) -> Path:
     """Measure every worker x impl x batch size on every model; write one CSV; return its path."""
-    from .bench import environment, write_csv
-
     device = torch.device(device)
     on_cuda = device.type == "cuda"
     if models is None:
@@ -103,8 +138,7 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
     if not on_cuda:
         progress("note: no CUDA device: only the reference rows are measured (the fast kernels would run "
                  "under Triton's interpreter, which is not speed), and the 1.2B model is skipped")
-    env = environment(device)
-    run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run = Run("e2e", device)
     rows = []
     for model_name in models:
         n_prompts = max(batch_sizes)
@@ -112,7 +146,8 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
              else random_1b_model(n_prompts, prompt_len, device))
         params_m = sum(p.numel() for p in m.target.parameters()) / 1e6
         sp = SamplingParams(max_new_tokens=max_new_tokens, return_logprob=True)
-        for kind, spec in CASES:
+        for case in (c for c in by_kind(CASES) if c.e2e):
+            kind, spec = case.kind, case.spec
             if spec is not None and kind not in m.drafts:
                 continue  # a model without this draft
             for B in batch_sizes:
@@ -131,32 +166,29 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
                     same = all(a.token_ids == b.token_ids for a, b in zip(outs, ref_outs))
                     acc = [a for o in outs for a in o.accept_lens]
                     per_step = {k: round(v / steps * 1e3, 4) if steps else "" for k, v in phase_s.items()}
-                    row = dict(suite="e2e", run_id=run_id, timestamp=_dt.datetime.now().isoformat(timespec="seconds"),
-                               **env, threads=torch.get_num_threads(), load_avg=round(os.getloadavg()[0], 2),
-                               model=m.name, params_m=round(params_m, 1),
-                               dtype=str(m.target.dtype).replace("torch.", ""), worker=worker_label(kind, spec),
-                               num_steps=spec.num_steps if spec else 0, topk=spec.topk if spec else 0,
-                               num_draft_tokens=spec.num_draft_tokens if spec else 1, impl=impl, cuda_graphs=graphs,
-                               batch_size=B, prompt_len=prompt_len, max_new_tokens=max_new_tokens, repeats=repeats,
-                               decode_steps=steps, tokens=tokens, tokens_per_s=round(tps, 2),
-                               tokens_per_s_p20=round(p20, 2), tokens_per_s_p80=round(p80, 2),
-                               mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
-                               speedup_vs_reference=round(tps / ref_tps, 4), same_tokens_as_reference=same,
-                               step_ms=round(median["wall"] / steps * 1e3, 4) if steps else "",
-                               **{f"{k}_ms": per_step.get(k, "") for k in PHASES})
+                    row = E2ERow(**run.prefix(), model=m.name, params_m=round(params_m, 1),
+                                 dtype=dtype_name(m.target.dtype), worker=kind, label=case.label,
+                                 num_steps=spec.num_steps if spec else 0, topk=spec.topk if spec else 0,
+                                 num_draft_tokens=spec.num_draft_tokens if spec else 1, impl=impl,
+                                 cuda_graphs=graphs, batch_size=B, prompt_len=prompt_len,
+                                 max_new_tokens=max_new_tokens, repeats=repeats, decode_steps=steps, tokens=tokens,
+                                 tokens_per_s=round(tps, 2), tokens_per_s_p20=round(p20, 2),
+                                 tokens_per_s_p80=round(p80, 2),
+                                 mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
+                                 speedup_vs_reference=round(tps / ref_tps, 4), same_tokens_as_reference=same,
+                                 step_ms=round(median["wall"] / steps * 1e3, 4) if steps else "",
+                                 **{f"{k}_ms": per_step.get(k, "") for k in PHASES})
                     rows.append(row)
-                    progress(f"{m.name} {row['worker']:22s} {impl:9s} graphs={graphs!s:5s} B={B:<3d} "
-                             f"{tps:9.1f} tok/s ({p20:.1f}-{p80:.1f}) x{row['speedup_vs_reference']:.2f} "
-                             f"accept {row['mean_accept_len'] or 1:.2f} same={same}")
-    return write_csv(rows, COLUMNS, out_dir, f"e2e-{run_id}.csv")
+                    progress(f"{m.name} {case.label:22s} {impl:9s} graphs={graphs!s:5s} B={B:<3d} "
+                             f"{tps:9.1f} tok/s ({p20:.1f}-{p80:.1f}) x{row.speedup_vs_reference:.2f} "
+                             f"accept {row.mean_accept_len or 1:.2f} same={same}")
+    return run.write(rows, out_dir)
 
 
 def main_e2e(args) -> int:
     """`specdec bench --suite e2e`."""
     from .plots import load_results, plot_e2e
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = args.device
     sizes = tuple(args.batch_sizes) if args.batch_sizes else (1, 8, 32)
     path = run_e2e_benchmark(device, batch_sizes=sizes, max_new_tokens=args.max_new_tokens,

@@ -1,0 +1,273 @@
+"""`specdec bench` (the acceptance suite): every worker against the target-only baseline of the same run, with
+the transformers peers beside them; one CSV per run (`results/acceptance-<run_id>.csv`) and its plot.
+
+Each row is one (worker, spec, batch size, temperature): mean accepted tokens per verify step (bonus
+included), tokens/s, speedup, the cost of one decode step in target-only decode steps, and whether tokens
+(greedy) and logprobs match the baseline. The timed passes decode without logprobs, as the transformers peers
+do; one more, untimed pass per worker asks for them and gives the logprob column.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import Engine, SamplingParams, SpecConfig
+from .cases import CASES, PEER_CASES, WorkerCase, by_kind
+from .common import DTYPES, Run, RunRow, cpu_model, dtype_name, median_of, quantile
+
+#: the phases of a decode step that are model forwards (drafting, the draft's extend, the target's verify)
+FORWARD_PHASES = ("draft", "draft_extend", "verify_forward")
+
+
+@dataclass
+class AcceptanceRow(RunRow):
+    """One (worker, spec, batch size, temperature) of `specdec bench` (results/README.md)."""
+
+    impl: str
+    dtype: str
+    model: str
+    worker: str
+    label: str
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    prompt_lookup_num_tokens: int
+    batch_size: int
+    temperature: float
+    num_prompts: int
+    prompt_len: float
+    max_new_tokens: int
+    repeats: int
+    decode_steps: int | str
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    tokens_per_s_p20: float
+    tokens_per_s_p80: float
+    cpu_s: float
+    cpu_tokens_per_s: float
+    mean_accept_len: float | str
+    step_cost_in_target_only_steps: float | str
+    speedup_vs_target_only: float
+    cpu_speedup_vs_target_only: float
+    cpu_speedup_vs_hf_target_only: float | str
+    same_tokens_as_target_only: bool | str
+    identical_request_fraction: float | str
+    max_logprob_diff: str
+    cpu_model: str
+    linear_backend: str
+    forward_cost_in_target_only_steps: float | str
+    speedup_bound: float | str
+
+
+def _forward_pass(runner, batches, params):
+    """One untimed pass with the phase timer on -> (seconds of model forwards per decode step, steps), or
+    None for a peer. What a step costs with zero overhead: its draft, draft-extend and verify forwards."""
+    if not isinstance(runner, Engine):
+        return None
+    from ..workers.base import PhaseTimer
+    worker = runner.worker
+    worker.timer = PhaseTimer(worker.device)
+    steps = 0
+    try:
+        for batch in batches:
+            runner.generate(batch, params, seed=0)
+            steps += runner.last_stats.num_decode_steps
+        totals = worker.timer.totals()
+    finally:
+        worker.timer = None
+    return sum(totals.get(p, 0.0) for p in FORWARD_PHASES) / max(steps, 1)
+
+
+def _logprob_pass(runner, batches, params) -> list:
+    """One untimed pass with logprobs (None for a peer, which has none)."""
+    if not isinstance(runner, Engine):
+        return None
+    lp_params = dataclasses.replace(params, return_logprob=True)
+    return [o for batch in batches for o in runner.generate(batch, lp_params, seed=0)]
+
+
+def _measure(runners, batches, params, repeats):
+    """Every runner (an Engine or a peer with its `generate`) on every batch, `repeats` passes, the runners
+    taken round-robin within a pass so that a drift of the machine's speed lands on all of them alike.
+    -> per runner: the passes, each with wall and process-CPU seconds, tokens, steps and outputs."""
+    for runner in runners:  # warm-up
+        runner.generate(batches[0][:1], SamplingParams(max_new_tokens=4))
+    passes = [[] for _ in runners]
+    for _ in range(repeats):
+        for r, runner in enumerate(runners):
+            outs, wall, cpu, steps, tokens = [], 0.0, 0.0, 0, 0
+            for batch in batches:
+                c0 = time.process_time()
+                outs += runner.generate(batch, params, seed=0)
+                cpu += time.process_time() - c0
+                wall += runner.last_stats.wall_s
+                steps += runner.last_stats.num_decode_steps
+                tokens += runner.last_stats.num_tokens
+            passes[r].append(dict(outs=outs, wall=wall, cpu=cpu, steps=steps, tokens=tokens))
+    return passes
+
+
+def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[list[int]], batch_sizes,
+                  temperatures, max_new_tokens: int, model_name: str, impl="reference", repeats=1, out_dir="results",
+                  tag="bench", progress=print, peer_dir=None) -> Path:
+    """Measure every case at every batch size and temperature; write one CSV; return its path.
+
+    `drafts` maps a case's kind to its draft model; the first case must be target-only (the baseline of the
+    speedup columns). Prompts are taken in order, B at a time, over all of `prompts` (so each batch size
+    decodes the same prompts). Peer cases (transformers, greedy only) load the target from `peer_dir`. Each
+    row holds the median pass (tokens/s by wall time, with p20 / p80 over the passes) and process CPU time
+    (the robust figure on a shared machine, at one thread).
+    """
+    if not cases or cases[0].kind != "target-only":
+        raise ValueError("the first benchmark case must be target-only (the speedup baseline)")
+    from ..models.linear import cpu_linear_summary as linear_summary
+    run = Run("acceptance", target.device)
+    env_cpu = cpu_model()
+    rows = []
+    max_len = max(len(p) for p in prompts) + max_new_tokens + 64
+    peers = {}
+    for temperature in temperatures:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        for B in batch_sizes:
+            batches = [prompts[i:i + B] for i in range(0, len(prompts) - B + 1, B)]
+            if not batches:
+                raise ValueError(f"batch size {B} exceeds the {len(prompts)} prompts")
+            here = [c for c in cases if not c.is_peer or (temperature == 0 and (B == 1 or not c.prompt_lookup))]
+            runners = []
+            for c in here:
+                if c.is_peer:
+                    key = (c.kind, c.prompt_lookup)
+                    if key not in peers:
+                        from .peers import HFGenerate
+                        peers[key] = HFGenerate(peer_dir, prompt_lookup=c.prompt_lookup, device=target.device)
+                    runners.append(peers[key])
+                else:
+                    runners.append(Engine(target, drafts.get(c.kind) if c.spec else None, c.spec, impl=impl,
+                                          max_batch=B, max_seq_len=max_len))
+            measured = _measure(runners, batches, params, repeats)
+            lp_outs = [_logprob_pass(r, batches, params) for r in runners]
+            forward_s = [_forward_pass(r, batches, params) for r in runners]
+            medians = [median_of(ps, key=lambda p: p["tokens"] / p["wall"]) for ps in measured]
+            base, base_cpu = medians[0], medians[0]["tokens"] / medians[0]["cpu"]
+            base_step_cpu = base["cpu"] / base["steps"]
+            hf_cpu = next((m["tokens"] / m["cpu"] for c, m in zip(here, medians) if c.kind == "hf-target-only"),
+                          None)
+            for case, runner, ps, med, lps, fwd in zip(here, runners, measured, medians, lp_outs, forward_s):
+                tps_all = [p["tokens"] / p["wall"] for p in ps]
+                tps, cpu_tps = med["tokens"] / med["wall"], med["tokens"] / med["cpu"]
+                outs = med["outs"]
+                identical = [a.token_ids == b.token_ids for a, b in zip(outs, base["outs"])]
+                if lps is not None:
+                    identical = [i and a.token_ids == b.token_ids for i, a, b in zip(identical, lps, lp_outs[0])]
+                same = all(identical)
+                lp = [abs(x - y) for a, b in zip(lps or [], lp_outs[0]) if a.token_ids == b.token_ids
+                      for x, y in zip(a.logprobs, b.logprobs)]
+                acc = [a for o in outs for a in o.accept_lens]
+                mean_acc = sum(acc) / len(acc) if acc else 1.0
+                fwd_cost = fwd / forward_s[0] if fwd is not None and forward_s[0] else None
+                spec = case.spec
+                row = AcceptanceRow(
+                    **run.prefix(), impl="transformers" if case.is_peer else runner.impl,
+                    dtype=dtype_name(target.dtype), model=model_name, worker=case.kind, label=case.label,
+                    num_steps=spec.num_steps if spec else 0, topk=spec.topk if spec else 0,
+                    num_draft_tokens=spec.num_draft_tokens if spec else 1, prompt_lookup_num_tokens=case.prompt_lookup,
+                    batch_size=B, temperature=temperature, num_prompts=len(outs),
+                    prompt_len=sum(len(p) for b in batches for p in b) / len(outs), max_new_tokens=max_new_tokens,
+                    repeats=repeats, decode_steps=med["steps"] if not case.is_peer else "", tokens=med["tokens"],
+                    wall_s=round(med["wall"], 4), tokens_per_s=round(tps, 2),
+                    tokens_per_s_p20=round(quantile(tps_all, 0.2), 2),
+                    tokens_per_s_p80=round(quantile(tps_all, 0.8), 2),
+                    cpu_s=round(med["cpu"], 4), cpu_tokens_per_s=round(cpu_tps, 2),
+                    mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
+                    step_cost_in_target_only_steps=(round(med["cpu"] / med["steps"] / base_step_cpu, 4)
+                                                    if not case.is_peer else ""),
+                    speedup_vs_target_only=round(tps / (base["tokens"] / base["wall"]), 4),
+                    cpu_speedup_vs_target_only=round(cpu_tps / base_cpu, 4),
+                    cpu_speedup_vs_hf_target_only=round(cpu_tps / hf_cpu, 4) if hf_cpu else "",
+                    same_tokens_as_target_only=same if temperature == 0 else "",
+                    identical_request_fraction=round(sum(identical) / len(identical), 4) if temperature == 0 else "",
+                    max_logprob_diff=f"{max(lp):.2e}" if lp else "", cpu_model=env_cpu,
+                    linear_backend="" if case.is_peer else linear_summary(),
+                    forward_cost_in_target_only_steps=round(fwd_cost, 4) if fwd_cost else "",
+                    speedup_bound=round(mean_acc / fwd_cost, 4) if fwd_cost else "")
+                rows.append(row)
+                progress(f"T={temperature} B={B} {case.label:24s} tok/s {tps:8.1f} cpu-tok/s {cpu_tps:8.1f} "
+                         f"accept {row.mean_accept_len or 1:.2f} x{row.cpu_speedup_vs_target_only:.2f} "
+                         + (f"bound x{row.speedup_bound:.2f} " if row.speedup_bound != "" else "")
+                         + f"same={same}")
+    return run.write(rows, out_dir, tag)
+
+
+def main_bench(args) -> int:
+    """`specdec bench`: the shipped models on held-out prompts; one CSV + its plot in args.out."""
+    from .. import zoo
+    from ..zoo.corpus import heldout_prompts
+    from .plots import load_results, plot_acceptance_and_speedup
+
+    dtype = DTYPES[args.dtype]
+    bundle = zoo.load(zoo.speed_pair() if args.model == "auto" else args.model, device=args.device, dtype=dtype)
+    print(f"specdec bench: zoo pair {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target)")
+    drafts = {kind: getattr(bundle, kind) for kind in args.workers}
+    missing = [kind for kind, draft in drafts.items() if draft is None]
+    if missing:
+        raise ValueError(f"zoo checkpoint {bundle.name!r} ships no {missing} draft")
+    prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
+    cases = [c for c in by_kind(CASES) if c.spec is None or c.kind in drafts]
+    if args.peers and dtype != torch.float32:
+        print(f"note: the transformers peers run in float32 only: no peer rows for {args.dtype}")
+    elif args.peers:
+        try:
+            import transformers  # noqa: F401
+            cases += PEER_CASES
+        except ImportError:
+            print("note: transformers is not installed (pip install -e '.[bench]'): no peer rows")
+    path = run_benchmark(bundle.target, drafts, cases, prompts,
+                         args.batch_sizes or [1, 4], args.temperatures, args.max_new_tokens,
+                         model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
+                         tag="acceptance", peer_dir=bundle.path / "target")
+    png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))
+    print(f"wrote {path} and {png}")
+    return 0
+
+
+def draft_step_cost(target, eagle_head, prompts, max_new_tokens=32, num_steps=5, repeats=3) -> dict:
+    """The cost of one draft forward of `eagle_head` against one target-only decode step, at B = 1, in process
+    CPU seconds at the current thread count (median over `repeats`): the draft forwards are those of an
+    EAGLE chain of `num_steps` (S - 1 per step inside the draft phase, with their top-K and tree bookkeeping,
+    so the figure errs high); the target-only step is the difference of a long and a short decode, so the
+    prefill cancels."""
+    from ..workers.base import PhaseTimer
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    max_len = max(len(p) for p in prompts) + max_new_tokens + 64
+    base = Engine(target, max_batch=1, max_seq_len=max_len, impl="reference")
+    chain = Engine(target, eagle_head, SpecConfig(num_steps, 1), max_batch=1, max_seq_len=max_len, impl="reference")
+    base.generate(prompts[:1], SamplingParams(max_new_tokens=4))
+    chain.generate(prompts[:1], SamplingParams(max_new_tokens=4))
+    def cpu_and_steps(n_tokens):
+        cpu, steps = 0.0, 0
+        for p in prompts:
+            c0 = time.process_time()
+            base.generate([p], SamplingParams(max_new_tokens=n_tokens))
+            cpu += time.process_time() - c0
+            steps += base.last_stats.num_decode_steps
+        return cpu, steps
+
+    target_step, draft_forward = [], []
+    for _ in range(repeats):
+        (cpu_long, steps_long), (cpu_short, steps_short) = cpu_and_steps(max_new_tokens), cpu_and_steps(2)
+        target_step.append((cpu_long - cpu_short) / (steps_long - steps_short))  # the prefill cancels
+        chain.worker.timer = PhaseTimer("cpu", clock=time.process_time)
+        steps = 0
+        for p in prompts:
+            chain.generate([p], params)
+            steps += chain.last_stats.num_decode_steps
+        draft_forward.append(chain.worker.timer.totals().get("draft", 0.0) / steps / (num_steps - 1))
+        chain.worker.timer = None
+    t, d = median_of(target_step), median_of(draft_forward)
+    return dict(threads=torch.get_num_threads(), target_only_step_ms=round(t * 1e3, 4),
+                eagle_draft_forward_ms=round(d * 1e3, 4), draft_forward_in_target_only_steps=round(d / t, 4))
