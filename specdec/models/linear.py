@@ -12,7 +12,7 @@ which packs weights itself) takes F.linear. The packed copy is made on first use
 remade when the weight changes, and costs one more copy of it in memory.
 
 `set_cpu_linear_backend("auto" | "mkl" | "onednn")` forces either (`"mkl"` means F.linear, whatever BLAS
-torch was built with); `cpu_linear_choices()` says what "auto" chose; `python -m specdec.models.linear`
+torch was built with); `cpu_linear_choices()` says what "auto" chose; `python -m specdec.bench.linear`
 prints both backends' times on the machine at hand.
 """
 from __future__ import annotations
@@ -132,28 +132,3 @@ class Linear(nn.Linear):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
             self._packed_key = key
         return self._packed
-
-
-def _compare(M_values=(1, 2, 4, 16, 64, 256), k=256, n=1376, repeats=500) -> None:
-    torch.set_num_threads(1)
-    lin = Linear(k, n, bias=False)
-    print(f"(M x {k}) @ ({k} x {n}), fp32, 1 thread, process CPU time per product:")
-    for M in M_values:
-        x = torch.randn(M, k)
-        times = {}
-        with torch.inference_mode():
-            for name in ("mkl", "onednn"):
-                set_cpu_linear_backend(name)
-                for _ in range(20):
-                    lin(x)
-                t0 = time.process_time()
-                for _ in range(repeats):
-                    lin(x)
-                times[name] = (time.process_time() - t0) / repeats * 1e6
-            set_cpu_linear_backend("auto")
-            chosen = lin._backend_for(M)
-        print(f"M={M:4d}  " + "  ".join(f"{name} {us:7.1f} us" for name, us in times.items()) + f"  auto: {chosen}")
-
-
-if __name__ == "__main__":
-    _compare()
