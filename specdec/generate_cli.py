@@ -5,7 +5,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import SamplingParams, SpecConfig
+from .config import SamplingParams, SpecConfig, kv_margin
 from .engine import Engine
 from .text import eos_ids_of, generate_text, load_tokenizer
 
@@ -46,9 +46,10 @@ def run_generate(args) -> int:
     if draft is not None and (args.num_steps or args.topk or args.num_draft_tokens):
         S = args.num_steps or spec.num_steps
         spec = SpecConfig(S, args.topk or spec.topk, args.num_draft_tokens)
+    from .models import MTPDraftModel
     prompt_len = len(tokenizer.encode(args.prompt))
-    # room for the in-flight draft slots of any worker (MTP's extend writes up to 2 S past the length)
-    margin = 2 * max(spec.num_draft_tokens, spec.num_steps + 1) if spec else 0
+    # room for the in-flight draft slots of the worker that runs (MTP's extend writes up to 2 S past the length)
+    margin = kv_margin("mtp" if isinstance(draft, MTPDraftModel) else "eagle", spec)
     engine = Engine(target, draft, spec, impl=args.impl, max_batch=1,
                     max_seq_len=min(target.config.max_position_embeddings, prompt_len + args.max_new_tokens + margin))
     eos = set(eos_ids_of(tokenizer))
