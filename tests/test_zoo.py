@@ -302,7 +302,7 @@ def test_speed_pair_is_the_deep_pair_only_when_it_ships_whole(tmp_path, monkeypa
 
 
 def test_the_model_card_renders_every_shipped_pair_and_why_its_shape():
-    cards = [zt._read_card(zoo.WEIGHTS_DIR, n) for n in zoo.names()]
+    cards = [zt.read_card(zoo.WEIGHTS_DIR, n) for n in zoo.names()]
     md = zt.render_model_cards(cards)
     assert all(f"# `{c['name']}`" in md for c in cards)
     deep = dict(cards[0], name=zoo.DEEP_NAME, models={"target": {"num_hidden_layers": 24, "hidden_size": 128}},

@@ -1,0 +1,150 @@
+"""The model card: card.json beside the weights (read, written, the models' shape summaries) and its
+Markdown rendering, MODEL_CARD.md."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import DEFAULT_NAME, WEIGHTS_DIR
+from .hparams import DRAFTS
+
+
+#: the shipped pairs' rendered cards
+MODEL_CARD = WEIGHTS_DIR.parent / "MODEL_CARD.md"
+
+
+def card_path(out: Path, name: str) -> Path:
+    return out / name / "card.json"
+
+
+def read_card(out: Path, name: str) -> dict:
+    p = card_path(out, name)
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def write_card(out: Path, name: str, card: dict) -> None:
+    p = card_path(out, name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(card, indent=2, sort_keys=False) + "\n")
+
+
+def shape_summary(cfg) -> dict:
+    keys = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "rope_theta", "tie_word_embeddings"]
+    d = {k: getattr(cfg, k) for k in keys}
+    if hasattr(cfg, "chain_hidden_states"):
+        d["chain_hidden_states"] = cfg.chain_hidden_states
+    for extra in ("draft_vocab_size", "feature_layers"):  # EAGLE-3 heads
+        if hasattr(cfg, extra):
+            d[extra] = getattr(cfg, extra)
+    return d
+
+
+def why_this_shape(card: dict) -> str:
+    """The model card's paragraph on why the target has its shape."""
+    target = card.get("models", {}).get("target", {})
+    if card.get("name") == DEFAULT_NAME or target.get("num_hidden_layers", 6) <= 6:
+        return ("Why this size: the ~20 MB cap on what ships binds first, since eight draft decoder layers of the "
+                "target's width ship beside it (1 EAGLE + 1 EAGLE-3 + 3 + 3 MTP); hidden 256 with 6 layers fits "
+                "(the target in float16, the drafts' matrices in int8), trains in about 18 minutes at ~8k bytes/s "
+                "on two cores (about one pass over the train split), and leaves the target six times as deep as "
+                "one draft step, so drafting stays cheap relative to verifying. On this pair one draft step costs "
+                "about a quarter of a target step, so it bounds what speculation can gain far below real pairs.")
+    cost = card.get("draft_step_cost", {})
+    measured = (f" Measured on the trained pair (B = 1, {cost.get('threads')} thread, process CPU time, "
+                f"`specdec.bench.draft_step_cost`): a target-only decode step {cost.get('target_only_step_ms')} ms, "
+                f"one EAGLE draft step {cost.get('eagle_draft_forward_ms')} ms, i.e. "
+                f"{cost.get('draft_forward_in_target_only_steps')} of a target step."
+                if cost else "")
+    return (f"Why this shape: a deep, narrow target ({target.get('num_hidden_layers')} layers at hidden "
+            f"{target.get('hidden_size')}, about the small pair's parameter count) so that one draft decoder "
+            f"layer costs a small fraction of a target step, as real drafts do beside their targets (an EAGLE-3 "
+            f"head beside Llama-3.1-8B, one MTP layer beside a 36- to 61-layer model)." + measured)
+
+
+def render_model_cards(cards: list[dict]) -> str:
+    """MODEL_CARD.md: every shipped pair's card, the small pair first."""
+    return "\n\n".join(render_model_card(c) for c in sorted(cards, key=lambda c: c.get("name") != DEFAULT_NAME))
+
+
+def render_model_card(card: dict) -> str:
+    """The human-readable model card (Markdown) of one card.json."""
+    tr, ho, mo = card.get("training", {}), card.get("heldout", {}), card.get("models", {})
+    c = card.get("corpus", {})
+    lines = [f"# `{card['name']}`", "",
+             "Tiny checkpoints trained on real text, shipped so that speculative decoding can be studied with "
+             "drafts that actually agree with their target. Load with `specdec.zoo.load(%r)`." % card["name"], "",
+             "## Corpus", "",
+             f"- {c.get('source')} (Python {c.get('python')}); files sorted by relative path.",
+             f"- Excluded directories: {', '.join(c.get('excluded_dirs', []))}; excluded files: "
+             f"{', '.join(c.get('excluded_files', []))}.",
+             f"- Split {c.get('split')}.",
+             f"- Train: {c.get('train', {}).get('files')} files, {c.get('train', {}).get('bytes'):,} bytes; "
+             f"held out: {c.get('heldout', {}).get('files')} files, {c.get('heldout', {}).get('bytes'):,} bytes "
+             f"(content digests {c.get('train', {}).get('sha256')} / {c.get('heldout', {}).get('sha256')}).",
+             "- Tokenizer: bytes (ids 0-255), BOS = 256, EOS = 257 (vocab 258); every file ends with EOS.", "",
+             "## Models", "", why_this_shape(card), "",
+             "| model | what | parameters | layers | hidden | intermediate | heads (kv) | train steps | tokens seen | "
+             "train time | on disk |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    e3 = mo.get("eagle3", {})
+    what = {"target": "Llama-architecture byte LM", "eagle": "EAGLE head (1 decoder layer, shared embedding/LM head)",
+            "eagle3": f"EAGLE-3 head (features entering target layers {e3.get('feature_layers')}, its own LM head "
+                      f"over the {e3.get('draft_vocab_size')} most frequent ids)",
+            "mtp": "3 MTP layers, MiMo style", "mtp_chain": "3 MTP layers, Step-3.5 style (chained hidden)"}
+    for k in ("target",) + DRAFTS:
+        if k not in mo:
+            continue
+        m, t = mo[k], tr.get(k, {})
+        lines.append(f"| `{k}` | {what[k]} | {m['parameters']:,} | {m['num_hidden_layers']} | {m['hidden_size']} | "
+                     f"{m['intermediate_size']} | {m['num_attention_heads']} ({m['num_key_value_heads']}) | "
+                     f"{t.get('steps')} | {t.get('tokens_seen', 0):,} | {t.get('train_seconds', 0) / 60:.1f} min | "
+                     f"{t.get('bytes_on_disk', 0) / 1e6:.2f} MB |")
+    lines += ["", f"Total training time: {card.get('total_train_seconds', 0) / 60:.1f} min on "
+              f"{card.get('environment', {}).get('cpu_count')} CPU cores "
+              f"({card.get('environment', {}).get('torch_threads')} torch threads, bf16 autocast, fp32 master "
+              f"weights); total on disk {card.get('total_bytes_on_disk', 0) / 1e6:.1f} MB "
+              f"(stored: {card.get('stored_dtype')}; loaded as fp32).", "",
+              "## Held-out metrics", "",
+              "Measured on the stored weights in fp32 over windows of the held-out files "
+              "(%s windows of %s bytes)." % (card.get("heldout_eval", {}).get("windows"),
+                                             card.get("heldout_eval", {}).get("length")), ""]
+    if "target" in ho:
+        t = ho["target"]
+        lines.append(f"- target: {t['heldout_nats_per_byte']:.3f} nats/byte ({t['heldout_bits_per_byte']:.3f} "
+                     f"bits/byte), top-1 accuracy {t['heldout_top1_accuracy']:.3f}.")
+    lines += ["", "| draft | step | CE vs true byte (nats) | CE vs target distribution (nats) | "
+              "top-1 agreement with target |", "|---|---|---|---|---|"]
+    for k in DRAFTS:
+        for step, r in ho.get(k, {}).items():
+            lines.append(f"| `{k}` | {step} | {r['ce_true_nats']:.3f} | {r['ce_target_nats']:.3f} | "
+                         f"{r['top1_agreement']:.3f} |")
+    lines += ["", "At position t the target predicts byte t+1; EAGLE depth d and MTP layer k (1-based) predict "
+              "byte t+1+d (t+1+k), reading the true bytes before it. EAGLE depth 1 reads the target's hidden "
+              "state, depth d >= 2 the head's own output hidden state of depth d-1, attending to exactly what "
+              "draft step d-1 sees at inference (the head was trained with %s unrolled passes). Agreement is "
+              "the fraction of positions where the draft's argmax equals the target's; the speculative "
+              "workers' acceptance is measured separately (`specdec bench`)." % tr.get("eagle", {}).get("unroll", "?"),
+              "",
+              "The EAGLE-3 head is scored over its draft vocabulary (%s ids, %.4f %% of the train bytes): "
+              "cross-entropy against the target's distribution restricted to it and renormalised, against the "
+              "true byte where the byte is in it; its agreement counts every position, so a target argmax "
+              "outside its vocabulary is a miss." % (tr.get("eagle3", {}).get("draft_vocab_size", "?"),
+                                                    100 * tr.get("eagle3", {}).get("draft_vocab_train_coverage", 0)),
+              "",
+              "## Training", "",
+              "AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), linear warm-up then cosine decay to 10 %, "
+              "gradient clipping at 1.0, random windows of the train stream. The target minimises next-byte "
+              "cross-entropy. The drafts are trained on the frozen target: the EAGLE head with smooth-L1 "
+              "regression onto the target's next hidden state plus cross-entropy against the target's "
+              "distribution through the shared LM head, unrolled as at inference (training-time test); the "
+              "EAGLE-3 head with the EAGLE head's budget (steps, tokens per step, unrolled passes) and "
+              "cross-entropy only, against the target's distribution over its draft vocabulary, at the positions "
+              "where the target's argmax is in it (one RMSNorm per feature before fc, the normed output hidden fed "
+              "back, its LM head and final norm initialised from the target's); the MTP layers with "
+              "cross-entropy against the target's distribution, all layers jointly.", "",
+              f"Seed {card.get('seed')}; created {card.get('created')}; torch "
+              f"{card.get('environment', {}).get('torch')}.", "",
+              "Retrain (writes the weights and this card's data into the package):", "",
+              "```", card.get("command") or "specdec zoo train", "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""`specdec zoo train` (and `python -m specdec.zoo.train`): the argparse front end of `train_all`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .. import DEFAULT_NAME, WEIGHTS_DIR
+from ..tokenizer import ByteTokenizer
+from .card import MODEL_CARD, read_card, render_model_card, render_model_cards
+from .hparams import STAGES, TargetShape, default_opts
+from .pipeline import train_all
+
+def main(argv=None) -> int:
+    """`specdec zoo train`: argparse front end of `train_all`."""
+    d = default_opts()
+    p = argparse.ArgumentParser(prog="specdec zoo train", description="Train the zoo's checkpoints on the "
+                                "Python standard library (target, EAGLE and EAGLE-3 heads, MTP layers in two styles).")
+    p.add_argument("--out", default=str(WEIGHTS_DIR), help="weights root (default: the package's own)")
+    p.add_argument("--name", default=DEFAULT_NAME)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stage", default="all", choices=("all",) + STAGES + ("eval",),
+                   help="train every stage, one stage (later stages read the stored target), or only "
+
+
+                        "re-measure the held-out metrics of the stored weights and rewrite the card")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--no-amp", action="store_true", help="train in fp32 instead of bf16 autocast")
+    for st in STAGES:
+        p.add_argument(f"--{st.replace('_', '-')}-steps", type=int, default=d[st].steps)
+    p.add_argument("--batch-size", type=int, default=d["target"].batch_size)
+    p.add_argument("--seq-len", type=int, default=d["target"].seq_len)
+    p.add_argument("--layers", type=int, default=TargetShape.num_hidden_layers)
+    p.add_argument("--hidden", type=int, default=TargetShape.hidden_size)
+    p.add_argument("--intermediate", type=int, default=TargetShape.intermediate_size)
+    p.add_argument("--heads", type=int, default=TargetShape.num_attention_heads)
+    p.add_argument("--kv-heads", type=int, default=TargetShape.num_key_value_heads)
+    p.add_argument("--eagle-unroll", type=int, default=d["eagle"].extra["unroll"],
+                   help="unrolled training-time-test passes of the EAGLE and EAGLE-3 heads (default: %(default)s)")
+    p.add_argument("--eagle3-vocab", type=int, default=d["eagle3"].extra["draft_vocab_size"],
+                   help="the EAGLE-3 head's draft vocabulary: this many most frequent ids (default: %(default)s)")
+    p.add_argument("--eval-windows", type=int, default=32, help="held-out windows for the card's metrics")
+    p.add_argument("--eval-len", type=int, default=512, help="length of those windows")
+    p.add_argument("--model-card", default=None,
+                   help="also write the Markdown model card here (default: specdec/zoo/MODEL_CARD.md when --out "
+                        "is the package's weights directory)")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    opts = default_opts()
+    for st in STAGES:
+        o = opts[st]
+        o.steps = getattr(a, f"{st}_steps")
+        o.batch_size, o.seq_len, o.amp = a.batch_size, a.seq_len, not a.no_amp
+        o.warmup = min(o.warmup, max(1, o.steps // 10))
+    opts["eagle"].extra["unroll"] = opts["eagle3"].extra["unroll"] = a.eagle_unroll
+    if not 1 <= a.eagle3_vocab <= ByteTokenizer.vocab_size:  # checked before hours of earlier stages
+        p.error(f"--eagle3-vocab must be in [1, {ByteTokenizer.vocab_size}] (the byte vocabulary), "
+                f"got {a.eagle3_vocab}")
+    opts["eagle3"].extra["draft_vocab_size"] = a.eagle3_vocab
+    shape = TargetShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                        num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate)
+    stages = STAGES if a.stage == "all" else () if a.stage == "eval" else (a.stage,)
+    command = "specdec zoo train " + " ".join(argv if argv is not None else sys.argv[1:])
+    card = train_all(a.out, a.name, a.seed, stages, shape, opts, command.strip(),
+                     log=lambda s: tqdm.write(s, file=sys.stderr), eval_windows=a.eval_windows,
+                     eval_len=a.eval_len)
+    md = a.model_card
+    if md is None and Path(a.out).resolve() == WEIGHTS_DIR:
+        md = str(MODEL_CARD)
+    if md and Path(md).resolve() == MODEL_CARD and Path(a.out).resolve() == WEIGHTS_DIR:
+        from .. import names
+        Path(md).write_text(render_model_cards([read_card(WEIGHTS_DIR, n) for n in names()]))
+    elif md:
+        Path(md).write_text(render_model_card(card))
+    print(json.dumps(card["heldout"], indent=1))
+    return 0

@@ -1,0 +1,99 @@
+"""Held-out evaluation of the stored weights (fp32, no autocast: as inference runs): what the card reports."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ...models.eagle3 import Eagle3DraftHead
+from .. import corpus
+from .loop import _positions
+from .stages import _draft_vocab_targets, eagle_unrolled, mtp_forward
+
+def _heldout(n: int, length: int, seed: int = 4321) -> torch.Tensor:
+    return torch.from_numpy(corpus.heldout_windows(n, length, seed=seed))
+
+
+@torch.no_grad()
+def evaluate_target(target, windows: torch.Tensor) -> dict:
+    """windows: (N, T+1) -> held-out next-token loss (nats/byte), bits/byte, top-1 accuracy."""
+    x, y = windows[:, :-1], windows[:, 1:]
+    logits = target(x, _positions(*x.shape)).logits
+    loss = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
+    acc = float((logits.argmax(-1) == y).float().mean())
+    return {"heldout_nats_per_byte": round(loss, 4), "heldout_bits_per_byte": round(loss / math.log(2), 4),
+            "heldout_top1_accuracy": round(acc, 4)}
+
+
+@torch.no_grad()
+def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5) -> dict:
+    """windows: (N, T+1) -> per draft depth d = 1..depths: cross-entropy against the true next byte,
+    cross-entropy against the target's distribution, and top-1 agreement with the target's argmax
+    (depth d = draft step d-1: d = 1 reads the target's hidden, d >= 2 the head's own output).
+
+    An EAGLE-3 head is scored over its draft vocabulary: the target's distribution restricted to it and
+    renormalised, the true byte where it is in it; agreement compares its mapped argmax with the target's
+    over every position (a target argmax it cannot propose counts as a miss)."""
+    x = windows[:, :-1]
+    B, T = x.shape
+    out = target(x, _positions(B, T), features=getattr(head, "feature_layers", None))
+    z, h = out.logits, out.hidden if out.features is None else out.features
+    outs = eagle_unrolled(head, h, windows[:, 1:], depths)
+    tgt_arg = z.argmax(-1)
+    p, _ = _draft_vocab_targets(head, z)
+    if isinstance(head, Eagle3DraftHead):
+        true_in_vocab = head.t2d[windows[:, 2:]]
+        true_draft = (torch.cumsum(head.t2d.long(), 0) - 1).clamp_min(0)[windows[:, 2:]]
+    else:
+        true_in_vocab, true_draft = torch.ones_like(windows[:, 2:], dtype=torch.bool), windows[:, 2:]
+    to_target = getattr(head, "draft_to_target", lambda ids: ids)
+    res = {}
+    t = torch.arange(T)[None, :]
+    for j, (logits, _) in enumerate(outs):
+        mask = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1]
+        lp = torch.log_softmax(logits[:, :-1], -1)
+        ce_true = -lp.gather(-1, true_draft[..., None])[..., 0]
+        ce_tgt = -(p[:, 1:] * lp).sum(-1)
+        agree = (to_target(logits[:, :-1].argmax(-1)) == tgt_arg[:, 1:]).float()
+        m, mt = mask.float(), (mask & true_in_vocab).float()
+        res[f"depth{j + 1}"] = {"ce_true_nats": round(float((ce_true * mt).sum() / mt.sum()), 4),
+                                "ce_target_nats": round(float((ce_tgt * m).sum() / m.sum()), 4),
+                                "top1_agreement": round(float((agree * m).sum() / m.sum()), 4)}
+    return res
+
+
+@torch.no_grad()
+def evaluate_mtp(target, model, windows: torch.Tensor) -> dict:
+    """windows: (N, T + S) -> per layer k: cross-entropy against the true byte x_{t+k+2}, against the
+    target's distribution, and top-1 agreement with the target's argmax."""
+    S = model.num_layers
+    T = windows.shape[1] - S
+    z, h, _ = target(windows[:, :T], _positions(windows.shape[0], T))
+    outs = mtp_forward(model, h, windows, T)
+    res = {}
+    for k, (logits, _) in enumerate(outs):
+        n = T - k - 1
+        lp = torch.log_softmax(logits[:, :n], -1)
+        ce_true = -lp.gather(-1, windows[:, k + 2:k + 2 + n, None])[..., 0]
+        ce_tgt = -(torch.softmax(z[:, k + 1:k + 1 + n], -1) * lp).sum(-1)
+        agree = (logits[:, :n].argmax(-1) == z[:, k + 1:k + 1 + n].argmax(-1)).float()
+        res[f"layer{k + 1}"] = {"ce_true_nats": round(float(ce_true.mean()), 4),
+                                "ce_target_nats": round(float(ce_tgt.mean()), 4),
+                                "top1_agreement": round(float(agree.mean()), 4)}
+    return res
+
+
+def evaluate_bundle(bundle, n_windows: int = 32, seq_len: int = 512, seed: int = 4321) -> dict:
+    """Held-out metrics of every model of a loaded bundle (fp32, no autocast)."""
+    res = {}
+    win = _heldout(n_windows, seq_len + 3, seed)
+    res["target"] = evaluate_target(bundle.target, win[:, :seq_len + 1])
+    for key in ("eagle", "eagle3"):
+        if getattr(bundle, key) is not None:
+            res[key] = evaluate_eagle(bundle.target, getattr(bundle, key), win[:, :seq_len + 1])
+    for key in ("mtp", "mtp_chain"):
+        m = getattr(bundle, key)
+        if m is not None:
+            res[key] = evaluate_mtp(bundle.target, m, win[:, :seq_len + m.num_layers])
+    return res

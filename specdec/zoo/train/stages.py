@@ -1,0 +1,304 @@
+"""The five stages' models and losses (target; EAGLE and EAGLE-3 heads with training-time-test unrolling;
+MTP layers in two styles), each trained by `train_<stage>` through the shared loop."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import reference
+
+from ...models import EagleDraftHead, LlamaConfig, LlamaForCausalLM, MTPDraftModel
+from ...models.draft_common import draft_config_like
+from ...models.eagle3 import Eagle3DraftHead, default_feature_layers, eagle3_config_like
+from ...models.layers import AttentionMetadata, rope_cos_sin
+from .. import corpus
+from .hparams import StageOpts, TargetShape, Windows
+from .loop import _autocast, _freeze, _positions, _run_loop, init_weights_
+
+
+def soft_ce(logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """logits, target_probs: (B, T, V); mask: (B, T) bool -> mean over masked positions of
+    -sum_v p(v) log q(v) (cross-entropy against the target's distribution)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    ce = -(target_probs * lp).sum(-1)
+    return (ce * mask).sum() / mask.sum().clamp_min(1)
+
+
+# ----------------------------------------------------------------------------------------------
+# target
+# ----------------------------------------------------------------------------------------------
+
+def target_loss(target, batch: torch.Tensor, amp: bool) -> torch.Tensor:
+    """batch: (B, T+1) -> mean next-token cross-entropy (nats per byte) over the T predictions."""
+    x, y = batch[:, :-1], batch[:, 1:]
+    with _autocast(amp):
+        logits = target(x, _positions(*x.shape)).logits
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def train_target(shape: TargetShape | LlamaConfig, opts: StageOpts, seed: int = 0, log=print):
+    """-> (trained LlamaForCausalLM fp32, stats dict). `shape` is a TargetShape or a full LlamaConfig."""
+    cfg = shape.config() if isinstance(shape, TargetShape) else shape
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    init_weights_(model, cfg.num_hidden_layers, seed)
+    model.train()
+    windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len + 1, seed + 1)
+    heldout = torch.from_numpy(corpus.heldout_windows(opts.eval_windows, opts.seq_len + 1, seed=1234))
+
+    def loss_fn(batch):
+        return target_loss(model, batch, opts.amp), {}
+
+    def eval_fn():
+        model.eval()
+        with torch.no_grad():
+            r = {"heldout_nats_per_byte": round(float(target_loss(model, heldout, opts.amp)), 4)}
+        model.train()
+        return r
+
+    stats = _run_loop("target", opts, model.named_parameters(), loss_fn, windows, seed + 2, eval_fn, log)
+    return model.eval(), stats
+
+
+# ----------------------------------------------------------------------------------------------
+# EAGLE head with training-time-test unrolling
+# ----------------------------------------------------------------------------------------------
+
+def ttt_mask(T: int, j: int, device="cpu") -> torch.Tensor:
+    """(T, (j+1) T) bool: which keys the pass-j query at position t sees. Key r = i*T + s is pass i's key
+    at position s. Pass 0 (real target hidden) keys at s <= t - j, then pass i's key at s = t - j + i for
+    1 <= i <= j (the draft steps along the path from the last real position t - j), as draft step j does
+    at inference."""
+    t = torch.arange(T, device=device)[:, None]
+    s = torch.arange(T, device=device)[None, :]
+    blocks = [s <= t - j] + [s == t - j + i for i in range(1, j + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def eagle_unrolled(head, hidden: torch.Tensor, input_ids: torch.Tensor, passes: int):
+    """hidden: (B, T, H) the target's h_t (an EAGLE-3 head: its features, (B, T, F * H)); input_ids:
+    (B, T) x_{t+1} -> list of `passes` pairs (logits (B, T, V or draft_vocab_size), hidden_out (B, T, H)).
+
+    Pass 0 is the draft extend (reads h_t); pass j >= 1 at position t reads pass j-1's output hidden at
+    t-1 and stands for draft step j anchored at the last real position t - j. Every pass at t predicts
+    x_{t+2}; pass j is meaningful for t >= j only."""
+    B, T = input_ids.shape
+    cfg = head.config
+    dev = input_ids.device
+    cos, sin = rope_cos_sin(_positions(B, T, dev), cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    slots = torch.arange(B, device=dev)
+    start = torch.zeros(B, dtype=torch.long, device=dev)
+    kv_shape = (B, T, cfg.num_key_value_heads, cfg.head_dim)
+    prev_k = prev_v = None
+    h_in = hidden
+    outs = []
+    for j in range(passes):
+        zk = torch.zeros(kv_shape, dtype=torch.float32, device=dev)
+        zv = torch.zeros(kv_shape, dtype=torch.float32, device=dev)
+        k_cache = zk if j == 0 else torch.cat([prev_k, zk], dim=1)
+        v_cache = zv if j == 0 else torch.cat([prev_v, zv], dim=1)
+        mask = None if j == 0 else ttt_mask(T, j, dev)[None].expand(B, T, (j + 1) * T)
+        meta = AttentionMetadata(slots=slots, cache_start=start, attn_len=(j + 1) * T, ops=reference,
+                                 write_offset=j * T, tree_mask=mask)
+        # the head's step with gradients (its forward's cached path is inference only): each pass attends
+        # through the cache to the keys that earlier passes left in it
+        out_h = head.step(input_ids, h_in, cos, sin, (k_cache, v_cache), meta)
+        logits = head.compute_logits(out_h)
+        outs.append((logits, out_h))
+        prev_k, prev_v = k_cache, v_cache
+        # position 0 of a later pass is never read by a query that counts (see ttt_mask): any filler will do
+        h_in = torch.cat([out_h[:, :1], out_h[:, :-1]], dim=1)
+    return outs
+
+
+def _target_features(target, x: torch.Tensor, amp: bool, features=None):
+    """-> the frozen target's logits (B, T, V) and hidden (B, T, H) in fp32; with `features`, the
+    concatenated residual streams entering those layers (B, T, F * H) instead of the hidden."""
+    with torch.no_grad(), _autocast(amp):
+        out = target(x, _positions(*x.shape, x.device), features=features)
+    return out.logits.float(), (out.hidden if features is None else out.features).float()
+
+
+def eagle_loss(target, head, batch: torch.Tensor, passes: int, w_reg: float, w_cls: float, amp: bool):
+    """batch: (B, T+1) = x_0..x_T -> (loss, parts). Pass j at t (j <= t <= T-2) regresses onto h_{t+1}
+    and matches the target's distribution z_{t+1}; pass losses are averaged."""
+    x = batch[:, :-1]
+    B, T = x.shape
+    z, h = _target_features(target, x, amp)
+    p = torch.softmax(z, dim=-1)
+    with _autocast(amp):
+        outs = eagle_unrolled(head, h, batch[:, 1:], passes)
+    t = torch.arange(T)[None, :]
+    total, parts = 0.0, {}
+    for j, (logits, out_h) in enumerate(outs):
+        mask = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1]
+        reg = F.smooth_l1_loss(out_h[:, :-1].float(), h[:, 1:], reduction="none").mean(-1)
+        reg = (reg * mask).sum() / mask.sum()
+        cls = soft_ce(logits[:, :-1], p[:, 1:], mask)
+        total = total + (w_reg * reg + w_cls * cls) / passes
+        parts[f"ce{j + 1}"] = float(cls.detach())
+    return total, parts
+
+
+def train_eagle(target, opts: StageOpts, seed: int = 0, log=print):
+    """-> (trained EagleDraftHead fp32, stats). The target is frozen; embedding and LM head are shared."""
+    passes = int(opts.extra.get("unroll", 3))
+    w_reg, w_cls = float(opts.extra.get("w_reg", 1.0)), float(opts.extra.get("w_cls", 1.0))
+    _freeze(target)
+    torch.manual_seed(seed)
+    head = EagleDraftHead(draft_config_like(target, 1), target)
+    init_weights_(head, 1, seed + 10)
+    head.train()
+    windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len + 1, seed + 11)
+    stats = _run_loop("eagle", opts, head.named_parameters(),
+                      lambda b: eagle_loss(target, head, b, passes, w_reg, w_cls, opts.amp), windows, seed + 12,
+                      None, log)
+    return head.eval(), stats
+
+
+# ----------------------------------------------------------------------------------------------
+# EAGLE-3 head: multi-layer target features, a reduced draft vocabulary, training-time test
+# ----------------------------------------------------------------------------------------------
+
+def draft_vocabulary(stream: np.ndarray, vocab_size: int, size: int) -> torch.Tensor:
+    """The `size` most frequent ids of a token stream (ties: the lower id), ascending -> (size,) int64:
+    draft id d is target id vocab[d], as EAGLE-3's d2t = vocab - arange(size) records it."""
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"draft vocabulary size must be in [1, {vocab_size}], got {size}")
+    counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    most = np.lexsort((np.arange(vocab_size), -counts))[:size]
+    return torch.from_numpy(np.sort(most)).long()
+
+
+def zoo_feature_layers(num_target_layers: int) -> list[int]:
+    """Low, middle and high features. A deep target (L >= 7) takes SafeAILab's and SGLang's default, the
+    inputs of layers 2, L // 2 and L - 3 (`default_feature_layers`), as real EAGLE-3 heads do. A shallow one
+    takes the inputs of layers L // 3 and 2L // 3 and the last layer's output (L): at L = 6 the peers' rule
+    gives [2, 3, 3], one layer twice and nothing from the top half."""
+    L = num_target_layers
+    if L >= 7:
+        return default_feature_layers(L)
+    return sorted({max(1, L // 3), max(1, 2 * L // 3), L})
+
+
+def new_eagle3_head(target, vocab: torch.Tensor, feature_layers, seed: int, **norms) -> Eagle3DraftHead:
+    """An untrained EAGLE-3 head on `target` whose draft vocabulary is `vocab` (ascending target ids); `norms`:
+    Eagle3Config's norm_before_fc / fc_norm / norm_output. Weights as `init_weights_`, except the final norm
+    and the LM head, which start as the target's (its rows of the draft vocabulary): the head then begins
+    by reading its output hidden state as the target reads its own."""
+    head = Eagle3DraftHead(eagle3_config_like(target, len(vocab), feature_layers, **norms), target)
+    init_weights_(head, 1, seed)
+    head.set_draft_vocabulary(vocab)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.lm_head.weight[vocab])
+        head.norm.weight.copy_(target.model.norm.weight)
+    return head
+
+
+def _draft_vocab_targets(head, z: torch.Tensor):
+    """z: (B, T, V) target logits -> (the target's distribution over the head's vocabulary (B, T, Vd),
+    renormalised; (B, T) bool: the target's argmax is an id the head can propose). An EAGLE head's
+    vocabulary is the target's."""
+    if not isinstance(head, Eagle3DraftHead):
+        return torch.softmax(z, dim=-1), torch.ones(z.shape[:-1], dtype=torch.bool, device=z.device)
+    vocab = head.draft_to_target(torch.arange(head.config.draft_vocab_size, device=z.device))
+    return torch.softmax(z[..., vocab], dim=-1), head.t2d[z.argmax(-1)]
+
+
+def eagle3_loss(target, head, batch: torch.Tensor, passes: int, amp: bool):
+    """batch: (B, T+1) = x_0..x_T -> (loss, parts). Pass j at t (j <= t <= T-2) matches the target's
+    distribution z_{t+1} restricted to the draft vocabulary, where the target's argmax is in it (as EAGLE-3
+    trains: cross-entropy only, no feature regression); pass losses are averaged."""
+    x = batch[:, :-1]
+    B, T = x.shape
+    z, feats = _target_features(target, x, amp, head.feature_layers)
+    p, in_vocab = _draft_vocab_targets(head, z)
+    with _autocast(amp):
+        outs = eagle_unrolled(head, feats, batch[:, 1:], passes)
+    t = torch.arange(T)[None, :]
+    total, parts = 0.0, {}
+    for j, (logits, _) in enumerate(outs):
+        mask = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1] & in_vocab[:, 1:]
+        ce = soft_ce(logits[:, :-1], p[:, 1:], mask)
+        total = total + ce / passes
+        parts[f"ce{j + 1}"] = float(ce.detach())
+    return total, parts
+
+
+def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
+    """-> (trained Eagle3DraftHead fp32, stats). Its draft vocabulary is the opts.extra['draft_vocab_size']
+    most frequent ids of the train stream; its features the inputs of opts.extra['feature_layers'] (default
+    `zoo_feature_layers`). The target is frozen; the token embedding is shared, the LM head is the head's."""
+    passes = int(opts.extra.get("unroll", 3))
+    stream = corpus.token_stream("train")
+    V = target.config.vocab_size
+    vocab = draft_vocabulary(stream, V, int(opts.extra.get("draft_vocab_size", V)))
+    layers = list(opts.extra.get("feature_layers") or zoo_feature_layers(target.config.num_hidden_layers))
+    norms = {k: bool(opts.extra.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
+    _freeze(target)
+    torch.manual_seed(seed)
+    head = new_eagle3_head(target, vocab, layers, seed + 40, **norms)
+    head.train()
+    windows = Windows(stream, opts.batch_size, opts.seq_len + 1, seed + 41)
+    stats = _run_loop("eagle3", opts, head.named_parameters(),
+                      lambda b: eagle3_loss(target, head, b, passes, opts.amp), windows, seed + 42, None, log)
+    counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=V)
+    stats.update(unroll=passes, draft_vocab_size=len(vocab), feature_layers=layers, **norms,
+                 draft_vocab_train_coverage=round(float(counts[vocab.numpy()].sum() / counts.sum()), 6))
+    return head.eval(), stats
+
+
+# ----------------------------------------------------------------------------------------------
+# MTP layers (MiMo and Step-3.5 styles)
+# ----------------------------------------------------------------------------------------------
+
+def mtp_forward(model: MTPDraftModel, hidden: torch.Tensor, tokens: torch.Tensor, T: int):
+    """hidden: (B, T, H) the target's h_t; tokens: (B, >= T + S) x_0.. -> list over layers k of
+    (logits (B, T, V), hidden_out (B, T, H)); layer k at t reads x_{t+k+1} and predicts x_{t+k+2}."""
+    B = hidden.shape[0]
+    pos = _positions(B, T, hidden.device)
+    outs, h_in = [], hidden
+    for k in range(model.num_layers):
+        logits, out_h, _ = model.forward_layer(k, tokens[:, k + 1:k + 1 + T], h_in, pos)
+        outs.append((logits, out_h))
+        if model.chain_hidden_states:
+            h_in = out_h
+    return outs
+
+
+def mtp_loss(target, model, batch: torch.Tensor, amp: bool):
+    """batch: (B, T + S) -> (loss, parts): layer k at t (t <= T-k-2) matches the target's distribution
+    z_{t+k+1}; layer losses are averaged."""
+    S = model.num_layers
+    T = batch.shape[1] - S
+    x = batch[:, :T]
+    z, h = _target_features(target, x, amp)
+    p = torch.softmax(z, dim=-1)
+    with _autocast(amp):
+        outs = mtp_forward(model, h, batch, T)
+    total, parts = 0.0, {}
+    for k, (logits, _) in enumerate(outs):
+        n = T - k - 1  # positions t = 0 .. T-k-2
+        mask = torch.ones(batch.shape[0], n, dtype=torch.bool)
+        ce = soft_ce(logits[:, :n], p[:, k + 1:k + 1 + n], mask)
+        total = total + ce / S
+        parts[f"ce{k + 1}"] = float(ce.detach())
+    return total, parts
+
+
+def train_mtp(target, opts: StageOpts, chain_hidden_states: bool = False, seed: int = 0, log=print):
+    """-> (trained MTPDraftModel fp32 with opts.extra['num_layers'] layers, stats). The layers are trained
+    jointly; MiMo style (chain_hidden_states=False) or Step-3.5 style (True)."""
+    S = int(opts.extra.get("num_layers", 3))
+    _freeze(target)
+    off = 30 if chain_hidden_states else 20
+    torch.manual_seed(seed + off)
+    model = MTPDraftModel(draft_config_like(target, S, chain_hidden_states), target)
+    init_weights_(model, S, seed + off)
+    model.train()
+    windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len + S, seed + off + 1)
+    name = "mtp_chain" if chain_hidden_states else "mtp"
+    stats = _run_loop(name, opts, model.named_parameters(), lambda b: mtp_loss(target, model, b, opts.amp),
+                      windows, seed + off + 2, None, log)
+    return model.eval(), stats
