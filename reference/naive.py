@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_build_tree_args, check_sampling_args, check_tree_args, check_verify_greedy_args
+from specdec.checks import (check_build_tree_args, check_penalty_args, check_sampling_args, check_tree_args,
+                            check_verify_greedy_args)
 
-__all__ = ["build_tree_naive", "sample_residual_naive", "tree_speculative_sampling_target_only_naive",
-           "verify_tree_greedy_naive"]
+__all__ = ["apply_penalties_tree_naive", "build_tree_naive", "sample_residual_naive",
+           "tree_speculative_sampling_target_only_naive", "verify_tree_greedy_naive"]
 
 
 def build_tree_naive(
@@ -249,3 +250,35 @@ def tree_speculative_sampling_target_only_naive(
         torch.tensor(accept_length, dtype=torch.int32, device=device),
     )
 
+
+def apply_penalties_tree_naive(logits, candidates, tree_mask, output_counts, prompt_mask, output_lens,
+                               frequency_penalties, presence_penalties, repetition_penalties, min_new_tokens,
+                               stop_mask, logit_bias):
+    """Same shapes and semantics as ``apply_penalties_tree``.
+
+    Per node: the tokens on its path (its ancestors below the root, itself included) are counted into a dict
+    over the committed counts, and each penalty is applied token by token in float32, as SGLang's penalizers
+    apply them one after another (frequency and presence, min_new_tokens, repetition, logit bias)."""
+    B, W, V = check_penalty_args(logits, candidates, tree_mask, output_counts, prompt_mask, output_lens,
+                                 frequency_penalties, presence_penalties, repetition_penalties, min_new_tokens,
+                                 stop_mask, logit_bias)
+    out = logits.float().clone().view(B, W, V)
+    for b in range(B):
+        committed = {v: int(c) for v, c in enumerate(output_counts[b].tolist()) if c}
+        freq, pres = float(frequency_penalties[b]), float(presence_penalties[b])
+        rep = float(repetition_penalties[b])
+        for i in range(W):
+            path = [] if tree_mask is None else [j for j in range(1, W) if bool(tree_mask[b, i, j])]
+            counts = dict(committed)
+            for j in path:
+                t = int(candidates[b, j])
+                counts[t] = counts.get(t, 0) + 1
+            row = out[b, i]
+            for t, c in counts.items():
+                row[t] = row[t] - torch.tensor(freq * c + pres, dtype=torch.float32)
+            if int(output_lens[b]) + len(path) < int(min_new_tokens[b]):
+                row[stop_mask[b]] = float("-inf")
+            for t in set(counts) | set(torch.nonzero(prompt_mask[b]).flatten().tolist()):
+                row[t] = row[t] / rep if row[t] > 0 else row[t] * rep
+            row += logit_bias[b].float()
+    return out.view(B * W, V)

@@ -375,3 +375,27 @@ def check_plan(plan, impl: str, B: int, T: int, write_offset: int, attn_len: int
         raise ValueError(f"plan was built for (B, T, write_offset, max_seq_len, attn_len) = {got + (plan.attn_len,)}, "
                          f"this call has {want + (attn_len,)}")
 
+
+def check_penalty_args(logits, candidates, tree_mask, output_counts, prompt_mask, output_lens, frequency_penalties,
+                       presence_penalties, repetition_penalties, min_new_tokens, stop_mask, logit_bias
+                       ) -> tuple[int, int, int]:
+    """`apply_penalties_tree`'s arguments -> (B, W, V). Values (counts, penalties) are trusted."""
+    check_tensor("candidates", candidates, "int", (None, None), what="B, W")
+    B, W = candidates.shape
+    device = candidates.device
+    check_tensor("logits", logits, "float", (B * W, None), device, "B*W, V")
+    V = logits.shape[1]
+    if V < 1:
+        raise ValueError(f"logits must have shape (B*W, V) with V >= 1, got {tuple(logits.shape)}")
+    if tree_mask is not None:
+        check_tensor("tree_mask", tree_mask, "bool", (B, W, W), device, "B, W, W")
+    check_tensor("output_counts", output_counts, "int", (B, V), device, "B, V")
+    for name, t in (("prompt_mask", prompt_mask), ("stop_mask", stop_mask)):
+        check_tensor(name, t, "bool", (B, V), device, "B, V")
+    check_tensor("logit_bias", logit_bias, "float", (B, V), device, "B, V")
+    for name, t, kind in (("output_lens", output_lens, "int"), ("frequency_penalties", frequency_penalties, "float"),
+                          ("presence_penalties", presence_penalties, "float"),
+                          ("repetition_penalties", repetition_penalties, "float"),
+                          ("min_new_tokens", min_new_tokens, "int")):
+        check_tensor(name, t, kind, (B,), device, "one value per request")
+    return B, W, V

@@ -25,7 +25,13 @@ class SamplingParams:
     (`GREEDY_TEMPERATURE_BELOW`, SGLang's rule); it must be finite. top_k = -1 keeps the whole
     vocabulary; top_p in (0, 1]. Integer fields take Python or numpy integers, never bools.
     Logprobs are the temperature-scaled log-softmax of the logits the token was drawn from (the
-    engine's `return_original_logprob=True` asks for the raw log-softmax instead).
+    engine's `return_original_logprob=True` asks for the raw log-softmax instead), after the penalties.
+
+    Penalties (SGLang's and the OpenAI API's names): `frequency_penalty` and `presence_penalty` in [-2, 2]
+    over the output tokens (`logit -= frequency * count + presence * (count > 0)`); `repetition_penalty` > 0
+    (1 off) over prompt and output tokens (a positive logit divided by it, a negative one multiplied);
+    `min_new_tokens` holds the stop ids back until that many tokens are out; `logit_bias` maps token ids
+    (ints, or their decimal strings as JSON carries them) to a bias added to that logit.
     """
 
     max_new_tokens: int = 16
@@ -36,10 +42,21 @@ class SamplingParams:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     token_ids_logprob: list[int] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether any penalty, min_new_tokens or a logit bias changes this request's logits."""
+        return (self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+                or self.min_new_tokens > 0 or bool(self.logit_bias))
 
     def validate(self, index: int, vocab_size: int) -> None:
         """Raise ValueError naming request `index` and the offending value."""
@@ -87,10 +104,37 @@ class SamplingParams:
             raise bad(f"return_logprob must be True or False, got {type(self.return_logprob).__name__} "
                       f"{self.return_logprob!r}")
         top_logprobs_num = integer("top_logprobs_num", 0, vocab_size)
+
+        def finite(name, lo, hi=None):
+            v = checked(check_real, name, getattr(self, name), lo, hi)
+            if not math.isfinite(v) or (hi is None and v <= lo):
+                raise bad(f"{name} must be a finite number {'> ' + str(lo) if hi is None else 'in ' + str([lo, hi])}"
+                          f", got {v}")
+            return v
+
+        frequency_penalty = finite("frequency_penalty", -2.0, 2.0)
+        presence_penalty = finite("presence_penalty", -2.0, 2.0)
+        repetition_penalty = finite("repetition_penalty", 0.0)
+        min_new_tokens = integer("min_new_tokens", 0, max_new_tokens)
+        logit_bias = None
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise bad(f"logit_bias must be a dict of token id -> bias, got {type(self.logit_bias).__name__}")
+            logit_bias = {}
+            for key, value in self.logit_bias.items():
+                token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+                token = checked(check_int, f"logit_bias key {key!r}", token, 0, vocab_size - 1)
+                bias = checked(check_real, f"logit_bias[{key!r}]", value)
+                if not math.isfinite(bias):
+                    raise bad(f"logit_bias[{key!r}] must be finite, got {bias}")
+                logit_bias[token] = bias
         return dataclasses.replace(self, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                    top_p=top_p, stop_token_ids=token_list("stop_token_ids", False),
                                    top_logprobs_num=top_logprobs_num,
-                                   token_ids_logprob=token_list("token_ids_logprob", True))
+                                   token_ids_logprob=token_list("token_ids_logprob", True),
+                                   frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                   repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
+                                   logit_bias=logit_bias)
 
 
 @dataclass(frozen=True)
@@ -104,6 +148,9 @@ class SpecConfig:
     num_steps: int
     topk: int = 1
     num_draft_tokens: int | None = None
+    #: "exact": each tree node's logits penalised along its own path (lossless); "sglang": every node as the
+    #: root, SGLang's approximation (lossy under penalties; for measuring what it costs)
+    penalty_mode: str = "exact"
 
     def __post_init__(self):
         S = check_int("num_steps", self.num_steps, 1)
@@ -115,6 +162,8 @@ class SpecConfig:
             if not 2 <= W <= w_max:
                 raise ValueError(f"num_draft_tokens={W} must be in [2, 1 + topk + (num_steps-1)*topk^2] = "
                                  f"[2, {w_max}] for num_steps={S}, topk={K}")
+        if self.penalty_mode not in ("exact", "sglang"):
+            raise ValueError(f"penalty_mode must be 'exact' or 'sglang', got {self.penalty_mode!r}")
         for name, v in (("num_steps", S), ("topk", K), ("num_draft_tokens", W)):
             object.__setattr__(self, name, v)  # plain ints, numpy integers included
         if K == 1 and W != S + 1:

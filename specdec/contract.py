@@ -26,6 +26,7 @@ WORKER_OPS = (
     "apply_rope_and_write_kv",
     "tree_attention",
     "commit_kv_cache",
+    "apply_penalties_tree",
 )
 
 #: The index that means "no node": a padded slot of `accept_index`, a `predict` entry at a node that was

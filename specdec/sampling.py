@@ -14,8 +14,15 @@ class SamplingTensors:
     """Per-request sampling parameters as device tensors (leading dim B).
 
     temperatures: (B,) fp32 (1.0 for greedy requests, as SGLang stores them); top_ks: (B,) int64
-    (vocab size when off); top_ps: (B,) fp32; is_greedy: (B,) bool.
+    (vocab size when off); top_ps: (B,) fp32; is_greedy: (B,) bool. When some request has penalties
+    (`penalized`), also frequency_penalties, presence_penalties, repetition_penalties (B,) fp32,
+    min_new_tokens (B,) int64, stop_mask (B, V) bool (its stop ids) and logit_bias (B, V) fp32 (the
+    request's counts are worker state: they change every step).
     """
+
+    BASE_TENSORS = ("temperatures", "top_ks", "top_ps", "is_greedy")
+    PENALTY_TENSORS = ("frequency_penalties", "presence_penalties", "repetition_penalties", "min_new_tokens",
+                       "stop_mask", "logit_bias")
 
     def __init__(self, params: list[SamplingParams], vocab_size: int, device):
         self.temperatures = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
@@ -25,6 +32,24 @@ class SamplingTensors:
         self.top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
         self.is_greedy = torch.tensor([p.is_greedy for p in params], dtype=torch.bool, device=device)
         self._set_flags(params)
+        if self.penalized:
+            self._set_penalties(params, vocab_size, device)
+
+    def _set_penalties(self, params: list[SamplingParams], vocab_size: int, device) -> None:
+        def per_request(name, dtype):
+            return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
+
+        self.frequency_penalties = per_request("frequency_penalty", torch.float32)
+        self.presence_penalties = per_request("presence_penalty", torch.float32)
+        self.repetition_penalties = per_request("repetition_penalty", torch.float32)
+        self.min_new_tokens = per_request("min_new_tokens", torch.int64)
+        stop_mask = torch.zeros(len(params), vocab_size, dtype=torch.bool)
+        logit_bias = torch.zeros(len(params), vocab_size, dtype=torch.float32)
+        for b, p in enumerate(params):
+            stop_mask[b, list(p.stop_token_ids)] = True
+            for token, bias in (p.logit_bias or {}).items():
+                logit_bias[b, token] = bias
+        self.stop_mask, self.logit_bias = stop_mask.to(device), logit_bias.to(device)
 
     def _set_flags(self, params: list[SamplingParams]) -> None:
         self.all_greedy = all(p.is_greedy for p in params)
@@ -32,11 +57,20 @@ class SamplingTensors:
         sampled = [p for p in params if not p.is_greedy]
         self.any_top_k = any(p.top_k != -1 for p in sampled)
         self.any_top_p = any(p.top_p < 1.0 for p in sampled)
+        self.penalized = any(p.has_penalties for p in params)
+
+    @property
+    def tensor_names(self) -> tuple[str, ...]:
+        """The per-request tensors held now (what a filter or a CUDA graph's static copy must carry)."""
+        return self.BASE_TENSORS + (self.PENALTY_TENSORS if self.penalized else ())
 
     def filter(self, keep: torch.Tensor, params: list[SamplingParams]) -> None:
-        for name in ("temperatures", "top_ks", "top_ps", "is_greedy"):
+        for name in self.tensor_names:
             setattr(self, name, getattr(self, name)[keep])
         self._set_flags(params)
+        if not self.penalized:
+            for name in self.PENALTY_TENSORS:
+                self.__dict__.pop(name, None)
 
     def probs(self, logits, ops, nodes_per_request: int = 1):
         """logits: (B * nodes_per_request, V), request-major -> the target's probabilities (N, V) fp32.

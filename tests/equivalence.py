@@ -43,6 +43,13 @@ TOLERANCES: dict[tuple[str, torch.dtype], tuple[float, float, str]] = {
                       "Triton's CPU interpreter rounds fp32 -> bf16 by truncation"),
     ("rope", torch.float16): (
         0.0, 2 ** -10, "an FMA's ulp of fp32 difference can flip the final fp16 rounding: one fp16 ulp"),
+    ("penalised_logits", torch.float32): (
+        0.0, 2 ** -23, "the same elementwise fp32 operations in the same order (division correctly rounded in "
+                       "both); a compiled kernel may fuse frequency * count into an FMA: one fp32 ulp"),
+    ("penalised_logits", torch.bfloat16): (
+        0.0, 2 ** -23, "both paths upcast the same stored bf16 logits to fp32 first: as fp32"),
+    ("penalised_logits", torch.float16): (
+        0.0, 2 ** -23, "both paths upcast the same stored fp16 logits to fp32 first: as fp32"),
     ("kv", torch.float32): (0.0, 0.0, "a commit moves values: bit-equal"),
     ("kv", torch.bfloat16): (0.0, 0.0, "a commit moves values: bit-equal"),
     ("kv", torch.float16): (0.0, 0.0, "a commit moves values: bit-equal"),

@@ -111,6 +111,16 @@ def exercise_every_op():
             q = fast.apply_rope_and_write_kv(q, k, k, cos, sin, *caches, slots, start, offset)
             mask = torch.ones(2, T_new, offset + T_new, dtype=torch.bool) if tree else None
             fast.tree_attention(q, *caches, slots, start, offset, mask, 200, D ** -0.5)
+        # penalties: a tree and the root-only approximation
+        Bp, Wp, Vp = 2, 4, 5000
+        cand = torch.randint(Vp, (Bp, Wp), generator=gen)
+        tree = torch.ones(Wp, Wp, dtype=torch.bool).tril().expand(Bp, Wp, Wp)
+        per_req = [torch.zeros(Bp, Vp, dtype=torch.int32), torch.zeros(Bp, Vp, dtype=torch.bool), torch.zeros(Bp),
+                   torch.ones(Bp), torch.ones(Bp), torch.ones(Bp), torch.zeros(Bp, dtype=torch.int64),
+                   torch.zeros(Bp, Vp, dtype=torch.bool), torch.zeros(Bp, Vp)]
+        per_req[2] = per_req[2].long()
+        for mask in (tree, None):
+            fast.apply_penalties_tree(torch.randn(Bp * Wp, Vp).to(dtype), cand, mask, *per_req)
         # commit
         kv = torch.zeros(4, 3, 64, 2, 64, dtype=dtype)
         fast.commit_kv_cache(kv, torch.tensor([0, 1]), torch.tensor([3, 9]), accept, 3)

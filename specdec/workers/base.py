@@ -140,6 +140,14 @@ class WorkerBase:
         self.seq_lens_host = [len(p) for p in prompts]
         self._unsynced_steps = 0
         self.state.seq_lens = torch.tensor(self.seq_lens_host, dtype=torch.int64, device=self.device)
+        if self.sampling.penalized:
+            # the committed output's token counts and length, and the prompt's tokens (repetition_penalty)
+            prompt_mask = torch.zeros(B, self.vocab_size, dtype=torch.bool)
+            for b, p in enumerate(prompts):
+                prompt_mask[b, p] = True
+            self.state.prompt_mask = prompt_mask.to(self.device)
+            self.state.output_counts = torch.zeros(B, self.vocab_size, dtype=torch.int32, device=self.device)
+            self.state.output_lens = torch.zeros(B, dtype=torch.int64, device=self.device)
 
     def finish(self) -> None:
         for c in self.caches():
@@ -250,6 +258,30 @@ class WorkerBase:
         logits_last = self.target.compute_logits(hidden[torch.arange(len(prompts), device=self.device), last])
         return logits_last, hidden if self.target_features is None else out.features, ids, positions
 
+    #: "exact": every tree node's logits are penalised along its own path; "sglang": as the root's
+    penalty_mode = "exact"
+
+    def penalize(self, logits, candidates, tree_mask):
+        """logits: (B*W, V); candidates: (B, W) int64; tree_mask: (B, W, W) bool or None -> the logits that
+        plain decoding would sample each node's next token from (`apply_penalties_tree`), or `logits`
+        itself when no request has penalties."""
+        s, st = self.sampling, self.state
+        if not s.penalized:
+            return logits
+        return self.ops.apply_penalties_tree(
+            logits, candidates, tree_mask if self.penalty_mode == "exact" else None, st.output_counts,
+            st.prompt_mask, st.output_lens, s.frequency_penalties, s.presence_penalties, s.repetition_penalties,
+            s.min_new_tokens, s.stop_mask, s.logit_bias)
+
+    def count_emitted(self, tokens, num_emitted) -> None:
+        """tokens: (B, T) int64, the first num_emitted[b] (B,) of row b emitted this step: into the counts."""
+        if not self.sampling.penalized:
+            return
+        st = self.state
+        valid = torch.arange(tokens.shape[1], device=self.device)[None, :] < num_emitted[:, None]
+        st.output_counts = st.output_counts.scatter_add(1, tokens.long(), valid.to(torch.int32))
+        st.output_lens = st.output_lens + num_emitted
+
     def sample_tokens(self, logits, uniforms):
         """logits: (B, V); uniforms: (B,) -> (B,) int64 (argmax for greedy requests)."""
         greedy = logits.argmax(-1)
@@ -271,23 +303,26 @@ class WorkerBase:
         return self.ops.compute_spec_v2_logprobs(batch, logits_output, predict, accept_index, num_steps,
                                                  return_original_logprob=self.return_original_logprob)
 
-    def one_token_output(self, logits, tokens) -> StepOutput:
-        """A one-node step (prefill, or target-only decode): logits (B, V), tokens (B,). Its logprob fields
-        are empty: `prefill` fills them at once, `finish_decode` after a decode body."""
+    def one_token_output(self, logits, tokens, raw_logits) -> StepOutput:
+        """A one-node step (prefill, or target-only decode): logits (B, V) as sampled from (penalised),
+        tokens (B,), raw_logits (B, V) the target's (what `finite` judges). Its logprob fields are empty:
+        `prefill` fills them at once, `finish_decode` after a decode body."""
         B = tokens.shape[0]
         accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
         return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
-                          LogitsOutput(next_token_logits=logits), finite_rows(logits))
+                          LogitsOutput(next_token_logits=logits), finite_rows(raw_logits))
 
     def prefill(self, prompts, params, seed) -> StepOutput:
         """Target forward over the prompts, the first token sampled, then the draft's prefill extend.
         Returns the one-token step of the first token, its logprobs filled."""
         self.start(prompts, params, seed)
         logits_last, hidden, ids, positions = self.prefill_target(prompts)
+        raw_logits, logits_last = logits_last, self.penalize(logits_last, ids[:, :1], None)
         tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
         self.state.last_tokens = tokens
+        self.count_emitted(tokens[:, None], torch.ones_like(tokens))
         self.draft_extend_for_prefill(ids, hidden, positions, tokens)
-        step = self.one_token_output(logits_last, tokens)
+        step = self.one_token_output(logits_last, tokens, raw_logits)
         step.logits_output = self.compute_logprobs(step.logits_output, tokens, step.accept_index, 0)
         return step
 
@@ -305,12 +340,14 @@ class TargetOnlyWorker(WorkerBase):
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(1), ops=self.ops)
         with self.phase("verify_forward"):
             logits = self.target(st.last_tokens[:, None], st.seq_lens[:, None], self.cache, meta).logits
-        logits = logits[:, 0]
+        raw_logits = logits[:, 0]
         with self.phase("verify"):
+            logits = self.penalize(raw_logits, st.last_tokens[:, None], None)
             tokens = self.sample_tokens(logits, st.uniforms[:, 0])
         st.seq_lens = st.seq_lens + 1
         st.last_tokens = tokens
-        return self.one_token_output(logits, tokens)
+        self.count_emitted(tokens[:, None], torch.ones_like(tokens))
+        return self.one_token_output(logits, tokens, raw_logits)
 
 
 class SpeculativeWorkerBase(WorkerBase):
@@ -327,6 +364,7 @@ class SpeculativeWorkerBase(WorkerBase):
         self.num_steps = spec.num_steps
         self.topk = spec.topk
         self.num_draft_tokens = spec.num_draft_tokens
+        self.penalty_mode = spec.penalty_mode
 
     def caches(self) -> list[KVCache]:
         return [self.cache, self.draft_cache]
@@ -386,13 +424,15 @@ class SpeculativeWorkerBase(WorkerBase):
             out = self.target(candidates, positions, self.cache, meta, features=self.target_features)
             logits, hidden = out.logits, out.hidden if out.features is None else out.features  # or the draft's features
         with self.phase("verify"):
-            step = self._verify_and_commit(logits, candidates, retrieve_index, retrieve_next_token,
+            step = self._verify_and_commit(logits, candidates, tree_mask, retrieve_index, retrieve_next_token,
                                            retrieve_next_sibling)
         return step, hidden.view(B * W, -1)
 
-    def _verify_and_commit(self, logits, candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling):
+    def _verify_and_commit(self, raw_logits, candidates, tree_mask, retrieve_index, retrieve_next_token,
+                           retrieve_next_sibling):
         B, W, S = candidates.shape[0], self.num_draft_tokens, self.num_steps
         st = self.state
+        logits = self.penalize(raw_logits.view(B * W, -1), candidates, tree_mask).view(B, W, -1)
         target_predict = logits.argmax(-1)
         s = self.sampling
         if not s.all_greedy:
@@ -416,5 +456,7 @@ class SpeculativeWorkerBase(WorkerBase):
         self.cache.commit(self.ops, st.slots, st.seq_lens, accept_index, W)
         accept_lens = accept_length + 1
         st.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
-        return StepOutput(predict, accept_index, accept_lens, LogitsOutput(next_token_logits=logits.view(B * W, -1)),
-                          finite_rows(logits))
+        step = StepOutput(predict, accept_index, accept_lens, LogitsOutput(next_token_logits=logits.view(B * W, -1)),
+                          finite_rows(raw_logits))
+        self.count_emitted(step.emitted_tokens(), accept_lens)
+        return step

@@ -20,7 +20,6 @@ import torch
 from ..logprob_types import LogitsOutput
 from .base import RequestState, StepOutput
 
-_SAMPLING_TENSORS = ("temperatures", "top_ks", "top_ps", "is_greedy")
 
 
 @functools.cache
@@ -72,7 +71,7 @@ class DecodeGraphs:
         B = w.state.seq_lens.shape[0]
         bucket = next(b for b in self.buckets if b >= B)
         s = w.sampling
-        key = (bucket, s.all_greedy, s.any_greedy, s.any_top_k, s.any_top_p)
+        key = (bucket, s.all_greedy, s.any_greedy, s.any_top_k, s.any_top_p, s.penalized)
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = self._new_entry(bucket)
@@ -91,7 +90,7 @@ class DecodeGraphs:
     def _live_tensors(self) -> dict[str, torch.Tensor]:
         w = self.worker
         live = {f"state.{k}": v for k, v in vars(w.state).items() if isinstance(v, torch.Tensor)}
-        live.update({f"sampling.{k}": getattr(w.sampling, k) for k in _SAMPLING_TENSORS})
+        live.update({f"sampling.{k}": getattr(w.sampling, k) for k in w.sampling.tensor_names})
         return live
 
     def _new_entry(self, bucket: int) -> _Entry:
