@@ -125,6 +125,18 @@ def main(argv=None) -> int:
                      help="tree size W, root included (default: 16 for EAGLE, S+1 for chains)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate")
+    gen.add_argument("--frequency-penalty", type=float, default=0.0, help="in [-2, 2]: minus this per occurrence "
+                                                                           "in the output")
+    gen.add_argument("--presence-penalty", type=float, default=0.0, help="in [-2, 2]: minus this once a token is out")
+    gen.add_argument("--repetition-penalty", type=float, default=1.0,
+                     help="> 0, 1 off: prompt and output tokens' logits divided (positive) or multiplied (negative)")
+    gen.add_argument("--min-new-tokens", type=int, default=0, help="hold the end-of-sequence ids back until this "
+                                                                  "many tokens are out")
+    gen.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                     help="add BIAS to token ID's logit (repeatable)")
+    gen.add_argument("--penalty-mode", default="exact", choices=["exact", "sglang"],
+                     help="exact: each tree node penalised along its own path (lossless); sglang: every node as "
+                          "the root, SGLang's approximation")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     gen.add_argument("--threads", type=int, default=1, help=THREADS_HELP)

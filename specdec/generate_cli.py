@@ -33,6 +33,20 @@ def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
     return EagleDraftHead.from_pretrained(draft_dir, target), SpecConfig(5, 4, 16)
 
 
+def parse_logit_bias(items: list[str]) -> dict[int, float] | None:
+    """["ID=BIAS", ...] -> {ID: BIAS} (None when empty); a malformed item is a ValueError naming it."""
+    bias = {}
+    for item in items:
+        token, sep, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise ValueError(f"--logit-bias {item!r}: expected ID=BIAS, e.g. 10=-2.5") from None
+        if not sep:
+            raise ValueError(f"--logit-bias {item!r}: expected ID=BIAS, e.g. 10=-2.5")
+    return bias or None
+
+
 def run_generate(args) -> int:
     from .models import LlamaForCausalLM
     target_dir = Path(args.target)
@@ -46,6 +60,8 @@ def run_generate(args) -> int:
     if draft is not None and (args.num_steps or args.topk or args.num_draft_tokens):
         S = args.num_steps or spec.num_steps
         spec = SpecConfig(S, args.topk or spec.topk, args.num_draft_tokens)
+    if draft is not None and args.penalty_mode != spec.penalty_mode:
+        spec = SpecConfig(spec.num_steps, spec.topk, spec.num_draft_tokens, penalty_mode=args.penalty_mode)
     from .models import MTPDraftModel
     prompt_len = len(tokenizer.encode(args.prompt))
     # room for the in-flight draft slots of the worker that runs (MTP's extend writes up to 2 S past the length)
@@ -63,7 +79,10 @@ def run_generate(args) -> int:
         sys.stdout.flush()
 
     sys.stdout.write(args.prompt)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
+                            repetition_penalty=args.repetition_penalty, min_new_tokens=args.min_new_tokens,
+                            logit_bias=parse_logit_bias(args.logit_bias))
     t0 = time.perf_counter()
     out = generate_text(engine, tokenizer, [args.prompt], params, seed=args.seed, stream=show)[0]
     wall = time.perf_counter() - t0

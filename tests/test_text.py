@@ -83,6 +83,20 @@ def test_cli_generate_on_the_shipped_models(capsys, extra):
     assert out.startswith("def main(") and "tokens/s" in out and "accepted per step" in out
 
 
+def test_cli_generate_takes_the_penalties(capsys):
+    """The penalty flags reach the engine: an EAGLE run prints what target-only prints under the same flags (the
+    exact mode is lossless), and what the flags change is visible against a run without them."""
+    flags = ["--max-new-tokens", "40", "--repetition-penalty", "1.6", "--frequency-penalty", "0.5",
+             "--presence-penalty", "0.3", "--min-new-tokens", "3", "--logit-bias", "32=1.5", "def main("]
+    texts = []
+    for extra in ([], ["--draft", f"{ZOO}/eagle"], ["--draft", f"{ZOO}/eagle", "--penalty-mode", "exact"]):
+        assert main(["generate", "--target", f"{ZOO}/target", *extra, *flags]) == 0
+        texts.append(capsys.readouterr().out.split("\n\n[")[0])
+    assert texts[0] == texts[1] == texts[2]
+    assert main(["generate", "--target", f"{ZOO}/target", "--max-new-tokens", "40", "def main("]) == 0
+    assert capsys.readouterr().out.split("\n\n[")[0] != texts[0]
+
+
 def test_cli_generate_on_a_transformers_model(hf_dir, capsys):
     assert main(["generate", "--target", str(hf_dir), "--max-new-tokens", "8", "--temperature", "0.7", TEXT]) == 0
     assert capsys.readouterr().out.startswith(TEXT)
@@ -93,6 +107,9 @@ def test_cli_generate_on_a_transformers_model(hf_dir, capsys):
     (["--target", f"{ZOO}/target", "--draft", "/no/such/draft"], "--draft /no/such/draft: no such directory"),
     (["--target", f"{ZOO}/target", "--draft-layout", "mtp-mimo"], "number of MTP layers"),
     (["--target", f"{ZOO}/target", "--draft-layout", "eagle"], "needs --draft DIR"),
+    (["--target", f"{ZOO}/target", "--logit-bias", "10:2"], "--logit-bias '10:2': expected ID=BIAS"),
+    (["--target", f"{ZOO}/target", "--repetition-penalty", "0"], "repetition_penalty must be a finite number > 0"),
+    (["--target", f"{ZOO}/target", "--min-new-tokens", "99"], "min_new_tokens must be an int in [0, 64], got 99"),
 ])
 def test_cli_generate_errors_are_one_line(capsys, argv, message):
     assert main(["generate", *argv, "hello"]) == 1
