@@ -147,8 +147,9 @@ def main(argv=None) -> int:
                               add_help=False)
     zoo_help.add_argument("action", nargs="?", choices=["list", "train"])
     report = sub.add_parser("report", formatter_class=fmt,
-                            help="print the README's results table from a committed acceptance CSV")
-    report.add_argument("csv", help="an acceptance-*.csv of results/ (run with the transformers peers)")
+                            help="print the README's results table from a committed acceptance or penalties CSV")
+    report.add_argument("csv", help="an acceptance-*.csv of results/ (run with the transformers peers) or a "
+                                    "penalties-*.csv")
     report.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     bench = sub.add_parser("bench", formatter_class=fmt,
                            help="acceptance and tokens/s of every worker against target-only; "
@@ -156,12 +157,14 @@ def main(argv=None) -> int:
                            description="Benchmarks that write one CSV per run to --out (schemas: results/README.md) "
                                        "and its plot; `specdec report` prints an acceptance CSV as the README's "
                                        "table.")
-    bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e"],
+    bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e", "penalties"],
                        help="acceptance: every worker against target-only on the shipped models; "
                             "kernels: every op of the decode step, reference / fast / torch.compile, against "
                             "the copy bandwidth (the full B x S+1 x V sweep on CUDA, a corner of it on CPU); "
                             "e2e: every worker, reference / fast / fast + CUDA graphs, tokens/s and the phases "
-                            "of a step, on the shipped model and (CUDA) a random 1.2B Llama")
+                            "of a step, on the shipped model and (CUDA) a random 1.2B Llama; penalties: per "
+                            "penalty setting, how often SGLang's approximation leaves target-only's output, "
+                            "acceptance under it and under exact penalties, and what exact penalties cost a step")
     bench.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     bench.add_argument("--batch-sizes", type=positive_int_list, default=None,
                        help="comma-separated batch sizes (default: 1,4 for acceptance, 1,8,32 for e2e)")
@@ -250,6 +253,9 @@ def _run(args) -> int:
         if args.suite == "e2e":
             from .bench.e2e import main_e2e
             return main_e2e(args) or 0
+        if args.suite == "penalties":
+            from .bench.penalties import main_penalties
+            return main_penalties(args) or 0
         from .bench.acceptance import main_bench
         return main_bench(args) or 0
     if args.command == "demo":

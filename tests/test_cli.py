@@ -72,12 +72,31 @@ def test_the_readme_results_tables_are_the_reports_of_their_csvs(capsys):
     import re
     from pathlib import Path
     readme = Path("README.md").read_text()
-    quoted = sorted(set(re.findall(r"`specdec report (results/acceptance-[0-9-]+\.csv)`", readme)))
+    quoted = sorted(set(re.findall(r"`specdec report (results/(?:acceptance|penalties)-[0-9-]+\.csv)`", readme)))
     assert "results/acceptance-20261130-010414.csv" in quoted
     for csv in quoted:
         assert main(["report", csv]) == 0
         table = capsys.readouterr().out.split("\n\n", 1)[1].strip()
         assert table in readme, csv
+
+
+def test_bench_penalties_writes_its_csv_and_report(tmp_path, capsys):
+    """`specdec bench --suite penalties`: every setting under both modes for a tree worker; the exact mode never
+    leaves target-only's output; `specdec report` prints the table from the CSV."""
+    import csv
+    assert main(["bench", "--suite", "penalties", "--model", "stdlib-byte-6l", "--workers", "eagle", "--num-prompts",
+                 "2", "--prompt-len", "32", "--max-new-tokens", "12", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("penalties-*.csv")
+    rows = list(csv.DictReader(path.open()))
+    assert {r["suite"] for r in rows} == {"penalties"}
+    assert {(r["label"], r["penalty_mode"]) for r in rows if r["penalty"] == "repetition 1.5"} == {
+        ("target-only", "exact"), ("EAGLE tree S5 K4 W16", "exact"), ("EAGLE tree S5 K4 W16", "sglang"),
+        ("EAGLE chain S3", "exact"), ("EAGLE chain S3", "sglang")}
+    assert all(float(r["differing_request_fraction"]) == 0.0 for r in rows if r["penalty_mode"] == "exact")
+    assert all(float(r["step_cpu_ms"]) > 0 for r in rows if r["penalty_mode"] == "exact" and r["penalty"] != "none")
+    capsys.readouterr()
+    assert main(["report", str(path)]) == 0
+    assert "| EAGLE tree S5 K4 W16 | repetition 1.5 | 0% |" in capsys.readouterr().out
 
 
 def test_report_errors_are_one_line(capsys):

@@ -50,6 +50,17 @@ def print_report(csv_path) -> int:
     path = Path(csv_path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
+    if path.name.startswith("penalties-"):
+        from .penalties import penalties_table
+        df = pd.read_csv(path, keep_default_na=False)
+        info = df.iloc[0]
+        print(f"{path.name}: {info['model']} on {info['device']}, impl={info['impl']}, commit {info['commit']}, "
+              f"{int(info['threads'])} thread(s), {int(info['batch_size'])} prompts x {int(info['max_new_tokens'])} "
+              f"new tokens, greedy; step cost: process CPU time per decode step, median of {info['repeats']} "
+              f"passes in turn")
+        print()
+        print(penalties_table(df))
+        return 0
     df = read_results(path)
     info = df.iloc[0]
     print(f"{path.name}: {info['model']} on {info['device']}, impl={info['impl']}, commit {info['commit']}, "
