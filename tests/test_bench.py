@@ -73,7 +73,7 @@ def test_kernel_benchmark_csv_schema_and_plot(tmp_path):
     assert {r["impl"] for r in rows} == {"reference"}  # no CUDA: interpreted fast rows are never recorded
     ops = {r["op"] for r in rows}
     assert {"compute_spec_v2_logprobs", "build_tree_kernel_efficient", "verify_tree_greedy",
-            "tree_speculative_sampling_target_only", "commit_kv_cache"} <= ops
+            "tree_speculative_sampling_target_only", "commit_kv_cache", "apply_penalties_tree"} <= ops
     lp = [r for r in rows if r["op"] == "compute_spec_v2_logprobs"]
     assert len(lp) == 2 * 2 * 2
     for r in rows:

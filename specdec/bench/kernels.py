@@ -165,6 +165,25 @@ def _tree_cases(B, V, device, gen) -> list[OpCase]:
     ]
 
 
+def _penalty_case(B, T, V, dtype, device, gen) -> OpCase:
+    """`apply_penalties_tree` on a chain of T nodes per request, every penalty on: the logits are read and the
+    penalised fp32 rows written once, each request's counts, masks and bias read once."""
+    logits = torch.randn(B * T, V, generator=gen, device=device).to(dtype)
+    candidates = torch.randint(V, (B, T), generator=gen, device=device)
+    tree_mask = torch.ones(T, T, dtype=torch.bool, device=device).tril().expand(B, T, T)
+    per_request = dict(
+        output_counts=torch.randint(0, 2, (B, V), generator=gen, device=device, dtype=torch.int32),
+        prompt_mask=torch.rand(B, V, generator=gen, device=device) < 0.01,
+        output_lens=torch.full((B,), 50, device=device), frequency_penalties=torch.full((B,), 0.5, device=device),
+        presence_penalties=torch.full((B,), 0.5, device=device),
+        repetition_penalties=torch.full((B,), 1.1, device=device), min_new_tokens=torch.zeros(B, dtype=torch.int64,
+                                                                                               device=device),
+        stop_mask=torch.zeros(B, V, dtype=torch.bool, device=device), logit_bias=torch.zeros(B, V, device=device))
+    moved = B * T * V * (logits.element_size() + 4) + B * V * (4 + 1 + 1 + 4)
+    return OpCase("apply_penalties_tree", dtype, B, T, T, V, 0, B * T, moved,
+                  lambda ops: ops.apply_penalties_tree(logits, candidates, tree_mask, **per_request))
+
+
 def _commit_case(B, T, dtype, device, gen, layers=32, kv_heads=8, head_dim=128, max_seq=512) -> OpCase:
     """A Llama-8B-shaped cache (32 layers, 8 KV heads of 128): every accepted node but the root moves."""
     W = 2 * T
@@ -288,6 +307,8 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
                 for V in vocab_sizes[-1:]:
                     for dtype in dtypes:
                         yield from _sampling_cases(B, T, V, dtype, device, gen)
+            for T in num_slots:
+                yield _penalty_case(B, T, vocab_sizes[-1], dtypes[0], device, gen)
             yield from _tree_cases(B, vocab_sizes[-1], device, gen)
             for T in num_slots:
                 yield _commit_case(B, T, dtypes[0], device, gen)
