@@ -259,15 +259,15 @@ def apply_penalties_tree_naive(logits, candidates, tree_mask, output_counts, pro
     Per node: the tokens on its path (its ancestors below the root, itself included) are counted into a dict
     over the committed counts, and each penalty is applied token by token in float32, as SGLang's penalizers
     apply them one after another (frequency and presence, min_new_tokens, repetition, logit bias)."""
-    B, W, V = check_penalty_args(logits, candidates, tree_mask, output_counts, prompt_mask, output_lens,
-                                 frequency_penalties, presence_penalties, repetition_penalties, min_new_tokens,
-                                 stop_mask, logit_bias)
-    out = logits.float().clone().view(B, W, V)
+    B, R, W, V = check_penalty_args(logits, candidates, tree_mask, output_counts, prompt_mask, output_lens,
+                                    frequency_penalties, presence_penalties, repetition_penalties, min_new_tokens,
+                                    stop_mask, logit_bias)
+    out = logits.float().clone().view(B, R, V)
     for b in range(B):
         committed = {v: int(c) for v, c in enumerate(output_counts[b].tolist()) if c}
         freq, pres = float(frequency_penalties[b]), float(presence_penalties[b])
         rep = float(repetition_penalties[b])
-        for i in range(W):
+        for i in range(R):
             path = [] if tree_mask is None else [j for j in range(1, W) if bool(tree_mask[b, i, j])]
             counts = dict(committed)
             for j in path:
@@ -281,4 +281,4 @@ def apply_penalties_tree_naive(logits, candidates, tree_mask, output_counts, pro
             for t in set(counts) | set(torch.nonzero(prompt_mask[b]).flatten().tolist()):
                 row[t] = row[t] / rep if row[t] > 0 else row[t] * rep
             row += logit_bias[b].float()
-    return out.view(B * W, V)
+    return out.view(B * R, V)

@@ -378,17 +378,20 @@ def check_plan(plan, impl: str, B: int, T: int, write_offset: int, attn_len: int
 
 def check_penalty_args(logits, candidates, tree_mask, output_counts, prompt_mask, output_lens, frequency_penalties,
                        presence_penalties, repetition_penalties, min_new_tokens, stop_mask, logit_bias
-                       ) -> tuple[int, int, int]:
-    """`apply_penalties_tree`'s arguments -> (B, W, V). Values (counts, penalties) are trusted."""
+                       ) -> tuple[int, int, int, int]:
+    """`apply_penalties_tree`'s arguments -> (B, R, W, V): R logits rows per request (tree_mask.shape[1], or W
+    without a mask), W candidates per request. Values (counts, penalties) are trusted."""
     check_tensor("candidates", candidates, "int", (None, None), what="B, W")
     B, W = candidates.shape
     device = candidates.device
-    check_tensor("logits", logits, "float", (B * W, None), device, "B*W, V")
+    R = W
+    if tree_mask is not None:
+        check_tensor("tree_mask", tree_mask, "bool", (B, None, W), device, "B, R, W")
+        R = tree_mask.shape[1]
+    check_tensor("logits", logits, "float", (B * R, None), device, "B*R, V")
     V = logits.shape[1]
     if V < 1:
-        raise ValueError(f"logits must have shape (B*W, V) with V >= 1, got {tuple(logits.shape)}")
-    if tree_mask is not None:
-        check_tensor("tree_mask", tree_mask, "bool", (B, W, W), device, "B, W, W")
+        raise ValueError(f"logits must have shape (B*R, V) with V >= 1, got {tuple(logits.shape)}")
     check_tensor("output_counts", output_counts, "int", (B, V), device, "B, V")
     for name, t in (("prompt_mask", prompt_mask), ("stop_mask", stop_mask)):
         check_tensor(name, t, "bool", (B, V), device, "B, V")
@@ -398,4 +401,4 @@ def check_penalty_args(logits, candidates, tree_mask, output_counts, prompt_mask
                           ("repetition_penalties", repetition_penalties, "float"),
                           ("min_new_tokens", min_new_tokens, "int")):
         check_tensor(name, t, kind, (B,), device, "one value per request")
-    return B, W, V
+    return B, R, W, V

@@ -151,6 +151,9 @@ class SpecConfig:
     #: "exact": each tree node's logits penalised along its own path (lossless); "sglang": every node as the
     #: root, SGLang's approximation (lossy under penalties; for measuring what it costs)
     penalty_mode: str = "exact"
+    #: the draft's proposals penalised too, along their own paths (a speed choice: what is emitted never
+    #: changes); heads whose vocabulary is not the target's (a reduced EAGLE-3 vocabulary) propose unpenalised
+    draft_penalties: bool = False
 
     def __post_init__(self):
         S = check_int("num_steps", self.num_steps, 1)
@@ -162,6 +165,8 @@ class SpecConfig:
             if not 2 <= W <= w_max:
                 raise ValueError(f"num_draft_tokens={W} must be in [2, 1 + topk + (num_steps-1)*topk^2] = "
                                  f"[2, {w_max}] for num_steps={S}, topk={K}")
+        if not isinstance(self.draft_penalties, bool):
+            raise ValueError(f"draft_penalties must be True or False, got {self.draft_penalties!r}")
         if self.penalty_mode not in ("exact", "sglang"):
             raise ValueError(f"penalty_mode must be 'exact' or 'sglang', got {self.penalty_mode!r}")
         for name, v in (("num_steps", S), ("topk", K), ("num_draft_tokens", W)):

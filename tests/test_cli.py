@@ -89,11 +89,13 @@ def test_bench_penalties_writes_its_csv_and_report(tmp_path, capsys):
     (path,) = tmp_path.glob("penalties-*.csv")
     rows = list(csv.DictReader(path.open()))
     assert {r["suite"] for r in rows} == {"penalties"}
-    assert {(r["label"], r["penalty_mode"]) for r in rows if r["penalty"] == "repetition 1.5"} == {
-        ("target-only", "exact"), ("EAGLE tree S5 K4 W16", "exact"), ("EAGLE tree S5 K4 W16", "sglang"),
-        ("EAGLE chain S3", "exact"), ("EAGLE chain S3", "sglang")}
+    modes = (("exact", "False"), ("sglang", "False"), ("exact", "True"))
+    assert {(r["label"], r["penalty_mode"], r["draft_penalties"]) for r in rows if r["penalty"] == "repetition 1.5"} \
+        == {("target-only", "exact", "False")} | {(label, *m) for label in ("EAGLE tree S5 K4 W16", "EAGLE chain S3")
+                                                  for m in modes}
     assert all(float(r["differing_request_fraction"]) == 0.0 for r in rows if r["penalty_mode"] == "exact")
-    assert all(float(r["step_cpu_ms"]) > 0 for r in rows if r["penalty_mode"] == "exact" and r["penalty"] != "none")
+    assert all(float(r["step_cpu_ms"]) > 0 for r in rows
+               if r["penalty_mode"] == "exact" and r["draft_penalties"] == "False" and r["penalty"] != "none")
     capsys.readouterr()
     assert main(["report", str(path)]) == 0
     assert "| EAGLE tree S5 K4 W16 | repetition 1.5 | 0% |" in capsys.readouterr().out

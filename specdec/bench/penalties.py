@@ -1,10 +1,11 @@
 """`specdec bench --suite penalties`: what SGLang's approximation of penalties costs, and what exact ones cost.
 
-For each penalty setting and each worker case, under `penalty_mode` "exact" and "sglang": the fraction of
-requests whose greedy output differs from target-only decoding with the same penalties, and the mean accepted
-tokens per verify step. Then the price of exactness: the process CPU time per decode step with the setting
-against the same worker without penalties, the two runs taken in turn (`time_in_turn`). One CSV per run
-(`results/penalties-<run_id>.csv`); `specdec report` prints its table.
+For each penalty setting and each worker case, under `penalty_mode` "exact" and "sglang", and exact with the
+drafts penalised too (`draft_penalties`): the fraction of requests whose greedy output differs from target-only
+decoding with the same penalties, and the mean accepted tokens per verify step. Then the price of exactness:
+the process CPU time per decode step with the setting against the same worker without penalties, the two runs
+taken in turn (`time_in_turn`). One CSV per run (`results/penalties-<run_id>.csv`); `specdec report` prints
+its table.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ SETTINGS = {
     "frequency 0.5": dict(frequency_penalty=0.5),
     "frequency 1.0, presence 0.5": dict(frequency_penalty=1.0, presence_penalty=0.5),
 }
-MODES = ("exact", "sglang")
+#: (penalty_mode, draft_penalties) of the rows of one worker and setting
+MODES = (("exact", False), ("sglang", False), ("exact", True))
 
 
 @dataclass
@@ -41,6 +43,7 @@ class PenaltyRow(RunRow):
     num_draft_tokens: int | str
     penalty: str
     penalty_mode: str
+    draft_penalties: bool
     batch_size: int
     max_new_tokens: int
     decode_steps: int
@@ -57,8 +60,8 @@ class PenaltyRow(RunRow):
     linear_backend: str
 
 
-def _with_mode(spec: SpecConfig | None, mode: str) -> SpecConfig | None:
-    return None if spec is None else dataclasses.replace(spec, penalty_mode=mode)
+def _with_mode(spec: SpecConfig | None, mode: str, draft_penalties: bool) -> SpecConfig | None:
+    return None if spec is None else dataclasses.replace(spec, penalty_mode=mode, draft_penalties=draft_penalties)
 
 
 def _step_cpu(engine: Engine, plain: Engine, prompts, params, plain_params, repeats):
@@ -85,14 +88,15 @@ def run_penalties(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
         params = SamplingParams(max_new_tokens=max_new_tokens, **fields)
         base = Engine(target, impl=impl, max_batch=B).generate(prompts, params)
         for case in cases:
-            modes = ("exact",) if case.spec is None or setting == "none" else MODES
-            for mode in modes:
-                engine = Engine(target, drafts.get(case.kind), _with_mode(case.spec, mode), impl=impl, max_batch=B)
+            modes = MODES[:1] if case.spec is None or setting == "none" else MODES
+            for mode, draft_penalties in modes:
+                engine = Engine(target, drafts.get(case.kind), _with_mode(case.spec, mode, draft_penalties),
+                                impl=impl, max_batch=B)
                 outs = engine.generate(prompts, params)
                 stats = engine.last_stats
                 differ = sum(o.token_ids != b.token_ids for o, b in zip(outs, base)) / B
                 timing = ("",) * 4
-                if mode == "exact" and setting != "none":
+                if mode == "exact" and not draft_penalties and setting != "none":
                     plain = Engine(target, drafts.get(case.kind), case.spec, impl=impl, max_batch=B)
                     timing = tuple(round(t, 4) for t in _step_cpu(engine, plain, prompts, params,
                                                                   SamplingParams(max_new_tokens=max_new_tokens),
@@ -102,6 +106,7 @@ def run_penalties(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                     **run.prefix(), impl=engine.impl, model=model_name, worker=case.kind, label=case.label,
                     num_steps=spec.num_steps if spec else "", topk=spec.topk if spec else "",
                     num_draft_tokens=spec.num_draft_tokens if spec else "", penalty=setting, penalty_mode=mode,
+                    draft_penalties=draft_penalties,
                     batch_size=B, max_new_tokens=max_new_tokens, decode_steps=stats.num_decode_steps,
                     tokens=stats.num_tokens, differing_request_fraction=round(differ, 4),
                     mean_accept_len=round(stats.mean_accept_len, 4) if spec else "",
@@ -109,7 +114,8 @@ def run_penalties(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                     step_cpu_ms_p80=timing[2], step_cpu_ms_without_penalties=timing[3],
                     penalty_step_overhead=round(timing[0] / timing[3] - 1, 4) if timing[0] != "" else "",
                     cpu_model=cpu_model(), linear_backend=cpu_linear_backend()))
-                progress(f"  {case.label:<24} {setting:<28} {mode:<6} differ {differ:5.0%}"
+                progress(f"  {case.label:<24} {setting:<28} {mode + (' +draft' if draft_penalties else ''):<12} "
+                         f"differ {differ:5.0%}"
                          + (f"  accept {stats.mean_accept_len:.2f}" if spec else "")
                          + (f"  step +{rows[-1].penalty_step_overhead:.1%}" if timing[0] != "" else ""))
     return run.write(rows, out_dir)
@@ -119,11 +125,13 @@ def penalties_table(df) -> str:
     """Markdown: per worker and penalty setting, the fraction of requests that leave target-only's greedy
     output and the accepted tokens per step under each mode, and the exact mode's step cost against none."""
     head = ["worker", "penalty", "differ (exact)", "differ (sglang)", "accepted / step (exact)",
-            "accepted / step (sglang)", "step cost vs none (exact)"]
+            "accepted / step (sglang)", "accepted / step (exact, drafts penalised)", "step cost vs none (exact)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     df = df[df["penalty"] != "none"]
     for (label, penalty), g in df.groupby(["label", "penalty"], sort=False):
-        by = g.set_index("penalty_mode")
+        g = g.assign(mode=[m + (" +draft" if str(d) == "True" else "") for m, d in
+                           zip(g["penalty_mode"], g["draft_penalties"])])
+        by = g.set_index("mode")
 
         def cell(mode, col, fmt, by=by):
             value = by.loc[mode, col] if mode in by.index else ""
@@ -133,7 +141,8 @@ def penalties_table(df) -> str:
         lines.append("| " + " | ".join([
             label, penalty, cell("exact", "differing_request_fraction", pct),
             cell("sglang", "differing_request_fraction", pct), cell("exact", "mean_accept_len", num),
-            cell("sglang", "mean_accept_len", num), cell("exact", "penalty_step_overhead", lambda v: f"{v:+.1%}"),
+            cell("sglang", "mean_accept_len", num), cell("exact +draft", "mean_accept_len", num),
+            cell("exact", "penalty_step_overhead", lambda v: f"{v:+.1%}"),
         ]) + " |")
     return "\n".join(lines)
 

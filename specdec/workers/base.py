@@ -273,6 +273,19 @@ class WorkerBase:
             st.prompt_mask, st.output_lens, s.frequency_penalties, s.presence_penalties, s.repetition_penalties,
             s.min_new_tokens, s.stop_mask, s.logit_bias)
 
+    #: whether the draft's proposals are penalised too (SpecConfig.draft_penalties)
+    draft_penalties = False
+
+    def penalize_draft(self, logits, candidates, tree_mask):
+        """The draft's logits (B*R, V) penalised along their rows' paths when `draft_penalties` is on, some
+        request has penalties and the draft's vocabulary is the target's; else `logits` itself."""
+        if not (self.draft_penalties and self.sampling.penalized and logits.shape[-1] == self.vocab_size):
+            return logits
+        s, st = self.sampling, self.state
+        return self.ops.apply_penalties_tree(
+            logits, candidates, tree_mask, st.output_counts, st.prompt_mask, st.output_lens, s.frequency_penalties,
+            s.presence_penalties, s.repetition_penalties, s.min_new_tokens, s.stop_mask, s.logit_bias)
+
     def count_emitted(self, tokens, num_emitted) -> None:
         """tokens: (B, T) int64, the first num_emitted[b] (B,) of row b emitted this step: into the counts."""
         if not self.sampling.penalized:
@@ -365,6 +378,7 @@ class SpeculativeWorkerBase(WorkerBase):
         self.topk = spec.topk
         self.num_draft_tokens = spec.num_draft_tokens
         self.penalty_mode = spec.penalty_mode
+        self.draft_penalties = spec.draft_penalties
 
     def caches(self) -> list[KVCache]:
         return [self.cache, self.draft_cache]

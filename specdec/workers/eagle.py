@@ -39,7 +39,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     def _set_next_root_children(self, hidden):
         """hidden: (B, H), the draft's output at each request's last committed position."""
         st = self.state
-        st.topk_p, st.topk_index = self._draft_topk(self.draft_model.compute_logits(hidden), self.topk)
+        logits = self.penalize_draft(self.draft_model.compute_logits(hidden), st.last_tokens[:, None], None)
+        st.topk_p, st.topk_index = self._draft_topk(logits, self.topk)
         st.draft_hidden = hidden
 
     def _draft_topk(self, logits, K):
@@ -56,9 +57,11 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         own = self._own_slot
         n_inflight = own.shape[0]
         ancestry = None  # (B, K, n_inflight): in-flight draft slots each frontier node attends
+        slot_tokens = [st.last_tokens[:, None]]  # the root, then each step's frontier tokens by in-flight slot
         for i in range(S):
             input_ids, hidden, scores, (step_scores, step_tokens, parents) = self.ops.select_top_k_tokens(
                 i, topk_p, topk_index, hidden, scores, K)
+            slot_tokens.append(input_ids.view(B, K))
             score_list.append(step_scores)
             token_list.append(step_tokens)
             parents_list.append(parents)
@@ -74,8 +77,12 @@ class EagleWorkerV2(SpeculativeWorkerBase):
                                      write_offset=i * K, tree_mask=ancestry[:, :, :(i + 1) * K].contiguous())
             positions = (st.seq_lens + i)[:, None].expand(B, K)
             out = self.draft_model(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
-            logits, hidden = out.logits, out.hidden
-            topk_p, topk_index = self._draft_topk(logits.view(B * K, -1), K)
+            logits, hidden = out.logits.view(B * K, -1), out.hidden
+            if self.draft_penalties:  # each frontier node's path: the root column, then its in-flight ancestry
+                path = torch.cat([torch.ones(B, K, 1, dtype=torch.bool, device=self.device),
+                                  ancestry[:, :, :(i + 1) * K]], dim=2)
+                logits = self.penalize_draft(logits, torch.cat(slot_tokens, dim=1), path)
+            topk_p, topk_index = self._draft_topk(logits, K)
             hidden = hidden.reshape(B * K, -1)
         return score_list, token_list, parents_list
 
