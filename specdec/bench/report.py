@@ -54,10 +54,11 @@ def print_report(csv_path) -> int:
         from .penalties import penalties_table
         df = pd.read_csv(path, keep_default_na=False)
         info = df.iloc[0]
+        repeats = next((r for r in df["repeats"] if r != ""), "?")
         print(f"{path.name}: {info['model']} on {info['device']}, impl={info['impl']}, commit {info['commit']}, "
               f"{int(info['threads'])} thread(s), {int(info['batch_size'])} prompts x {int(info['max_new_tokens'])} "
-              f"new tokens, greedy; step cost: process CPU time per decode step, median of {info['repeats']} "
-              f"passes in turn")
+              f"new tokens, greedy; step cost: process CPU time per decode step against the same worker without "
+              f"penalties, median of {repeats} runs of each in turn")
         print()
         print(penalties_table(df))
         return 0
