@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .checks import check_int
+from .checks import ArgumentTypeError, check_int
 from .config import SamplingParams
 from .engine import Engine, GenerateOutput
 
@@ -35,7 +35,7 @@ class HFTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got {type(text).__name__}")
+            raise ArgumentTypeError(f"text must be a str, got {type(text).__name__}")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids) -> str:

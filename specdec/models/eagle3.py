@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..checks import check_int
 from .draft_common import DraftConfig, DraftHeadBase, draft_config_like, randomize_
 from .io import load_strict, read_config, read_state_dict
 from .layers import LlamaAttention, LlamaMLP, RMSNorm
@@ -42,14 +43,12 @@ class Eagle3Config(DraftConfig):
         super().__post_init__()
         if self.draft_vocab_size is None:
             self.draft_vocab_size = self.vocab_size
-        v = self.draft_vocab_size
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= self.vocab_size:
-            raise ValueError(f"config field draft_vocab_size must be an int in [1, vocab_size={self.vocab_size}], "
-                             f"got {v!r}")
-        if not isinstance(self.feature_layers, (list, tuple)) or not self.feature_layers or not all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.feature_layers):
+        self.draft_vocab_size = check_int("config field draft_vocab_size", self.draft_vocab_size, 1, self.vocab_size)
+        if not isinstance(self.feature_layers, (list, tuple)) or not self.feature_layers:
             raise ValueError(f"config field feature_layers must be a non-empty list of layer indices, got "
                              f"{self.feature_layers!r}")
+        self.feature_layers = [check_int(f"config field feature_layers[{j}]", i, 0)
+                               for j, i in enumerate(self.feature_layers)]
         repeated = sorted({i for i in self.feature_layers if list(self.feature_layers).count(i) > 1})
         if repeated:
             raise ValueError(f"config field feature_layers lists layer(s) {repeated} more than once "
@@ -68,9 +67,7 @@ def default_feature_layers(num_target_layers: int) -> list[int]:
     L = 4, [1, 2, 4] at 5, [1, 3, 5] at 6); L = 3 has only two layer inputs past the embeddings and takes
     the last layer's output as its third, [1, 2, 3]. A target of fewer than 3 layers
     gives every layer's output once ([1] or [1, 2])."""
-    L = num_target_layers
-    if isinstance(L, bool) or not isinstance(L, int) or L < 1:
-        raise ValueError(f"num_target_layers must be an int >= 1, got {L!r}")
+    L = check_int("num_target_layers", num_target_layers, 1)
     if L < 3:
         return list(range(1, L + 1))
     if L >= 7:

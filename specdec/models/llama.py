@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import nn
 
+from ..checks import check_int, check_real
 from .rope import normalize_rope_scaling
 from .io import load_strict, read_config, read_state_dict, save_dir
 from .linear import Linear
@@ -67,17 +68,15 @@ class LlamaConfig:
                                  f"num_attention_heads={self.num_attention_heads}")
             self.head_dim = self.hidden_size // self.num_attention_heads
         for name in self.REQUIRED + ("num_key_value_heads", "head_dim", "max_position_embeddings"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"config field {name} must be a positive int, got {v!r}")
+            setattr(self, name, check_int(f"config field {name}", getattr(self, name), 1))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                              f"num_key_value_heads={self.num_key_value_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         for name in ("rope_theta", "rms_norm_eps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            v = check_real(f"config field {name}", getattr(self, name))
+            if not 0 < v < float("inf"):
                 raise ValueError(f"config field {name} must be a number > 0, got {v!r}")
         for name in self.BOOLEAN:
             v = getattr(self, name)

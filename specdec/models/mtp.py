@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..checks import check_int
 from .draft_common import DraftConfig, DraftModelBase, draft_config_like, randomize_
 from .linear import Linear
 from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
@@ -81,8 +82,7 @@ def mtp_from_target_dir(path, target, layout: str, num_layers: int | None = None
         raise ValueError(f"layout must be 'deepseek' or 'mimo', got {layout!r}")
     raw = read_config(path)
     S = num_layers if num_layers is not None else raw.get("num_nextn_predict_layers")
-    if isinstance(S, bool) or not isinstance(S, int) or S < 1:
-        raise ValueError(f"{path}: the number of MTP layers (num_nextn_predict_layers) must be an int >= 1, got {S!r}")
+    S = check_int(f"{path}: the number of MTP layers (num_nextn_predict_layers)", S, 1)
     model = MTPDraftModel(draft_config_like(target, S, mtp_layout=layout), target)
     L = target.config.num_hidden_layers
     prefix = {k: f"model.layers.{L + k}." if layout == "deepseek" else f"model.mtp_layers.{k}." for k in range(S)}

@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from ..checks import check_real
+
 #: For each rope type: the fields it requires, and the ones it may have.
 _FIELDS = {
     "default": (set(), set()),
@@ -49,7 +51,7 @@ def normalize_rope_scaling(spec, where: str) -> dict | None:
         if k == "truncate":
             if not isinstance(v, bool):
                 raise ValueError(f"{where}: rope field truncate must be true or false, got {v!r}")
-        elif v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+        elif v is not None and not check_real(f"{where}: rope field {k}", v) > 0:
             raise ValueError(f"{where}: rope field {k} must be a number > 0, got {v!r}")
     if kind == "default":
         return None

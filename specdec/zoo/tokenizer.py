@@ -1,6 +1,8 @@
 """Byte-level tokenizer of the model zoo: every UTF-8 byte is a token, plus BOS and EOS."""
 from __future__ import annotations
 
+from ..checks import ArgumentTypeError
+
 
 class ByteTokenizer:
     """ids 0..255 are the bytes of the UTF-8 encoding; 256 = BOS, 257 = EOS (vocab_size = 258).
@@ -15,7 +17,7 @@ class ByteTokenizer:
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """str -> list[int] of length len(text.encode('utf-8')) (+1 per special asked for)."""
         if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+            raise ArgumentTypeError(f"text must be a str, got {type(text).__name__}")
         ids = list(text.encode("utf-8"))
         if add_bos:
             ids.insert(0, self.bos_token_id)
