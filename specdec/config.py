@@ -32,6 +32,11 @@ class SamplingParams:
     (1 off) over prompt and output tokens (a positive logit divided by it, a negative one multiplied);
     `min_new_tokens` holds the stop ids back until that many tokens are out; `logit_bias` maps token ids
     (ints, or their decimal strings as JSON carries them) to a bias added to that logit.
+
+    Structured output (SGLang's names, at most one per request, compiled with xgrammar: the `grammar` extra):
+    `json_schema` (a JSON string or a dict), `regex`, `ebnf` (xgrammar's EBNF, `root ::= ...`). The logits are
+    masked to the tokens the grammar allows after the output so far; once it is complete only the stop tokens
+    are (a request without `stop_token_ids` stops at the tokenizer's EOS). Not combinable with min_new_tokens.
     """
 
     max_new_tokens: int = 16
@@ -47,6 +52,14 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
     logit_bias: dict[int, float] | None = None
+    json_schema: str | dict | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    @property
+    def has_grammar(self) -> bool:
+        """Whether a JSON schema, a regex or an EBNF grammar constrains this request's output."""
+        return self.json_schema is not None or self.regex is not None or self.ebnf is not None
 
     @property
     def is_greedy(self) -> bool:
@@ -128,6 +141,17 @@ class SamplingParams:
                 if not math.isfinite(bias):
                     raise bad(f"logit_bias[{key!r}] must be finite, got {bias}")
                 logit_bias[token] = bias
+        grammars = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None]
+        if len(grammars) > 1:
+            raise bad(f"at most one of json_schema, regex and ebnf may be set, got {' and '.join(grammars)}")
+        for name in grammars:
+            value = getattr(self, name)
+            if not (isinstance(value, str) or (name == "json_schema" and isinstance(value, dict))):
+                kinds = "a JSON string or a dict" if name == "json_schema" else "a string"
+                raise bad(f"{name} must be {kinds}, got {type(value).__name__}")
+        if grammars and min_new_tokens > 0:
+            raise bad(f"min_new_tokens={min_new_tokens} cannot be combined with {grammars[0]}: the grammar decides "
+                      f"where the output may end")
         return dataclasses.replace(self, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                    top_p=top_p, stop_token_ids=token_list("stop_token_ids", False),
                                    top_logprobs_num=top_logprobs_num,
