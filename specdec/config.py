@@ -178,6 +178,10 @@ class SpecConfig:
     #: the draft's proposals penalised too, along their own paths (a speed choice: what is emitted never
     #: changes); heads whose vocabulary is not the target's (a reduced EAGLE-3 vocabulary) propose unpenalised
     draft_penalties: bool = False
+    #: the draft's proposals masked by the request's grammar too, along their own paths (a speed choice: a masked
+    #: draft never proposes a token the grammar forbids; what is emitted never changes). A host round trip per
+    #: draft step of a grammar batch; heads with a reduced vocabulary (EAGLE-3) propose unmasked
+    draft_grammar: bool = False
 
     def __post_init__(self):
         S = check_int("num_steps", self.num_steps, 1)
@@ -189,8 +193,9 @@ class SpecConfig:
             if not 2 <= W <= w_max:
                 raise ValueError(f"num_draft_tokens={W} must be in [2, 1 + topk + (num_steps-1)*topk^2] = "
                                  f"[2, {w_max}] for num_steps={S}, topk={K}")
-        if not isinstance(self.draft_penalties, bool):
-            raise ValueError(f"draft_penalties must be True or False, got {self.draft_penalties!r}")
+        for name in ("draft_penalties", "draft_grammar"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.penalty_mode not in ("exact", "sglang"):
             raise ValueError(f"penalty_mode must be 'exact' or 'sglang', got {self.penalty_mode!r}")
         for name, v in (("num_steps", S), ("topk", K), ("num_draft_tokens", W)):

@@ -137,6 +137,42 @@ class GrammarBatch:
         self.fill_seconds += time.perf_counter() - t0
         return bitmask
 
+    def fill_paths(self, tokens: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+        """tokens (B, L) int64, paths (B, R, L) bool on the host (row r's path: the tokens j > 0 it marks, in
+        order; column 0 is the root, already committed) -> (B*R, words) int32: each row's mask after its path
+        (the draft's proposals, masked along their own paths). Accepts and rolls back each path."""
+        t0 = time.perf_counter()
+        B, R, L = paths.shape
+        bitmask = torch.full((B * R, self.words), -1, dtype=torch.int32)
+        tok, on = tokens.tolist(), paths.tolist()
+        for b, m in enumerate(self.matchers):
+            if m is None or m.is_terminated():
+                continue
+            for r in range(R):
+                n = 0
+                for j in range(1, L):
+                    if on[b][r][j]:
+                        if m.is_terminated() or not m.accept_token(tok[b][j]):
+                            n = -1 - n
+                            break
+                        n += 1
+                if n >= 0 and not m.is_terminated():
+                    m.fill_next_token_bitmask(bitmask, b * R + r)
+                m.rollback(n if n >= 0 else -1 - n)
+        self.fill_seconds += time.perf_counter() - t0
+        return bitmask
+
+    @staticmethod
+    def remap(bitmask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """bitmask (N, ceil(V/32)) int32 over the target's ids, ids (V_d,) int64: the target id of each draft id
+        -> (N, ceil(V_d/32)) int32 over the draft's ids (draft id d allowed where target id ids[d] is)."""
+        shifts = torch.arange(32, dtype=torch.int32)
+        bits = ((bitmask[:, :, None] >> shifts) & 1).flatten(1)[:, ids]  # (N, V_d)
+        pad = (-bits.shape[1]) % 32
+        bits = torch.nn.functional.pad(bits, (0, pad)).view(bits.shape[0], -1, 32).long()
+        words = (bits << shifts.long()).sum(-1)  # unsigned 32-bit words, as int64
+        return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+
     def fill_roots(self) -> torch.Tensor:
         """-> (B, words) int32: each request's mask at its committed state (one-token steps)."""
         t0 = time.perf_counter()

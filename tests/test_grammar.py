@@ -346,3 +346,66 @@ def test_a_grammar_batch_pays_nothing_when_no_request_has_one(small):
     outs = engine.generate([[1, 2]], params)
     assert engine.worker.grammar is not None and engine.worker.grammar.fill_seconds > 0
     assert outs[0].token_ids[-1] in (EOS, 10)
+
+
+# ---- masked drafts ----------------------------------------------------------------------------------------
+
+def test_path_masks_equal_a_fresh_matcher_per_path():
+    compiled = _compiled("json")
+    prefix = list(b'{"name": "')
+    cand, _, _, paths = _random_tree(10, 5, compiled, prefix)
+    R, L = 6, 10
+    rng = random.Random(3)
+    rows = torch.zeros(2, R, L, dtype=torch.bool)
+    for r in range(R):  # a random node's ancestry (its path's nodes), as a frontier row marks it
+        node = rng.randrange(L)
+        anc = [i for i in range(1, L) if paths[i] == paths[node][:len(paths[i])] and i <= node]
+        rows[:, r, anc] = True
+    batch = GrammarBatch([compiled, None], [[EOS]] * 2, 258)
+    batch.advance([prefix, []], [len(prefix), 0])
+    before = batch.fill_roots()
+    bitmask = batch.fill_paths(torch.stack([cand, cand]), rows)
+    for r in range(R):
+        path = [int(cand[j]) for j in range(1, L) if rows[0, r, j]]
+        words = [w & 0xFFFFFFFF for w in bitmask[r].tolist()]
+        want = grammar_allowed(compiled, [EOS], prefix + path)
+        assert {v for v in range(258) if (words[v // 32] >> (v % 32)) & 1} == (set(range(258)) if want is None
+                                                                               else want)
+        assert torch.equal(bitmask[R + r], torch.full_like(bitmask[R + r], -1))
+    assert torch.equal(batch.fill_roots(), before)
+
+
+@pytest.mark.parametrize("worker", list(WORKERS))
+def test_masked_drafts_change_only_the_proposals_and_accept_more(small, baselines, worker):
+    prompt, want = baselines["json"]
+    kind, spec = WORKERS[worker]
+    accept = {}
+    for masked in (False, True):
+        engine = Engine(small.target, getattr(small, kind), dataclasses.replace(spec, draft_grammar=masked),
+                        impl="reference", tokenizer=small.tokenizer)
+        outs = engine.generate([prompt, small.tokenizer.encode("x = ")], _params("json"))
+        assert outs[0].token_ids == want
+        _check_outputs(small, "json", outs)
+        accept[masked] = engine.last_stats.mean_accept_len
+    assert accept[True] >= accept[False], accept
+
+
+def test_masked_drafts_on_the_fast_path(small, baselines):
+    prompt, want = baselines["date"]
+    engine = Engine(small.target, small.eagle, SpecConfig(5, 4, 16, draft_grammar=True), impl="fast",
+                    tokenizer=small.tokenizer)
+    assert engine.generate([prompt], _params("date"))[0].token_ids == want
+
+
+def test_a_reduced_draft_vocabulary_reads_its_ids_bits():
+    ids = torch.randperm(258, generator=torch.Generator().manual_seed(0))[:100]
+    bitmask = _random_bitmask(3, 258, 4)
+    remapped = GrammarBatch.remap(bitmask, ids)
+    assert remapped.shape == (3, 4) and remapped.dtype == torch.int32
+    assert torch.equal(torch.isfinite(reference.apply_token_bitmask(torch.zeros(3, 100), remapped)),
+                       torch.isfinite(reference.apply_token_bitmask(torch.zeros(3, 258), bitmask))[:, ids])
+
+
+def test_draft_grammar_is_checked():
+    with pytest.raises(ValueError, match="draft_grammar must be True or False"):
+        SpecConfig(3, draft_grammar=1)

@@ -138,7 +138,8 @@ def test_cli_generate_with_an_eagle3_checkpoint(tmp_path, capsys):
 def test_cli_generate_takes_a_grammar(tmp_path, capsys):
     pytest.importorskip("xgrammar")
     schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps({"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999}}, "required": ["id"]}))
+    integer = {"type": "integer", "minimum": 0, "maximum": 999}
+    schema.write_text(json.dumps({"type": "object", "properties": {"id": integer}, "required": ["id"]}))
     grammar = tmp_path / "g.ebnf"
     grammar.write_text('root ::= "def " [a-z]+ "():"')
     for flags, check in ((["--json-schema", str(schema)], lambda t: json.loads(t)["id"] is not None),

@@ -300,12 +300,18 @@ class WorkerBase:
         """The one device-to-host transfer of a grammar step: the last step's emitted tokens (which advance the
         matchers first) and `tensors` ((B, W) int each, this step's tree), packed -> the tensors on the host."""
         st = self.state
-        pending = [st.grammar_tokens, st.grammar_lens[:, None]]
-        B = pending[0].shape[0]
+        pending = [st.grammar_tokens, st.grammar_lens[:, None]] if hasattr(st, "grammar_tokens") else []
+        B = len(self.grammar.matchers)
+        if not pending and not tensors:
+            return []
         flat = torch.cat([t.reshape(B, -1).long() for t in pending + list(tensors)], dim=1).cpu()
-        T = pending[0].shape[1]
-        self.grammar.advance(flat[:, :T].tolist(), flat[:, T].tolist())
-        out, pos = [], T + 1
+        pos = 0
+        if pending:  # once: a draft that masks its proposals may have advanced the matchers already this step
+            T = pending[0].shape[1]
+            self.grammar.advance(flat[:, :T].tolist(), flat[:, T].tolist())
+            del st.grammar_tokens, st.grammar_lens
+            pos = T + 1
+        out = []
         for t in tensors:
             w = t.reshape(B, -1).shape[1]
             out.append(flat[:, pos:pos + w])
@@ -317,8 +323,7 @@ class WorkerBase:
         when no request has a grammar (a one-token step: prefill, target-only decode)."""
         if self.grammar is None:
             return None
-        if hasattr(self.state, "grammar_tokens"):
-            self._grammar_to_host()
+        self._grammar_to_host()
         return self.grammar.fill_roots().to(self.device)
 
     def grammar_bitmask_tree(self, candidates, retrieve_next_token, retrieve_next_sibling):
@@ -328,6 +333,30 @@ class WorkerBase:
             return None
         cand, next_token, next_sibling = self._grammar_to_host(candidates, retrieve_next_token, retrieve_next_sibling)
         return self.grammar.fill_tree(cand, next_token, next_sibling).to(self.device)
+
+    #: whether the draft's proposals are masked by the grammar too (SpecConfig.draft_grammar)
+    draft_grammar = False
+    #: (draft vocabulary,) int64 on the host: the target id of each draft id, for a reduced draft vocabulary
+    draft_vocab_ids = None
+
+    def constrain_draft(self, logits, candidates, tree_mask):
+        """The draft's logits (B*R, V), each row masked by the grammar after its path (candidates (B, L), node 0
+        the root; tree_mask (B, R, L) bool, or None for the root alone) when `draft_grammar` is on, some request
+        has a grammar; else `logits` itself. A reduced draft vocabulary (EAGLE-3) reads its ids' bits through
+        `draft_vocab_ids`. A host round trip per call: the path tokens down, the bitmask up."""
+        remap = self.draft_vocab_ids is not None
+        if not (self.draft_grammar and self.grammar is not None) or (logits.shape[-1] != self.vocab_size
+                                                                     and not remap):
+            return logits
+        if tree_mask is None:
+            tree_mask = torch.ones(candidates.shape[0], 1, 1, dtype=torch.bool, device=self.device)
+        B, R, L = tree_mask.shape
+        with self.phase("grammar"):
+            tokens, paths = self._grammar_to_host(candidates, tree_mask)
+            bitmask = self.grammar.fill_paths(tokens, paths.view(B, R, L).bool())
+            if remap:  # a reduced draft vocabulary (EAGLE-3): draft id d reads target id draft_vocab_ids[d]'s bit
+                bitmask = self.grammar.remap(bitmask, self.draft_vocab_ids)
+        return self.ops.apply_token_bitmask(logits, bitmask.to(self.device))
 
     def constrain(self, logits, bitmask):
         """logits (N, V) after the penalties -> -inf where the grammar forbids a token (`apply_token_bitmask`),
@@ -434,6 +463,7 @@ class SpeculativeWorkerBase(WorkerBase):
         self.num_draft_tokens = spec.num_draft_tokens
         self.penalty_mode = spec.penalty_mode
         self.draft_penalties = spec.draft_penalties
+        self.draft_grammar = spec.draft_grammar
 
     def caches(self) -> list[KVCache]:
         return [self.cache, self.draft_cache]
