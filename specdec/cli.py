@@ -143,6 +143,8 @@ def main(argv=None) -> int:
     grammar.add_argument("--regex", metavar="R", default=None, help="constrain the output to this regular expression")
     grammar.add_argument("--ebnf", metavar="FILE", default=None,
                          help="constrain the output to this EBNF grammar (xgrammar's syntax, root ::= ...)")
+    gen.add_argument("--draft-grammar", action="store_true",
+                     help="mask the draft's proposals by the grammar too (more tokens per step, same output)")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     gen.add_argument("--threads", type=int, default=1, help=THREADS_HELP)

@@ -74,8 +74,9 @@ def run_generate(args) -> int:
     if draft is not None and (args.num_steps or args.topk or args.num_draft_tokens):
         S = args.num_steps or spec.num_steps
         spec = SpecConfig(S, args.topk or spec.topk, args.num_draft_tokens)
-    if draft is not None and args.penalty_mode != spec.penalty_mode:
-        spec = SpecConfig(spec.num_steps, spec.topk, spec.num_draft_tokens, penalty_mode=args.penalty_mode)
+    if draft is not None and (args.penalty_mode != spec.penalty_mode or args.draft_grammar):
+        spec = SpecConfig(spec.num_steps, spec.topk, spec.num_draft_tokens, penalty_mode=args.penalty_mode,
+                          draft_grammar=args.draft_grammar)
     from .models import MTPDraftModel
     prompt_len = len(tokenizer.encode(args.prompt))
     # room for the in-flight draft slots of the worker that runs (MTP's extend writes up to 2 S past the length)

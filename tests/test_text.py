@@ -146,7 +146,7 @@ def test_cli_generate_takes_a_grammar(tmp_path, capsys):
                          (["--regex", r"[a-z_]{1,8}"], lambda t: re.fullmatch(r"[a-z_]{1,8}", t)),
                          (["--ebnf", str(grammar)], lambda t: re.fullmatch(r"def [a-z]+\(\):", t))):
         assert main(["generate", "--target", f"{ZOO}/target", "--draft", f"{ZOO}/eagle", "--max-new-tokens", "40",
-                     *flags, "x = "]) == 0
+                     "--draft-grammar", *flags, "x = "]) == 0
         out = capsys.readouterr().out
         assert check(out.split("\n\n[")[0].removeprefix("x = ")), out
     assert main(["generate", "--target", f"{ZOO}/target", "--regex", "[a-", "x"]) == 1

@@ -76,11 +76,11 @@ def _run(engine, prompts, params) -> tuple[float, int, int, float, float]:
     return tokens / wall, tokens, stats.num_decode_steps, stats.mean_accept_len, fill
 
 
-def grammar_rows(run: Run, bundle, model: str, max_new_tokens: int, repeats: int) -> list[GrammarRow]:
+def grammar_rows(run: Run, bundle, model: str, max_new_tokens: int, repeats: int, cases=None) -> list[GrammarRow]:
     prompts = [bundle.tokenizer.encode(p) for p in PROMPTS]
     settings = [("none", False), ("json", False), ("json", True)]
     rows = []
-    for case in CASES:
+    for case in CASES if cases is None else cases:
         engines = {s: _engine(bundle, case, s[1]) for s in settings if case.spec is not None or not s[1]}
         params = {"none": SamplingParams(max_new_tokens=max_new_tokens),
                   "json": SamplingParams(max_new_tokens=max_new_tokens, json_schema=json.dumps(SCHEMA))}
