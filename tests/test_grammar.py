@@ -409,3 +409,45 @@ def test_a_reduced_draft_vocabulary_reads_its_ids_bits():
 def test_draft_grammar_is_checked():
     with pytest.raises(ValueError, match="draft_grammar must be True or False"):
         SpecConfig(3, draft_grammar=1)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp_chain"])
+def test_sampling_with_masked_drafts_is_the_exact_distribution(kind):
+    V, n_tokens, N = 6, 3, 3000
+    target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
+    info = xgr.TokenizerInfo(["a", "b", "c", "d", "e", ""], vocab_size=V, stop_token_ids=[5])
+    regex = "[ab][bcd]*"
+    compiled = GrammarCompiler(info, V).compile(SamplingParams(regex=regex), 0)
+    exact = exact_joint_grammar(target, [1, 2], n_tokens, 0.8, compiled, [5])
+    draft, spec = ((perfect_eagle(target), SpecConfig(3, 2, 6, draft_grammar=True)) if kind == "eagle"
+                   else (perfect_mtp(target, 3, False), SpecConfig(3, draft_grammar=True)))
+    engine = Engine(target, draft, spec, impl="reference", max_batch=N, max_seq_len=16, tokenizer=info)
+    outs = engine.generate([[1, 2]] * N, SamplingParams(max_new_tokens=n_tokens, temperature=0.8, regex=regex,
+                                                        stop_token_ids=[5]), seed=11)
+    counts = dict.fromkeys(exact, 0)
+    for o in outs:
+        counts[tuple(o.token_ids)] += 1
+    assert any(a > 1 for o in outs for a in o.accept_lens)
+    cells = list(exact)
+    assert chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells]) > FALSE_FAILURE_RATE
+
+
+def test_a_grammar_batch_leaves_the_graph_path_and_the_next_batch_takes_it_again(small, baselines):
+    from specdec.workers.graphs import DecodeGraphs
+    engine = _engine(small, "EAGLE tree S5 K4 W16")
+    graphs = DecodeGraphs(engine.worker, capture=False)  # the graph path's static buffers, replayed eagerly
+    calls = []
+
+    def through_graphs():
+        calls.append(1)
+        return graphs.decode_step()
+
+    engine._decode = through_graphs
+    plain = SamplingParams(max_new_tokens=24)
+    free = engine.generate([[1, 2, 3]], plain)[0].token_ids
+    assert calls
+    calls.clear()
+    prompt, want = baselines["ident"]
+    assert engine.generate([prompt], _params("ident"))[0].token_ids == want
+    assert not calls  # a grammar batch decodes eagerly
+    assert engine.generate([[1, 2, 3]], plain)[0].token_ids == free and calls
