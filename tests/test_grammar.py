@@ -451,3 +451,15 @@ def test_a_grammar_batch_leaves_the_graph_path_and_the_next_batch_takes_it_again
     assert engine.generate([prompt], _params("ident"))[0].token_ids == want
     assert not calls  # a grammar batch decodes eagerly
     assert engine.generate([[1, 2, 3]], plain)[0].token_ids == free and calls
+
+
+@pytest.mark.parametrize("impl", ["reference", pytest.param("fast", marks=pytest.mark.slow)])
+def test_sampled_outputs_satisfy_the_grammar(small, impl):
+    engine = _engine(small, "EAGLE tree S5 K4 W16", impl=impl)
+    prompts = [small.tokenizer.encode(p) for p in ("person = ", "x = ", "def f():\n    return ")]
+    outs = engine.generate(prompts, _params("json", temperature=0.9, top_p=0.95), seed=3)
+    for o in outs:
+        if o.finish_reason == "stop":
+            _check_outputs(small, "json", [o])
+        else:  # cut by max_new_tokens: a prefix the grammar allows
+            assert grammar_allowed(_compiled("json"), [EOS], o.token_ids) is not None
