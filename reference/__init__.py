@@ -3,6 +3,7 @@ signatures; the per-node oracles that tests hold both to are in `reference.naive
 """
 from .attention import apply_rope_and_write_kv, plan_tree_attention, tree_attention
 from .draft import softmax_topk
+from .grammar import apply_token_bitmask
 from .kv import commit_kv_cache
 from .logprobs import compute_spec_v2_logprobs
 from .penalties import apply_penalties_tree
@@ -13,4 +14,5 @@ from .verify import tree_speculative_sampling_target_only, verify_tree_greedy
 __all__ = ["softmax_topk", "select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient",
            "verify_tree_greedy", "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs",
            "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob", "plan_tree_attention",
-           "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache", "apply_penalties_tree"]
+           "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache", "apply_penalties_tree",
+           "apply_token_bitmask"]

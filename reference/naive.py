@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import (check_build_tree_args, check_penalty_args, check_sampling_args, check_tree_args,
-                            check_verify_greedy_args)
+from specdec.checks import (check_bitmask_args, check_build_tree_args, check_penalty_args, check_sampling_args,
+                            check_tree_args, check_verify_greedy_args)
 
-__all__ = ["apply_penalties_tree_naive", "build_tree_naive", "sample_residual_naive",
+__all__ = ["apply_penalties_tree_naive", "apply_token_bitmask_naive", "build_tree_naive", "sample_residual_naive",
            "tree_speculative_sampling_target_only_naive", "verify_tree_greedy_naive"]
 
 
@@ -282,3 +282,16 @@ def apply_penalties_tree_naive(logits, candidates, tree_mask, output_counts, pro
                 row[t] = row[t] / rep if row[t] > 0 else row[t] * rep
             row += logit_bias[b].float()
     return out.view(B * R, V)
+
+
+def apply_token_bitmask_naive(logits, bitmask):
+    """Same shapes and semantics as ``apply_token_bitmask``: token by token, read its word and its bit as
+    Python ints (the word's 32 bits as an unsigned number), -inf where the bit is 0."""
+    N, V = check_bitmask_args(logits, bitmask)
+    out = logits.float().clone()
+    for n in range(N):
+        words = [w & 0xFFFFFFFF for w in bitmask[n].tolist()]
+        for v in range(V):
+            if not (words[v // 32] >> (v % 32)) & 1:
+                out[n, v] = float("-inf")
+    return out

@@ -74,12 +74,13 @@ _DTYPE_KINDS = {
     "float": ("a floating-point", lambda d: d.is_floating_point),
     "bool": ("a bool", lambda d: d == torch.bool),
     "float32": ("the float32", lambda d: d == torch.float32),
+    "int32": ("the int32", lambda d: d == torch.int32),
 }
 
 
 def check_tensor(name: str, t, dtype: str | None = None, shape: tuple | None = None, device=None,
                  what: str = "") -> torch.Tensor:
-    """`t` must be a tensor; of dtype kind `dtype` ("int", "float", "bool" or "float32") when given; of
+    """`t` must be a tensor; of dtype kind `dtype` ("int", "float", "bool", "float32" or "int32") when given; of
     `shape` when given (an entry None matches any size, and a shorter tuple than t.dim() never matches);
     on `device` when given. `what` explains the expected shape in the message. -> t."""
     if not isinstance(t, torch.Tensor):
@@ -402,3 +403,14 @@ def check_penalty_args(logits, candidates, tree_mask, output_counts, prompt_mask
                           ("min_new_tokens", min_new_tokens, "int")):
         check_tensor(name, t, kind, (B,), device, "one value per request")
     return B, R, W, V
+
+
+def check_bitmask_args(logits, bitmask) -> tuple[int, int]:
+    """`apply_token_bitmask`'s arguments -> (N, V): logits (N, V) float, bitmask (N, ceil(V / 32)) int32 on the
+    logits' device (xgrammar's packed layout: bit j of word i allows token 32 i + j). Values are trusted."""
+    check_tensor("logits", logits, "float", (None, None), what="N, V")
+    N, V = logits.shape
+    if V < 1:
+        raise ValueError(f"logits must have shape (N, V) with V >= 1, got {tuple(logits.shape)}")
+    check_tensor("bitmask", bitmask, "int32", (N, (V + 31) // 32), logits.device, "N, ceil(V/32)")
+    return N, V

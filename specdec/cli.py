@@ -137,6 +137,14 @@ def main(argv=None) -> int:
     gen.add_argument("--penalty-mode", default="exact", choices=["exact", "sglang"],
                      help="exact: each tree node penalised along its own path (lossless); sglang: every node as "
                           "the root, SGLang's approximation")
+    grammar = gen.add_mutually_exclusive_group()
+    grammar.add_argument("--json-schema", metavar="FILE", default=None,
+                         help="constrain the output to JSON of this JSON schema (needs the grammar extra: xgrammar)")
+    grammar.add_argument("--regex", metavar="R", default=None, help="constrain the output to this regular expression")
+    grammar.add_argument("--ebnf", metavar="FILE", default=None,
+                         help="constrain the output to this EBNF grammar (xgrammar's syntax, root ::= ...)")
+    gen.add_argument("--draft-grammar", action="store_true",
+                     help="mask the draft's proposals by the grammar too (more tokens per step, same output)")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     gen.add_argument("--threads", type=int, default=1, help=THREADS_HELP)

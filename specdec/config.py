@@ -32,6 +32,11 @@ class SamplingParams:
     (1 off) over prompt and output tokens (a positive logit divided by it, a negative one multiplied);
     `min_new_tokens` holds the stop ids back until that many tokens are out; `logit_bias` maps token ids
     (ints, or their decimal strings as JSON carries them) to a bias added to that logit.
+
+    Structured output (SGLang's names, at most one per request, compiled with xgrammar: the `grammar` extra):
+    `json_schema` (a JSON string or a dict), `regex`, `ebnf` (xgrammar's EBNF, `root ::= ...`). The logits are
+    masked to the tokens the grammar allows after the output so far; once it is complete only the stop tokens
+    are (a request without `stop_token_ids` stops at the tokenizer's EOS). Not combinable with min_new_tokens.
     """
 
     max_new_tokens: int = 16
@@ -47,6 +52,14 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
     logit_bias: dict[int, float] | None = None
+    json_schema: str | dict | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    @property
+    def has_grammar(self) -> bool:
+        """Whether a JSON schema, a regex or an EBNF grammar constrains this request's output."""
+        return self.json_schema is not None or self.regex is not None or self.ebnf is not None
 
     @property
     def is_greedy(self) -> bool:
@@ -128,6 +141,17 @@ class SamplingParams:
                 if not math.isfinite(bias):
                     raise bad(f"logit_bias[{key!r}] must be finite, got {bias}")
                 logit_bias[token] = bias
+        grammars = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None]
+        if len(grammars) > 1:
+            raise bad(f"at most one of json_schema, regex and ebnf may be set, got {' and '.join(grammars)}")
+        for name in grammars:
+            value = getattr(self, name)
+            if not (isinstance(value, str) or (name == "json_schema" and isinstance(value, dict))):
+                kinds = "a JSON string or a dict" if name == "json_schema" else "a string"
+                raise bad(f"{name} must be {kinds}, got {type(value).__name__}")
+        if grammars and min_new_tokens > 0:
+            raise bad(f"min_new_tokens={min_new_tokens} cannot be combined with {grammars[0]}: the grammar decides "
+                      f"where the output may end")
         return dataclasses.replace(self, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                    top_p=top_p, stop_token_ids=token_list("stop_token_ids", False),
                                    top_logprobs_num=top_logprobs_num,
@@ -154,6 +178,10 @@ class SpecConfig:
     #: the draft's proposals penalised too, along their own paths (a speed choice: what is emitted never
     #: changes); heads whose vocabulary is not the target's (a reduced EAGLE-3 vocabulary) propose unpenalised
     draft_penalties: bool = False
+    #: the draft's proposals masked by the request's grammar too, along their own paths (a speed choice: a masked
+    #: draft never proposes a token the grammar forbids; what is emitted never changes). A host round trip per
+    #: draft step of a grammar batch; heads with a reduced vocabulary (EAGLE-3) propose unmasked
+    draft_grammar: bool = False
 
     def __post_init__(self):
         S = check_int("num_steps", self.num_steps, 1)
@@ -165,8 +193,9 @@ class SpecConfig:
             if not 2 <= W <= w_max:
                 raise ValueError(f"num_draft_tokens={W} must be in [2, 1 + topk + (num_steps-1)*topk^2] = "
                                  f"[2, {w_max}] for num_steps={S}, topk={K}")
-        if not isinstance(self.draft_penalties, bool):
-            raise ValueError(f"draft_penalties must be True or False, got {self.draft_penalties!r}")
+        for name in ("draft_penalties", "draft_grammar"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.penalty_mode not in ("exact", "sglang"):
             raise ValueError(f"penalty_mode must be 'exact' or 'sglang', got {self.penalty_mode!r}")
         for name, v in (("num_steps", S), ("topk", K), ("num_draft_tokens", W)):

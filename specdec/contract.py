@@ -27,6 +27,7 @@ WORKER_OPS = (
     "tree_attention",
     "commit_kv_cache",
     "apply_penalties_tree",
+    "apply_token_bitmask",
 )
 
 #: The index that means "no node": a padded slot of `accept_index`, a `predict` entry at a node that was

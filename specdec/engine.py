@@ -1,6 +1,7 @@
 """The engine: runs a batch of requests through a worker and turns step outputs into per-request results."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -53,11 +54,14 @@ class Engine:
     `MTPDraftModel` runs MultiLayerEagleWorkerV2. impl="auto" is fast on CUDA, reference elsewhere.
     cuda_graphs (default: on with the fast path on CUDA) replays each decode step as a CUDA graph, one
     per batch-size bucket (1, 2, 4, ..., max_batch), the batch padded to its bucket.
+    tokenizer (the zoo's `ByteTokenizer`, or a `specdec.text` tokenizer.json one) gives the vocabulary that
+    requests with a json_schema, regex or ebnf are compiled against (xgrammar, the `grammar` extra); a batch
+    with a grammar decodes eagerly, outside the CUDA graphs.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, impl: str = "auto",
                  max_batch: int = 16, max_seq_len: int | None = None, return_original_logprob: bool = False,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, tokenizer=None):
         if impl not in ("auto", "reference", "fast"):
             raise ValueError(f"impl must be 'auto', 'reference' or 'fast', got {impl!r}")
         max_batch = check_int("max_batch", max_batch, 1)
@@ -91,6 +95,8 @@ class Engine:
             self._decode = self.worker.decode_step
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
+        self.tokenizer = tokenizer
+        self._grammar_compiler = None
         self.last_stats: GenerateStats | None = None
         # The worker's caches and request state serve one call at a time: concurrent calls queue here.
         self._lock = threading.Lock()
@@ -132,8 +138,9 @@ class Engine:
                          f"{type(self.draft).__name__}")
 
     # ---- validation --------------------------------------------------------------------------
-    def _validate(self, prompts, params) -> tuple[list[list[int]], list[SamplingParams]]:
-        """-> the prompts as int lists and a checked copy of each request's params; ValueError otherwise."""
+    def _validate(self, prompts, params) -> tuple[list[list[int]], list[SamplingParams], list | None]:
+        """-> the prompts as int lists, a checked copy of each request's params and their compiled grammars
+        (None when no request has one); ValueError otherwise (ImportError for a grammar without xgrammar)."""
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts must be a non-empty list of token-id lists")
         B = len(prompts)
@@ -162,7 +169,32 @@ class Engine:
         free = self.worker.cache.num_free
         if B > free:
             raise ValueError(f"a batch of {B} requests exceeds the cache: {free} of {self.max_batch} slots free")
-        return clean_prompts, checked
+        return clean_prompts, checked, self._compile_grammars(checked)
+
+    def _compile_grammars(self, params: list[SamplingParams]) -> list | None:
+        """Compile each request's grammar (xgrammar; a request without one gets None) before any compute. A grammar
+        request without stop_token_ids stops at the tokenizer's EOS (its copy of the params gets it)."""
+        if not any(sp.has_grammar for sp in params):
+            return None
+        from .grammar import GrammarCompiler, require_xgrammar
+        from .text import eos_ids_of
+        first = next(i for i, sp in enumerate(params) if sp.has_grammar)
+        if self.tokenizer is None:
+            raise ValueError(f"request {first}: a json_schema, regex or ebnf needs the engine's vocabulary: pass "
+                             f"Engine(..., tokenizer=...)")
+        require_xgrammar()
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.target.config.vocab_size)
+        compiled = []
+        for i, sp in enumerate(params):
+            compiled.append(self._grammar_compiler.compile(sp, i))
+            if sp.has_grammar and not sp.stop_token_ids:
+                eos = eos_ids_of(self.tokenizer)
+                if not eos:
+                    raise ValueError(f"request {i}: a grammar request needs stop_token_ids (the tokenizer names no "
+                                     f"EOS)")
+                params[i] = dataclasses.replace(sp, stop_token_ids=eos)
+        return compiled
 
     # ---- generation --------------------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
@@ -178,7 +210,7 @@ class Engine:
             return self._generate(prompts, params, seed, stream)
 
     def _generate(self, prompts, params, seed, stream=None) -> list[GenerateOutput]:
-        prompts, params = self._validate(prompts, params)
+        prompts, params, grammars = self._validate(prompts, params)
         seed = check_int("seed", seed)
         B = len(prompts)
         outs = [GenerateOutput([], "length") for _ in params]
@@ -190,7 +222,9 @@ class Engine:
         t0 = time.perf_counter()
         steps = 0
         try:
-            step = worker.prefill(prompts, params, seed)
+            step = worker.prefill(prompts, params, seed, grammars)
+            # a grammar batch fills masks on the host between drafting and verify: eager, outside the graphs
+            decode = self._decode if grammars is None else worker.decode_step
             while True:
                 host = HostStep.read(step)  # the one device-to-host transfer of the step
                 before = [len(outs[r].token_ids) for r in active] if stream is not None else None
@@ -207,7 +241,7 @@ class Engine:
                 if len(keep) < len(active):
                     worker.filter(keep)
                     active = [active[i] for i in keep]
-                step = self._decode()
+                step = decode()
                 steps += 1
         finally:
             worker.finish()

@@ -47,6 +47,20 @@ def parse_logit_bias(items: list[str]) -> dict[int, float] | None:
     return bias or None
 
 
+def read_grammar(args) -> dict:
+    """--json-schema FILE / --regex R / --ebnf FILE -> the SamplingParams field it sets ({} for none)."""
+    if args.regex is not None:
+        return {"regex": args.regex}
+    for flag, name in (("json_schema", "json_schema"), ("ebnf", "ebnf")):
+        path = getattr(args, flag)
+        if path is not None:
+            try:
+                return {name: Path(path).read_text()}
+            except OSError as e:
+                raise ValueError(f"--{flag.replace('_', '-')} {path}: {e.strerror}") from None
+    return {}
+
+
 def run_generate(args) -> int:
     from .models import LlamaForCausalLM
     target_dir = Path(args.target)
@@ -60,13 +74,15 @@ def run_generate(args) -> int:
     if draft is not None and (args.num_steps or args.topk or args.num_draft_tokens):
         S = args.num_steps or spec.num_steps
         spec = SpecConfig(S, args.topk or spec.topk, args.num_draft_tokens)
-    if draft is not None and args.penalty_mode != spec.penalty_mode:
-        spec = SpecConfig(spec.num_steps, spec.topk, spec.num_draft_tokens, penalty_mode=args.penalty_mode)
+    if draft is not None and (args.penalty_mode != spec.penalty_mode or args.draft_grammar):
+        spec = SpecConfig(spec.num_steps, spec.topk, spec.num_draft_tokens, penalty_mode=args.penalty_mode,
+                          draft_grammar=args.draft_grammar)
     from .models import MTPDraftModel
     prompt_len = len(tokenizer.encode(args.prompt))
     # room for the in-flight draft slots of the worker that runs (MTP's extend writes up to 2 S past the length)
     margin = kv_margin("mtp" if isinstance(draft, MTPDraftModel) else "eagle", spec)
-    engine = Engine(target, draft, spec, impl=args.impl, max_batch=1,
+    grammar = read_grammar(args)
+    engine = Engine(target, draft, spec, impl=args.impl, max_batch=1, tokenizer=tokenizer,
                     max_seq_len=min(target.config.max_position_embeddings, prompt_len + args.max_new_tokens + margin))
     eos = set(eos_ids_of(tokenizer))
     shown = []
@@ -82,7 +98,7 @@ def run_generate(args) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
                             repetition_penalty=args.repetition_penalty, min_new_tokens=args.min_new_tokens,
-                            logit_bias=parse_logit_bias(args.logit_bias))
+                            logit_bias=parse_logit_bias(args.logit_bias), **grammar)
     t0 = time.perf_counter()
     out = generate_text(engine, tokenizer, [args.prompt], params, seed=args.seed, stream=show)[0]
     wall = time.perf_counter() - t0

@@ -121,6 +121,9 @@ def exercise_every_op():
         per_req[2] = per_req[2].long()
         for mask in (tree, None):
             fast.apply_penalties_tree(torch.randn(Bp * Wp, Vp).to(dtype), cand, mask, *per_req)
+        # the grammar's packed bitmask
+        fast.apply_token_bitmask(torch.randn(Bp * Wp, Vp).to(dtype),
+                                 torch.full((Bp * Wp, (Vp + 31) // 32), -1, dtype=torch.int32))
         # commit
         kv = torch.zeros(4, 3, 64, 2, 64, dtype=dtype)
         fast.commit_kv_cache(kv, torch.tensor([0, 1]), torch.tensor([3, 9]), accept, 3)

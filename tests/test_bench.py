@@ -1,6 +1,7 @@
 """The benchmark harness writes one tidy CSV per run and the plot reads only that CSV."""
 import csv
 
+import pytest
 import torch
 
 from specdec import SpecConfig
@@ -164,3 +165,22 @@ def test_old_csvs_read_in_todays_schema(tmp_path):
     e2e = read_results(tmp_path / "e2e-1.csv")
     assert list(e2e["worker"]) == ["target-only", "eagle3", "mtp_chain"]
     assert list(e2e["label"]) == ["target-only", "EAGLE-3 tree S5 K4 W16", "MTP Step-3.5 S3"]
+
+
+def test_the_grammar_benchmark_rows():
+    pytest.importorskip("xgrammar")
+    from specdec import zoo
+    from specdec.bench.cases import CASES
+    from specdec.bench.common import Run
+    from specdec.bench.grammar import fill_rows, grammar_rows
+    bundle = zoo.load(zoo.DEFAULT_NAME)
+    run = Run("grammar", "cpu")
+    rows = grammar_rows(run, bundle, zoo.DEFAULT_NAME, 12, 1, cases=[c for c in CASES if c.kind in ("target-only",
+                                                                                                   "mtp")])
+    assert [(r.label, r.grammar, r.draft_grammar) for r in rows] == [
+        ("target-only", "none", False), ("target-only", "json", False), ("MTP MiMo S3", "none", False),
+        ("MTP MiMo S3", "json", False), ("MTP MiMo S3", "json", True)]
+    assert all(r.fill_ms_per_step > 0 for r in rows if r.grammar == "json")
+    assert all(r.relative_tokens_per_s == 1.0 for r in rows if r.grammar == "none")
+    fills = fill_rows(run, bundle, zoo.DEFAULT_NAME, 12)
+    assert len(fills) == 3 and all(f.us_per_node > 0 and f.trees > 0 for f in fills)

@@ -26,8 +26,8 @@ TOLERATED_STACK_BYTES = 32
 
 def _fast_kernels() -> set[str]:
     names = set()
-    for module in (fast.attention, fast.draft, fast.kv, fast.logprobs, fast.penalties, fast.sampling, fast.tree,
-                   fast.verify):
+    for module in (fast.attention, fast.draft, fast.grammar, fast.kv, fast.logprobs, fast.penalties, fast.sampling,
+                   fast.tree, fast.verify):
         for name, _ in inspect.getmembers(module):
             if name.endswith("_kernel") and not name.startswith("_"):
                 names.add(name)

@@ -1,5 +1,6 @@
 """Text in, text out: tokenizer.json through `tokenizers`, EOS as the default stop, `specdec generate`."""
 import json
+import re
 
 import pytest
 import torch
@@ -132,3 +133,30 @@ def test_cli_generate_with_an_eagle3_checkpoint(tmp_path, capsys):
     assert main(["generate", "--target", f"{ZOO}/target", "--draft", str(tmp_path), "--max-new-tokens", "12",
                  "def f("]) == 0
     assert "Eagle3DraftHead" in capsys.readouterr().out
+
+
+def test_cli_generate_takes_a_grammar(tmp_path, capsys):
+    pytest.importorskip("xgrammar")
+    schema = tmp_path / "schema.json"
+    integer = {"type": "integer", "minimum": 0, "maximum": 999}
+    schema.write_text(json.dumps({"type": "object", "properties": {"id": integer}, "required": ["id"]}))
+    grammar = tmp_path / "g.ebnf"
+    grammar.write_text('root ::= "def " [a-z]+ "():"')
+    for flags, check in ((["--json-schema", str(schema)], lambda t: json.loads(t)["id"] is not None),
+                         (["--regex", r"[a-z_]{1,8}"], lambda t: re.fullmatch(r"[a-z_]{1,8}", t)),
+                         (["--ebnf", str(grammar)], lambda t: re.fullmatch(r"def [a-z]+\(\):", t))):
+        assert main(["generate", "--target", f"{ZOO}/target", "--draft", f"{ZOO}/eagle", "--max-new-tokens", "40",
+                     "--draft-grammar", *flags, "x = "]) == 0
+        out = capsys.readouterr().out
+        assert check(out.split("\n\n[")[0].removeprefix("x = ")), out
+    assert main(["generate", "--target", f"{ZOO}/target", "--regex", "[a-", "x"]) == 1
+    err = capsys.readouterr().err
+    assert "its regex does not compile" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_grammar_on_a_tokenizer_json_model(hf_dir, capsys):
+    pytest.importorskip("xgrammar")
+    assert main(["generate", "--target", str(hf_dir), "--max-new-tokens", "30", "--regex", r"(fox|dog) [a-z]{2,5}",
+                 TEXT]) == 0
+    out = capsys.readouterr().out.split("\n\n[")[0].removeprefix(TEXT)
+    assert re.fullmatch(r"(fox|dog) [a-z]{2,5}", out), out

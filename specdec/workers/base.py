@@ -117,6 +117,8 @@ class WorkerBase:
         self._unsynced_steps = 0
         #: layers whose input residual streams the draft reads (EAGLE-3) instead of the final hidden state
         self.target_features: tuple[int, ...] | None = None
+        #: the requests' grammar matchers (`specdec.grammar.GrammarBatch`), None when no request has a grammar
+        self.grammar = None
 
     # ---- request lifecycle -------------------------------------------------------------------
     @property
@@ -127,8 +129,13 @@ class WorkerBase:
     def caches(self) -> list[KVCache]:
         return [self.cache]
 
-    def start(self, prompts: list[list[int]], params: list[SamplingParams], seed: int) -> None:
+    def start(self, prompts: list[list[int]], params: list[SamplingParams], seed: int, grammars=None) -> None:
+        """grammars: B xgrammar CompiledGrammars or None (the engine compiles them), or None for none at all."""
         B = len(prompts)
+        self.grammar = None
+        if grammars is not None and any(g is not None for g in grammars):
+            from ..grammar import GrammarBatch
+            self.grammar = GrammarBatch(list(grammars), [p.stop_token_ids for p in params], self.vocab_size)
         self.params = list(params)
         self.slot_list = self.cache.alloc(B)
         for c in self.caches()[1:]:
@@ -166,6 +173,8 @@ class WorkerBase:
         idx = torch.tensor(keep, dtype=torch.int64, device=self.device)
         self.sampling.filter(idx, self.params)
         self.rng.filter(keep)
+        if self.grammar is not None:
+            self.grammar.filter(keep)
         self.state.filter(idx)
 
     def phase(self, name: str):
@@ -286,11 +295,82 @@ class WorkerBase:
             logits, candidates, tree_mask, st.output_counts, st.prompt_mask, st.output_lens, s.frequency_penalties,
             s.presence_penalties, s.repetition_penalties, s.min_new_tokens, s.stop_mask, s.logit_bias)
 
+    # ---- grammars: host matchers, one transfer down and one bitmask up per step ---------------------
+    def _grammar_to_host(self, *tensors) -> list[torch.Tensor]:
+        """The one device-to-host transfer of a grammar step: the last step's emitted tokens (which advance the
+        matchers first) and `tensors` ((B, W) int each, this step's tree), packed -> the tensors on the host."""
+        st = self.state
+        pending = [st.grammar_tokens, st.grammar_lens[:, None]] if hasattr(st, "grammar_tokens") else []
+        B = len(self.grammar.matchers)
+        if not pending and not tensors:
+            return []
+        flat = torch.cat([t.reshape(B, -1).long() for t in pending + list(tensors)], dim=1).cpu()
+        pos = 0
+        if pending:  # once: a draft that masks its proposals may have advanced the matchers already this step
+            T = pending[0].shape[1]
+            self.grammar.advance(flat[:, :T].tolist(), flat[:, T].tolist())
+            del st.grammar_tokens, st.grammar_lens
+            pos = T + 1
+        out = []
+        for t in tensors:
+            w = t.reshape(B, -1).shape[1]
+            out.append(flat[:, pos:pos + w])
+            pos += w
+        return out
+
+    def grammar_bitmask_roots(self):
+        """-> (B, ceil(V/32)) int32 on the device, each request's mask after its committed output, or None
+        when no request has a grammar (a one-token step: prefill, target-only decode)."""
+        if self.grammar is None:
+            return None
+        self._grammar_to_host()
+        return self.grammar.fill_roots().to(self.device)
+
+    def grammar_bitmask_tree(self, candidates, retrieve_next_token, retrieve_next_sibling):
+        """A verify tree ((B, W) each) -> (B*W, ceil(V/32)) int32 on the device: node i's mask after its
+        root-to-node path, or None when no request has a grammar."""
+        if self.grammar is None:
+            return None
+        cand, next_token, next_sibling = self._grammar_to_host(candidates, retrieve_next_token, retrieve_next_sibling)
+        return self.grammar.fill_tree(cand, next_token, next_sibling).to(self.device)
+
+    #: whether the draft's proposals are masked by the grammar too (SpecConfig.draft_grammar)
+    draft_grammar = False
+    #: (draft vocabulary,) int64 on the host: the target id of each draft id, for a reduced draft vocabulary
+    draft_vocab_ids = None
+
+    def constrain_draft(self, logits, candidates, tree_mask):
+        """The draft's logits (B*R, V), each row masked by the grammar after its path (candidates (B, L), node 0
+        the root; tree_mask (B, R, L) bool, or None for the root alone) when `draft_grammar` is on, some request
+        has a grammar; else `logits` itself. A reduced draft vocabulary (EAGLE-3) reads its ids' bits through
+        `draft_vocab_ids`. A host round trip per call: the path tokens down, the bitmask up."""
+        remap = self.draft_vocab_ids is not None
+        if not (self.draft_grammar and self.grammar is not None) or (logits.shape[-1] != self.vocab_size
+                                                                     and not remap):
+            return logits
+        if tree_mask is None:
+            tree_mask = torch.ones(candidates.shape[0], 1, 1, dtype=torch.bool, device=self.device)
+        B, R, L = tree_mask.shape
+        with self.phase("grammar"):
+            tokens, paths = self._grammar_to_host(candidates, tree_mask)
+            bitmask = self.grammar.fill_paths(tokens, paths.view(B, R, L).bool())
+            if remap:  # a reduced draft vocabulary (EAGLE-3): draft id d reads target id draft_vocab_ids[d]'s bit
+                bitmask = self.grammar.remap(bitmask, self.draft_vocab_ids)
+        return self.ops.apply_token_bitmask(logits, bitmask.to(self.device))
+
+    def constrain(self, logits, bitmask):
+        """logits (N, V) after the penalties -> -inf where the grammar forbids a token (`apply_token_bitmask`),
+        or `logits` itself when `bitmask` is None."""
+        return logits if bitmask is None else self.ops.apply_token_bitmask(logits, bitmask)
+
     def count_emitted(self, tokens, num_emitted) -> None:
-        """tokens: (B, T) int64, the first num_emitted[b] (B,) of row b emitted this step: into the counts."""
+        """tokens: (B, T) int64, the first num_emitted[b] (B,) of row b emitted this step: into the counts (and,
+        for a grammar batch, kept on the device until the next step's transfer advances the matchers)."""
+        st = self.state
+        if self.grammar is not None:
+            st.grammar_tokens, st.grammar_lens = tokens, num_emitted
         if not self.sampling.penalized:
             return
-        st = self.state
         valid = torch.arange(tokens.shape[1], device=self.device)[None, :] < num_emitted[:, None]
         st.output_counts = st.output_counts.scatter_add(1, tokens.long(), valid.to(torch.int32))
         st.output_lens = st.output_lens + num_emitted
@@ -325,12 +405,13 @@ class WorkerBase:
         return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
                           LogitsOutput(next_token_logits=logits), finite_rows(raw_logits))
 
-    def prefill(self, prompts, params, seed) -> StepOutput:
+    def prefill(self, prompts, params, seed, grammars=None) -> StepOutput:
         """Target forward over the prompts, the first token sampled, then the draft's prefill extend.
-        Returns the one-token step of the first token, its logprobs filled."""
-        self.start(prompts, params, seed)
+        Returns the one-token step of the first token, its logprobs filled. grammars: as `start`."""
+        self.start(prompts, params, seed, grammars)
         logits_last, hidden, ids, positions = self.prefill_target(prompts)
         raw_logits, logits_last = logits_last, self.penalize(logits_last, ids[:, :1], None)
+        logits_last = self.constrain(logits_last, self.grammar_bitmask_roots())
         tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
         self.state.last_tokens = tokens
         self.count_emitted(tokens[:, None], torch.ones_like(tokens))
@@ -356,6 +437,9 @@ class TargetOnlyWorker(WorkerBase):
         raw_logits = logits[:, 0]
         with self.phase("verify"):
             logits = self.penalize(raw_logits, st.last_tokens[:, None], None)
+            with self.phase("grammar"):
+                bitmask = self.grammar_bitmask_roots()
+            logits = self.constrain(logits, bitmask)
             tokens = self.sample_tokens(logits, st.uniforms[:, 0])
         st.seq_lens = st.seq_lens + 1
         st.last_tokens = tokens
@@ -379,6 +463,7 @@ class SpeculativeWorkerBase(WorkerBase):
         self.num_draft_tokens = spec.num_draft_tokens
         self.penalty_mode = spec.penalty_mode
         self.draft_penalties = spec.draft_penalties
+        self.draft_grammar = spec.draft_grammar
 
     def caches(self) -> list[KVCache]:
         return [self.cache, self.draft_cache]
@@ -433,20 +518,23 @@ class SpeculativeWorkerBase(WorkerBase):
         """
         B, W = candidates.shape[0], self.num_draft_tokens
         st = self.state
+        with self.phase("grammar"):  # host work between drafting and verify; nothing without a grammar
+            bitmask = self.grammar_bitmask_tree(candidates, retrieve_next_token, retrieve_next_sibling)
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(W), tree_mask=tree_mask, ops=self.ops)
         with self.phase("verify_forward"):
             out = self.target(candidates, positions, self.cache, meta, features=self.target_features)
             logits, hidden = out.logits, out.hidden if out.features is None else out.features  # or the draft's features
         with self.phase("verify"):
             step = self._verify_and_commit(logits, candidates, tree_mask, retrieve_index, retrieve_next_token,
-                                           retrieve_next_sibling)
+                                           retrieve_next_sibling, bitmask)
         return step, hidden.view(B * W, -1)
 
     def _verify_and_commit(self, raw_logits, candidates, tree_mask, retrieve_index, retrieve_next_token,
-                           retrieve_next_sibling):
+                           retrieve_next_sibling, bitmask=None):
         B, W, S = candidates.shape[0], self.num_draft_tokens, self.num_steps
         st = self.state
-        logits = self.penalize(raw_logits.view(B * W, -1), candidates, tree_mask).view(B, W, -1)
+        logits = self.penalize(raw_logits.view(B * W, -1), candidates, tree_mask)
+        logits = self.constrain(logits, bitmask).view(B, W, -1)
         target_predict = logits.argmax(-1)
         s = self.sampling
         if not s.all_greedy:

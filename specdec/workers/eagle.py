@@ -20,6 +20,9 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         # the same algorithm, with the features asked of the target and the ids mapped after each top-K
         self.target_features = getattr(draft, "feature_layers", None)
         self._draft_to_target = getattr(draft, "draft_to_target", None)
+        if self._draft_to_target is not None:
+            ids = torch.arange(draft.config.draft_vocab_size, device=self.device)
+            self.draft_vocab_ids = self._draft_to_target(ids).cpu()  # for masking its proposals by a grammar
         # Row j marks in-flight draft slot j itself; a frontier node's ancestry is its parent's | its own row.
         self._own_slot = torch.eye(max(spec.num_steps - 1, 1) * spec.topk, dtype=torch.bool, device=self.device)
 
@@ -40,6 +43,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         """hidden: (B, H), the draft's output at each request's last committed position."""
         st = self.state
         logits = self.penalize_draft(self.draft_model.compute_logits(hidden), st.last_tokens[:, None], None)
+        logits = self.constrain_draft(logits, st.last_tokens[:, None], None)
         st.topk_p, st.topk_index = self._draft_topk(logits, self.topk)
         st.draft_hidden = hidden
 
@@ -78,10 +82,11 @@ class EagleWorkerV2(SpeculativeWorkerBase):
             positions = (st.seq_lens + i)[:, None].expand(B, K)
             out = self.draft_model(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
             logits, hidden = out.logits.view(B * K, -1), out.hidden
-            if self.draft_penalties:  # each frontier node's path: the root column, then its in-flight ancestry
+            if self.draft_penalties or self.draft_grammar:  # each frontier node's path: the root, its ancestry
                 path = torch.cat([torch.ones(B, K, 1, dtype=torch.bool, device=self.device),
                                   ancestry[:, :, :(i + 1) * K]], dim=2)
                 logits = self.penalize_draft(logits, torch.cat(slot_tokens, dim=1), path)
+                logits = self.constrain_draft(logits, torch.cat(slot_tokens, dim=1), path)
             topk_p, topk_index = self._draft_topk(logits, K)
             hidden = hidden.reshape(B * K, -1)
         return score_list, token_list, parents_list

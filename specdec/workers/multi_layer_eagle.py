@@ -68,10 +68,10 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
             out = self.draft_model.forward_layer(k, ids, hidden, positions, self.draft_cache, meta,
                                            return_logits=False).hidden
             logits = self.draft_model.layer_logits(k, out[rows, at_last])
-            if self.draft_penalties:  # layer k's guess follows d_1 .. d_k on the chain
+            if self.draft_penalties or self.draft_grammar:  # layer k's guess follows d_1 .. d_k on the chain
                 chain = torch.cat([st.last_tokens[:, None]] + [g[:, None] for g in guesses], dim=1)
-                logits = self.penalize_draft(logits, chain, torch.ones(B, 1, k + 1, dtype=torch.bool,
-                                                                      device=self.device))
+                path = torch.ones(B, 1, k + 1, dtype=torch.bool, device=self.device)
+                logits = self.constrain_draft(self.penalize_draft(logits, chain, path), chain, path)
             guess = self.ops.softmax_topk(logits, 1)[1][:, 0]
             st.stream.scatter_(1, (last + k + 2)[:, None], guess[:, None])
             guesses.append(guess)
