@@ -3,6 +3,7 @@ import functools
 import os
 import types
 
+import pytest
 import torch
 
 # The fast path's Triton kernels run on CPU through Triton's interpreter when no CUDA device is
@@ -101,3 +102,10 @@ def pytest_configure(config):
                 setattr(module, name, _on_cuda(fn))
                 if getattr(fast, name, None) is fn:
                     setattr(fast, name, module.__dict__[name])
+
+
+@pytest.fixture(scope="module")
+def small():
+    """The shipped small pair (`specdec.zoo.DEFAULT_NAME`)."""
+    from specdec import zoo
+    return zoo.load(zoo.DEFAULT_NAME)

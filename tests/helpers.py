@@ -162,6 +162,16 @@ def assert_same_as_baseline(outs, base):
             assert max((abs(x - y) for (x, _), (y, _) in zip(ta, tb)), default=0.0) <= LOGPROB_ATOL
 
 
+#: The shipped pair's worker cases by label -> (draft kind, spec): every worker the feature tests cover.
+ZOO_WORKERS = {
+    "EAGLE tree S5 K4 W16": ("eagle", SpecConfig(5, 4, 16)),
+    "EAGLE chain S3": ("eagle", SpecConfig(3, 1)),
+    "EAGLE-3 tree S5 K4 W16": ("eagle3", SpecConfig(5, 4, 16)),
+    "MTP MiMo S3": ("mtp", SpecConfig(3)),
+    "MTP Step-3.5 S3": ("mtp_chain", SpecConfig(3)),
+}
+
+
 def perfect_drafts_by_kind(target):
     """kind -> (draft, spec) of a bigram-perfect draft of `target` for each worker kind (None, None: target-only)."""
     return {

@@ -19,6 +19,7 @@ from reference.naive import apply_token_bitmask_naive
 from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.checks import ArgumentTypeError
 from tests.helpers import FALSE_FAILURE_RATE, chi_square_pvalue, near_bigram_target, perfect_eagle, perfect_mtp
+from tests.helpers import ZOO_WORKERS as WORKERS
 from tests.oracles import exact_joint_grammar, grammar_allowed, grammar_greedy_decode
 
 OPS = {"reference": reference.apply_token_bitmask, "naive": apply_token_bitmask_naive,
@@ -150,18 +151,6 @@ def test_per_node_masks_equal_a_fresh_matcher_per_path(name, seed):
 
 # ---- the engine: every worker ---------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def small():
-    return zoo.load(zoo.DEFAULT_NAME)
-
-
-WORKERS = {
-    "EAGLE tree S5 K4 W16": ("eagle", SpecConfig(5, 4, 16)),
-    "EAGLE chain S3": ("eagle", SpecConfig(3, 1)),
-    "EAGLE-3 tree S5 K4 W16": ("eagle3", SpecConfig(5, 4, 16)),
-    "MTP MiMo S3": ("mtp", SpecConfig(3)),
-    "MTP Step-3.5 S3": ("mtp_chain", SpecConfig(3)),
-}
 PROMPTS = {"json": "person = ", "date": "released on ", "ident": "def ", "ebnf": "class A:\n    "}
 
 

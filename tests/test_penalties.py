@@ -11,13 +11,14 @@ import torch
 import fast
 import reference
 from reference.naive import apply_penalties_tree_naive
-from specdec import Engine, SamplingParams, SpecConfig, zoo
+from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_llama, random_mtp
 from specdec.workers.graphs import DecodeGraphs
 from specdec.zoo.corpus import heldout_prompts
 from tests.equivalence import assert_equivalent
-from tests.helpers import (FALSE_FAILURE_RATE, LOGPROB_ATOL, assert_same_as_baseline, bigram_target,
-                           chi_square_pvalue, near_bigram_target, perfect_eagle, perfect_mtp)
+from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, assert_same_as_baseline, bigram_target, \
+    chi_square_pvalue, near_bigram_target, perfect_eagle, perfect_mtp
+from tests.helpers import ZOO_WORKERS as WORKERS
 from tests.oracles import exact_joint_penalised, penalised_greedy_decode
 
 OPS = {"reference": reference.apply_penalties_tree, "naive": apply_penalties_tree_naive,
@@ -170,18 +171,6 @@ def test_logit_bias_takes_the_json_form():
 
 # ---- every worker against transformers and against plain decoding by hand ----------------------------------------
 
-@pytest.fixture(scope="module")
-def small():
-    return zoo.load(zoo.DEFAULT_NAME)
-
-
-WORKERS = {
-    "EAGLE tree S5 K4 W16": ("eagle", SpecConfig(5, 4, 16)),
-    "EAGLE chain S3": ("eagle", SpecConfig(3, 1)),
-    "EAGLE-3 tree S5 K4 W16": ("eagle3", SpecConfig(5, 4, 16)),
-    "MTP MiMo S3": ("mtp", SpecConfig(3)),
-    "MTP Step-3.5 S3": ("mtp_chain", SpecConfig(3)),
-}
 CI_WORKERS = ["EAGLE tree S5 K4 W16", "MTP Step-3.5 S3"]
 
 

@@ -274,13 +274,16 @@ class WorkerBase:
         """logits: (B*W, V); candidates: (B, W) int64; tree_mask: (B, W, W) bool or None -> the logits that
         plain decoding would sample each node's next token from (`apply_penalties_tree`), or `logits`
         itself when no request has penalties."""
-        s, st = self.sampling, self.state
-        if not s.penalized:
+        if not self.sampling.penalized:
             return logits
+        return self._apply_penalties(logits, candidates, tree_mask if self.penalty_mode == "exact" else None)
+
+    def _apply_penalties(self, logits, candidates, tree_mask):
+        """`apply_penalties_tree` with this batch's counts and parameters."""
+        s, st = self.sampling, self.state
         return self.ops.apply_penalties_tree(
-            logits, candidates, tree_mask if self.penalty_mode == "exact" else None, st.output_counts,
-            st.prompt_mask, st.output_lens, s.frequency_penalties, s.presence_penalties, s.repetition_penalties,
-            s.min_new_tokens, s.stop_mask, s.logit_bias)
+            logits, candidates, tree_mask, st.output_counts, st.prompt_mask, st.output_lens, s.frequency_penalties,
+            s.presence_penalties, s.repetition_penalties, s.min_new_tokens, s.stop_mask, s.logit_bias)
 
     #: whether the draft's proposals are penalised too (SpecConfig.draft_penalties)
     draft_penalties = False
@@ -290,10 +293,7 @@ class WorkerBase:
         request has penalties and the draft's vocabulary is the target's; else `logits` itself."""
         if not (self.draft_penalties and self.sampling.penalized and logits.shape[-1] == self.vocab_size):
             return logits
-        s, st = self.sampling, self.state
-        return self.ops.apply_penalties_tree(
-            logits, candidates, tree_mask, st.output_counts, st.prompt_mask, st.output_lens, s.frequency_penalties,
-            s.presence_penalties, s.repetition_penalties, s.min_new_tokens, s.stop_mask, s.logit_bias)
+        return self._apply_penalties(logits, candidates, tree_mask)
 
     # ---- grammars: host matchers, one transfer down and one bitmask up per step ---------------------
     def _grammar_to_host(self, *tensors) -> list[torch.Tensor]:
