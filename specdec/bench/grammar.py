@@ -1,9 +1,10 @@
 """`python -m specdec.bench.grammar`: what a grammar costs each worker, and which way of filling masks is cheapest.
 
-Per worker case (`cases.CASES`) on the shipped model: tokens/s and tokens per step without a grammar, with the
+Per worker case (`cases.CASES`) on the shipped model: tokens per process-CPU second (the median of `--repeats`
+runs, with the 20th and 80th percentiles) and tokens per step without a grammar, with the
 JSON schema of the tests (an object with a string, an integer and an enum field), and with it masking the drafts
 too (`SpecConfig(draft_grammar=True)`), with the host time spent filling masks per step (`GrammarRow`; the
-runs of one case are taken in turn, best of `--repeats`). Then, on the trees an EAGLE tree worker verifies under
+three runs of one case are taken in turn within each pass). Then, on the trees an EAGLE tree worker verifies under
 the schema, the three ways xgrammar 0.2.9 offers to fill a tree's masks, timed on the same trees (`FillRow`).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .. import zoo
 from ..config import SamplingParams, SpecConfig
 from ..engine import Engine
 from .cases import CASES, WorkerCase
-from .common import Run, RunRow
+from .common import Run, RunRow, median_of, quantile
 
 #: The schema the tests and this benchmark decode: a string, an integer and an enum field.
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -42,7 +43,11 @@ class GrammarRow(RunRow):
     requests: int
     tokens: int
     decode_steps: int
+    repeats: int
+    #: tokens per process-CPU second (one thread): the median run, and the 20th / 80th percentile runs
     tokens_per_s: float
+    tokens_per_s_p20: float
+    tokens_per_s_p80: float
     mean_accept_len: float
     fill_ms_per_step: float
     #: tokens/s against the same worker without a grammar (1.0 for the "none" row)
@@ -67,13 +72,13 @@ def _engine(bundle, case: WorkerCase, draft_grammar: bool) -> Engine:
 
 
 def _run(engine, prompts, params) -> tuple[float, int, int, float, float]:
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     outs = engine.generate(prompts, params)
-    wall = time.perf_counter() - t0
+    cpu = time.process_time() - t0
     tokens = sum(len(o.token_ids) for o in outs)
     fill = engine.worker.grammar.fill_seconds if engine.worker.grammar is not None else 0.0
     stats = engine.last_stats
-    return tokens / wall, tokens, stats.num_decode_steps, stats.mean_accept_len, fill
+    return tokens / cpu, tokens, stats.num_decode_steps, stats.mean_accept_len, fill
 
 
 def grammar_rows(run: Run, bundle, model: str, max_new_tokens: int, repeats: int, cases=None) -> list[GrammarRow]:
@@ -84,17 +89,21 @@ def grammar_rows(run: Run, bundle, model: str, max_new_tokens: int, repeats: int
         engines = {s: _engine(bundle, case, s[1]) for s in settings if case.spec is not None or not s[1]}
         params = {"none": SamplingParams(max_new_tokens=max_new_tokens),
                   "json": SamplingParams(max_new_tokens=max_new_tokens, json_schema=json.dumps(SCHEMA))}
-        best: dict = {}
-        for _ in range(repeats + 1):  # the first pass warms up
+        passes: dict = {s: [] for s in engines}
+        for i in range(repeats + 1):  # the first pass warms up; the settings taken in turn within a pass
             for s, engine in engines.items():
                 result = _run(engine, prompts, params[s[0]])
-                if _ and (s not in best or result[0] > best[s][0]):
-                    best[s] = result
-        base = best[("none", False)][0]
-        for s, (tps, tokens, steps, accept, fill) in best.items():
+                if i:
+                    passes[s].append(result)
+        med = {s: median_of(p, key=lambda r: r[0]) for s, p in passes.items()}
+        base = med[("none", False)][0]
+        for s, (tps, tokens, steps, accept, fill) in med.items():
             rows.append(GrammarRow(**run.prefix(), model=model, label=case.label, worker=case.kind, grammar=s[0],
                                    draft_grammar=s[1], requests=len(prompts), tokens=tokens, decode_steps=steps,
-                                   tokens_per_s=round(tps, 1), mean_accept_len=round(accept, 3),
+                                   repeats=repeats, tokens_per_s=round(tps, 1),
+                                   tokens_per_s_p20=round(quantile(passes[s], 0.2, key=lambda r: r[0])[0], 1),
+                                   tokens_per_s_p80=round(quantile(passes[s], 0.8, key=lambda r: r[0])[0], 1),
+                                   mean_accept_len=round(accept, 3),
                                    fill_ms_per_step=round(1e3 * fill / max(steps, 1), 4),
                                    relative_tokens_per_s=round(tps / base, 3)))
     return rows
@@ -184,7 +193,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specdec.bench.grammar", description=__doc__)
     ap.add_argument("--model", default=zoo.DEFAULT_NAME, choices=zoo.names())
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="results")
     args = ap.parse_args(argv)
