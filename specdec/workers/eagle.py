@@ -25,6 +25,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
             self.draft_vocab_ids = self._draft_to_target(ids).cpu()  # for masking its proposals by a grammar
         # Row j marks in-flight draft slot j itself; a frontier node's ancestry is its parent's | its own row.
         self._own_slot = torch.eye(max(spec.num_steps - 1, 1) * spec.topk, dtype=torch.bool, device=self.device)
+        # every frontier node's path starts at the root (the drafts' penalties and grammar masks read it)
+        self._root_column = torch.ones(max_batch, spec.topk, 1, dtype=torch.bool, device=self.device)
 
     # ---- stages ------------------------------------------------------------------------------
 
@@ -83,10 +85,9 @@ class EagleWorkerV2(SpeculativeWorkerBase):
             out = self.draft_model(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
             logits, hidden = out.logits.view(B * K, -1), out.hidden
             if self.draft_penalties or self.draft_grammar:  # each frontier node's path: the root, its ancestry
-                path = torch.cat([torch.ones(B, K, 1, dtype=torch.bool, device=self.device),
-                                  ancestry[:, :, :(i + 1) * K]], dim=2)
-                logits = self.penalize_draft(logits, torch.cat(slot_tokens, dim=1), path)
-                logits = self.constrain_draft(logits, torch.cat(slot_tokens, dim=1), path)
+                path = torch.cat([self._root_column[:B], ancestry[:, :, :(i + 1) * K]], dim=2)
+                tokens = torch.cat(slot_tokens, dim=1)
+                logits = self.constrain_draft(self.penalize_draft(logits, tokens, path), tokens, path)
             topk_p, topk_index = self._draft_topk(logits, K)
             hidden = hidden.reshape(B * K, -1)
         return score_list, token_list, parents_list
