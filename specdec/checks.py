@@ -105,12 +105,6 @@ def _shape_text(shape: tuple, what: str) -> str:
     return f"{concrete} ({what})" if what else concrete
 
 
-def check_same_device(device, **tensors) -> None:
-    """Every named tensor must be on `device` (the op's first tensor argument's)."""
-    for name, t in tensors.items():
-        check_tensor(name, t, device=device)
-
-
 # ---- the ops' argument checks --------------------------------------------------------------------------
 
 def check_tree_size(name: str, num_tokens, topk: int, spec_steps: int) -> int:
