@@ -31,12 +31,18 @@ class SamplingParams:
     over the output tokens (`logit -= frequency * count + presence * (count > 0)`); `repetition_penalty` > 0
     (1 off) over prompt and output tokens (a positive logit divided by it, a negative one multiplied);
     `min_new_tokens` holds the stop ids back until that many tokens are out; `logit_bias` maps token ids
-    (ints, or their decimal strings as JSON carries them) to a bias added to that logit.
+    (ints, or their decimal strings as JSON carries them) to a bias added to that logit (-inf bans the token).
 
     Structured output (SGLang's names, at most one per request, compiled with xgrammar: the `grammar` extra):
     `json_schema` (a JSON string or a dict), `regex`, `ebnf` (xgrammar's EBNF, `root ::= ...`). The logits are
-    masked to the tokens the grammar allows after the output so far; once it is complete only the stop tokens
-    are (a request without `stop_token_ids` stops at the tokenizer's EOS). Not combinable with min_new_tokens.
+    masked to the tokens the grammar allows after the output so far; once it is complete only its terminators
+    (the tokenizer's EOS ids) are, and emitting one ends the request ("stop"). `stop_token_ids` are not grammar
+    terminators: they end the request after sampling, as for any request, even where the grammar needs them as
+    content. min_new_tokens holds the stop ids and the grammar's terminators back.
+
+    A step whose logits, after the penalties, the logit bias, min_new_tokens and the grammar mask, allow no token
+    at all ends the request with finish_reason "error" and an `error` naming what emptied them; the tokens
+    before it stand.
     """
 
     max_new_tokens: int = 16
@@ -138,8 +144,8 @@ class SamplingParams:
                 token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
                 token = checked(check_int, f"logit_bias key {key!r}", token, 0, vocab_size - 1)
                 bias = checked(check_real, f"logit_bias[{key!r}]", value)
-                if not math.isfinite(bias):
-                    raise bad(f"logit_bias[{key!r}] must be finite, got {bias}")
+                if math.isnan(bias) or bias == math.inf:  # -inf bans the token, as a mask would
+                    raise bad(f"logit_bias[{key!r}] must be finite or -inf, got {bias}")
                 logit_bias[token] = bias
         grammars = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None]
         if len(grammars) > 1:
@@ -149,9 +155,6 @@ class SamplingParams:
             if not (isinstance(value, str) or (name == "json_schema" and isinstance(value, dict))):
                 kinds = "a JSON string or a dict" if name == "json_schema" else "a string"
                 raise bad(f"{name} must be {kinds}, got {type(value).__name__}")
-        if grammars and min_new_tokens > 0:
-            raise bad(f"min_new_tokens={min_new_tokens} cannot be combined with {grammars[0]}: the grammar decides "
-                      f"where the output may end")
         return dataclasses.replace(self, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                    top_p=top_p, stop_token_ids=token_list("stop_token_ids", False),
                                    top_logprobs_num=top_logprobs_num,

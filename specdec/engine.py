@@ -20,8 +20,10 @@ class GenerateOutput:
     they are None when the request did not set return_logprob. `accept_lens` holds, per decode step,
     the tokens that step produced for this request (accepted drafts + the bonus), before any cut at a
     stop token or max_new_tokens. A matched stop token is kept as the last token. finish_reason "error"
-    means the request was stopped, `error` says why (the target produced a NaN or an infinity in the
-    logits a step read: that step's tokens are not emitted, the earlier ones are)."""
+    means the request was stopped, `error` says why: the target produced a NaN or an infinity in the
+    logits a step read (that step's tokens are not emitted, the earlier ones are), or the logits of the next
+    token had nothing left to decode after the logit bias, min_new_tokens and the grammar mask (the tokens
+    before it are emitted)."""
 
     token_ids: list[int]
     finish_reason: str  # "stop" (a stop token was emitted), "length" (max_new_tokens reached) or "error"
@@ -173,11 +175,11 @@ class Engine:
 
     def _compile_grammars(self, params: list[SamplingParams]) -> list | None:
         """Compile each request's grammar (xgrammar; a request without one gets None) before any compute. A grammar
-        request without stop_token_ids stops at the tokenizer's EOS (its copy of the params gets it)."""
+        ends the request when it accepts one of its terminators (the tokenizer's EOS ids): the request's copy of the
+        params gets those among its stop ids, so that they end it ("stop") and min_new_tokens holds them back."""
         if not any(sp.has_grammar for sp in params):
             return None
-        from .grammar import GrammarCompiler, require_xgrammar
-        from .text import eos_ids_of
+        from .grammar import GrammarCompiler, grammar_stop_ids, require_xgrammar
         first = next(i for i, sp in enumerate(params) if sp.has_grammar)
         if self.tokenizer is None:
             raise ValueError(f"request {first}: a json_schema, regex or ebnf needs the engine's vocabulary: pass "
@@ -188,12 +190,14 @@ class Engine:
         compiled = []
         for i, sp in enumerate(params):
             compiled.append(self._grammar_compiler.compile(sp, i))
-            if sp.has_grammar and not sp.stop_token_ids:
-                eos = eos_ids_of(self.tokenizer)
-                if not eos:
-                    raise ValueError(f"request {i}: a grammar request needs stop_token_ids (the tokenizer names no "
-                                     f"EOS)")
-                params[i] = dataclasses.replace(sp, stop_token_ids=eos)
+            if compiled[-1] is None:
+                continue
+            ends = grammar_stop_ids(compiled[-1])
+            if not ends:
+                raise ValueError(f"request {i}: a grammar needs the tokenizer's end-of-sequence id to end on, and "
+                                 f"the tokenizer names none")
+            params[i] = dataclasses.replace(
+                sp, stop_token_ids=list(sp.stop_token_ids) + [t for t in ends if t not in sp.stop_token_ids])
         return compiled
 
     # ---- generation --------------------------------------------------------------------------
@@ -272,6 +276,11 @@ class Engine:
             if is_decode:
                 o.accept_lens.append(n)
             for j in range(n):
+                if host.empty is not None and host.empty[b][j]:
+                    o.finish_reason = "error"
+                    o.error = _empty_row_error(r, sp, host.empty[b][j], len(o.token_ids))
+                    done.add(r)
+                    break
                 tok = host.tokens[b][j]
                 o.token_ids.append(tok)
                 if sp.return_logprob:
@@ -289,18 +298,35 @@ class Engine:
         return done
 
 
+def _empty_row_error(request: int, params: SamplingParams, cause: int, num_out: int) -> str:
+    """The `error` of a request whose next token's logits had nothing left to decode (`StepOutput.empty`)."""
+    from .workers.base import EMPTY_BY_PENALTIES
+    banned = "a logit_bias of -inf" if params.logit_bias and -float("inf") in params.logit_bias.values() else ""
+    held = f"min_new_tokens={params.min_new_tokens} (holding the stop ids back)" if params.min_new_tokens else ""
+    penalties = " and ".join(x for x in (banned, held) if x) or "the penalties"
+    if cause == EMPTY_BY_PENALTIES:
+        what = f"{penalties} left no token with a finite logit"
+    elif params.has_penalties:
+        what = f"the grammar allows no token that {penalties} left"
+    else:
+        what = "the grammar allows no token"
+    return f"request {request}: after {num_out} output tokens, {what}; the request was stopped there (they are kept)"
+
+
 @dataclass
 class HostStep:
     """One step's output on the host, read from the device in a single transfer.
 
     accept_lens: B ints; finite: B bools (every target logit the step read is finite); tokens: B lists of
-    T = S+1 ints (slot j valid for j < accept_lens[b]);
+    T = S+1 ints (slot j valid for j < accept_lens[b]); empty: B lists of T ints, slot j's code when the logits
+    its token was chosen from had nothing left to decode (`StepOutput.empty`), or None when nothing shaped them;
     logprobs: B lists of T floats (None when nobody asked); the top-k and token-id logprobs as dense
     rows (row b*T + j), sliced per request by `top_logprobs` / `token_ids_logprobs`."""
 
     accept_lens: list[int]
     finite: list[bool]
     tokens: list[list[int]]
+    empty: list[list[int]] | None
     logprobs: list[list[float]] | None
     top_val: list[list[float]] | None
     top_idx: list[list[int]] | None
@@ -314,7 +340,8 @@ class HostStep:
         it to the host once; slice it there."""
         lo = step.logits_output
         B, T = step.accept_index.shape
-        parts = [step.accept_lens, step.finite, step.emitted_tokens()]
+        empty = step.emitted_empty()
+        parts = [step.accept_lens, step.finite, step.emitted_tokens()] + ([] if empty is None else [empty])
         fields = [lo.next_token_logprobs, lo.top_logprobs_val_rows, lo.top_logprobs_idx_rows,
                   lo.token_ids_logprobs_val_rows]
         parts += [f for f in fields if f is not None]
@@ -330,13 +357,14 @@ class HostStep:
         accept_lens = take(1, B, as_int=True)[0]
         finite = [bool(x) for x in take(1, B)[0]]
         tokens = take(B, T, as_int=True)
+        empty = None if empty is None else take(B, T, as_int=True)
         logprobs = take(B, T) if lo.next_token_logprobs is not None else None
         top_val = take(*lo.top_logprobs_val_rows.shape) if lo.top_logprobs_val_rows is not None else None
         top_idx = (take(*lo.top_logprobs_idx_rows.shape, as_int=True) if lo.top_logprobs_idx_rows is not None
                    else None)
         tid = lo.token_ids_logprobs_val_rows
         token_ids_val = take(*tid.shape) if tid is not None else None
-        return cls(accept_lens, finite, tokens, logprobs, top_val, top_idx, token_ids_val,
+        return cls(accept_lens, finite, tokens, empty, logprobs, top_val, top_idx, token_ids_val,
                    lo.next_token_token_ids_logprobs_idx, T)
 
     def top_logprobs(self, b: int, j: int, k: int) -> list[tuple[float, int]]:

@@ -11,6 +11,11 @@ by committed tokens (`advance`); a step's per-node masks are filled from it with
 matcher where it was. Masks are xgrammar's packed int32 rows (bit j of word i allows token 32 i + j); a
 request without a grammar gets all-ones rows, and a node the grammar rejects (its parent's mask already
 forbids it, so it can never be accepted) gets all-ones too, so that no row is all -inf.
+
+A grammar's terminators are the tokenizer's end-of-sequence ids (`grammar_stop_ids`), as in SGLang and
+xgrammar, never a request's `stop_token_ids`: a stop id may be a byte the grammar needs as content, and
+declaring it a terminator would forbid it there. The request's stop ids end it after sampling, as for any
+request; a grammar that accepts its terminator has ended, and the engine stops the request there too.
 """
 from __future__ import annotations
 
@@ -94,16 +99,21 @@ class GrammarCompiler:
             raise ValueError(f"request {index}: its {name} does not compile: {first}") from None
 
 
+def grammar_stop_ids(compiled) -> list[int]:
+    """A CompiledGrammar -> the token ids that terminate it (its tokenizer's end-of-sequence ids): once the
+    grammar is complete they are the only tokens it allows, and emitting one ends the request."""
+    return sorted(int(t) for t in compiled.tokenizer_info.stop_token_ids)
+
+
 class GrammarBatch:
     """Per-request matchers (None for a request without a grammar) and the step's mask filling, on the host.
 
-    compiled: B CompiledGrammar or None; stop_ids: B lists, the tokens that end each request (the only ones
-    allowed once its grammar is complete). `fill_seconds` accumulates the host time spent filling masks."""
+    compiled: B CompiledGrammar or None, each terminated by its tokenizer's EOS ids (`grammar_stop_ids`).
+    `fill_seconds` accumulates the host time spent filling masks."""
 
-    def __init__(self, compiled: list, stop_ids: list[list[int]], vocab_size: int):
+    def __init__(self, compiled: list, vocab_size: int):
         xgr = require_xgrammar()
-        self.matchers = [None if c is None else xgr.GrammarMatcher(c, override_stop_tokens=list(s))
-                         for c, s in zip(compiled, stop_ids)]
+        self.matchers = [None if c is None else xgr.GrammarMatcher(c) for c in compiled]
         self.words = (vocab_size + 31) // 32
         self.fill_seconds = 0.0
 

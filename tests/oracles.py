@@ -591,10 +591,16 @@ def exact_joint_penalised(target, prompt, n_tokens, sp) -> dict:
 # ----------------------------------------------------------------------------------------------------
 
 
-def grammar_allowed(compiled, stop_ids, tokens) -> set[int] | None:
-    """The token ids a fresh matcher allows after accepting `tokens`, or None when it refuses one of them."""
+def grammar_stops(compiled) -> set[int]:
+    """The ids that terminate `compiled` (its tokenizer's EOS ids): the only ones a complete grammar allows."""
+    return {int(t) for t in compiled.tokenizer_info.stop_token_ids}
+
+
+def grammar_allowed(compiled, tokens) -> set[int] | None:
+    """The token ids a fresh matcher (terminated by its tokenizer's EOS ids, never by a request's stop ids)
+    allows after accepting `tokens`, or None when it refuses one of them or has terminated."""
     import xgrammar as xgr
-    m = xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_ids))
+    m = xgr.GrammarMatcher(compiled)
     for t in tokens:
         if m.is_terminated() or not m.accept_token(int(t)):
             return None
@@ -609,36 +615,40 @@ def grammar_allowed(compiled, stop_ids, tokens) -> set[int] | None:
 
 def grammar_greedy_decode(target, prompt, compiled, stop_ids, max_new_tokens) -> list[int]:
     """Plain greedy decoding with the grammar: each step a full forward over prompt + output, a fresh matcher
-    over the output so far, argmax over the allowed tokens; stops after a stop token or max_new_tokens."""
+    over the output so far, argmax over the allowed tokens; stops after a request stop id or a grammar
+    terminator, or at max_new_tokens."""
     out: list[int] = []
+    ends = set(stop_ids) | grammar_stops(compiled)
     while len(out) < max_new_tokens:
         full = prompt + out
         with torch.no_grad():
             logits = target(torch.tensor([full]), torch.arange(len(full))[None]).logits[0, -1].float()
-        allowed = grammar_allowed(compiled, stop_ids, out)
+        allowed = grammar_allowed(compiled, out)
         masked = torch.full_like(logits, float("-inf"))
         idx = torch.tensor(sorted(allowed))
         masked[idx] = logits[idx]
         tok = int(masked.argmax())
         out.append(tok)
-        if tok in stop_ids:
+        if tok in ends:
             break
     return out
 
 
 def exact_joint_grammar(target, prompt, n_tokens, temperature, compiled, stop_ids):
     """Exact law of the first n_tokens sampled tokens under the grammar (softmax(logits / T) renormalised over the
-    allowed tokens, a sequence ending at a stop token); by enumeration over the allowed prefixes."""
+    allowed tokens, a sequence ending at a request stop id or a grammar terminator); by enumeration over the
+    allowed prefixes."""
     probs: dict[tuple, float] = {}
+    ends = set(stop_ids) | grammar_stops(compiled)
 
     def walk(seq, p):
-        if len(seq) == n_tokens or (seq and seq[-1] in stop_ids):
+        if len(seq) == n_tokens or (seq and seq[-1] in ends):
             probs[tuple(seq)] = probs.get(tuple(seq), 0.0) + p
             return
         full = prompt + seq
         with torch.no_grad():
             logits = target(torch.tensor([full]), torch.arange(len(full))[None]).logits[0, -1].double()
-        allowed = sorted(grammar_allowed(compiled, stop_ids, seq))
+        allowed = sorted(grammar_allowed(compiled, seq))
         w = torch.softmax(logits[allowed] / temperature, -1)
         for tok, q in zip(allowed, w.tolist()):
             if q > 0:

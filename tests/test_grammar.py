@@ -115,7 +115,7 @@ def _random_tree(W, seed, compiled, prefix):
     parent, tokens, paths = [-1], [0], [[]]
     for i in range(1, W):
         p = rng.randrange(i)
-        allowed = grammar_allowed(compiled, [EOS], prefix + paths[p])
+        allowed = grammar_allowed(compiled, prefix + paths[p])
         tok = rng.choice(sorted(allowed)) if allowed and rng.random() < 0.8 else rng.randrange(258)
         parent.append(p)
         tokens.append(tok)
@@ -135,7 +135,7 @@ def test_per_node_masks_equal_a_fresh_matcher_per_path(name, seed):
     prefix = prefixes[name]
     W, B = 12, 3
     trees = [_random_tree(W, seed * 10 + b, compiled, prefix) for b in range(B)]
-    batch = GrammarBatch([compiled, None, compiled], [[EOS]] * B, 258)
+    batch = GrammarBatch([compiled, None, compiled], 258)
     batch.advance([prefix, [1, 2, 3], prefix], [len(prefix), 3, len(prefix)])
     cand, nt, ns = (torch.stack([t[k] for t in trees]) for k in range(3))
     bitmask = batch.fill_tree(cand, nt, ns)
@@ -144,7 +144,7 @@ def test_per_node_masks_equal_a_fresh_matcher_per_path(name, seed):
         for i in range(W):
             words = [w & 0xFFFFFFFF for w in bitmask[b * W + i].tolist()]
             got = {v for v in range(258) if (words[v // 32] >> (v % 32)) & 1}
-            want = None if b == 1 else grammar_allowed(compiled, [EOS], prefix + trees[b][3][i])
+            want = None if b == 1 else grammar_allowed(compiled, prefix + trees[b][3][i])
             assert got == (set(range(258)) if want is None else want), (b, i)
     assert torch.equal(batch.fill_roots(), root_before)  # filling left the matchers where they were
     assert torch.equal(root_before[1], torch.full_like(root_before[1], -1))
@@ -295,7 +295,6 @@ def test_sampling_under_a_grammar_is_the_exact_distribution(kind):
     (dict(ebnf="root ::= foo"), ValueError, "request 1: its ebnf does not compile"),
     (dict(regex="a", ebnf='root ::= "a"'), ValueError, "request 1: at most one of json_schema, regex and ebnf"),
     (dict(regex=3), ValueError, "request 1: regex must be a string"),
-    (dict(regex="a+", min_new_tokens=2), ValueError, "request 1: min_new_tokens=2 cannot be combined with regex"),
 ])
 def test_bad_grammars_are_one_line_errors_and_the_engine_keeps_serving(small, kw, error, match):
     engine = _engine(small, "EAGLE tree S5 K4 W16")
@@ -351,14 +350,14 @@ def test_path_masks_equal_a_fresh_matcher_per_path():
         node = rng.randrange(L)
         anc = [i for i in range(1, L) if paths[i] == paths[node][:len(paths[i])] and i <= node]
         rows[:, r, anc] = True
-    batch = GrammarBatch([compiled, None], [[EOS]] * 2, 258)
+    batch = GrammarBatch([compiled, None], 258)
     batch.advance([prefix, []], [len(prefix), 0])
     before = batch.fill_roots()
     bitmask = batch.fill_paths(torch.stack([cand, cand]), rows)
     for r in range(R):
         path = [int(cand[j]) for j in range(1, L) if rows[0, r, j]]
         words = [w & 0xFFFFFFFF for w in bitmask[r].tolist()]
-        want = grammar_allowed(compiled, [EOS], prefix + path)
+        want = grammar_allowed(compiled, prefix + path)
         assert {v for v in range(258) if (words[v // 32] >> (v % 32)) & 1} == (set(range(258)) if want is None
                                                                                else want)
         assert torch.equal(bitmask[R + r], torch.full_like(bitmask[R + r], -1))
@@ -452,4 +451,4 @@ def test_sampled_outputs_satisfy_the_grammar(small, impl):
         if o.finish_reason == "stop":
             _check_outputs(small, "json", [o])
         else:  # cut by max_new_tokens: a prefix the grammar allows
-            assert grammar_allowed(_compiled("json"), [EOS], o.token_ids) is not None
+            assert grammar_allowed(_compiled("json"), o.token_ids) is not None

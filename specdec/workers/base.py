@@ -29,7 +29,10 @@ class StepOutput:
     accepted path, -1 padded; accept_lens: (B,) tokens emitted (accepted drafts + the bonus);
     logits_output: with logprobs filled when any request asked (else their fields are None);
     finite: (B,) bool, every target logit the step read for the request is finite (a NaN or an
-    infinity there makes the step's tokens meaningless: the engine stops that request).
+    infinity there makes the step's tokens meaningless: the engine stops that request);
+    empty: (B*W,) int8 like predict, or None when nothing shaped the logits: per node, `EMPTY_BY_PENALTIES`
+    or `EMPTY_BY_GRAMMAR` where that stage left no token with a finite logit (the row is then decoded as if
+    uniform, and the engine stops the request at that node), else 0.
     """
 
     predict: torch.Tensor
@@ -37,10 +40,25 @@ class StepOutput:
     accept_lens: torch.Tensor
     logits_output: LogitsOutput
     finite: torch.Tensor
+    empty: torch.Tensor | None = None
 
     def emitted_tokens(self) -> torch.Tensor:
         """(B, S+1) tokens of the accepted path, slot j valid for j < accept_lens[b]."""
         return self.predict[self.accept_index.clamp_min(0).long()]
+
+    def emitted_empty(self) -> torch.Tensor | None:
+        """(B, S+1) int8: `empty` of the node each accepted slot's token was chosen at, or None."""
+        return None if self.empty is None else self.empty[self.accept_index.clamp_min(0).long()]
+
+
+#: `StepOutput.empty` codes: what left a node's logits with no token to decode
+EMPTY_BY_PENALTIES = 1  # the logit bias (-inf) and min_new_tokens (holding the stop ids back)
+EMPTY_BY_GRAMMAR = 2  # the grammar's mask, applied after the penalties
+
+
+def empty_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits: (N, V) -> (N,) bool, True where no logit is above -inf (nothing left to decode)."""
+    return logits.amax(-1) == float("-inf")
 
 
 class PhaseTimer:
@@ -135,7 +153,7 @@ class WorkerBase:
         self.grammar = None
         if grammars is not None and any(g is not None for g in grammars):
             from ..grammar import GrammarBatch
-            self.grammar = GrammarBatch(list(grammars), [p.stop_token_ids for p in params], self.vocab_size)
+            self.grammar = GrammarBatch(list(grammars), self.vocab_size)
         self.params = list(params)
         self.slot_list = self.cache.alloc(B)
         for c in self.caches()[1:]:
@@ -285,6 +303,35 @@ class WorkerBase:
             logits, candidates, tree_mask, st.output_counts, st.prompt_mask, st.output_lens, s.frequency_penalties,
             s.presence_penalties, s.repetition_penalties, s.min_new_tokens, s.stop_mask, s.logit_bias)
 
+    def shape_target_logits(self, raw_logits, candidates, tree_mask, bitmask):
+        """The target's logits (N, V) -> (logits every node decodes from, empty (N,) int8 or None).
+
+        Penalties, logit bias and min_new_tokens (`penalize`), then the grammar mask (`constrain`). A row that a
+        stage leaves all -inf is marked in `empty` with the stage's code and decoded as a uniform row (no NaN
+        reaches verify, sampling or the logprobs); the engine stops its request there. `empty` is None when
+        neither stage ran (a finite raw row cannot be empty)."""
+        logits = self.penalize(raw_logits, candidates, tree_mask)
+        empty = None
+        if logits is not raw_logits:
+            empty = empty_rows(logits).to(torch.int8) * EMPTY_BY_PENALTIES
+        if bitmask is not None:
+            logits = self.constrain(logits, bitmask)
+            by_grammar = empty_rows(logits).to(torch.int8) * EMPTY_BY_GRAMMAR
+            empty = by_grammar if empty is None else torch.where(empty > 0, empty, by_grammar)
+        if empty is not None:
+            logits = logits.masked_fill((empty > 0)[:, None], 0.0)
+        return logits, empty
+
+    def shape_draft_logits(self, logits, candidates, tree_mask):
+        """The draft's logits (B*R, V), penalised (`penalize_draft`) and masked (`constrain_draft`) along each row's
+        path where the SpecConfig asks; a row left all -inf proposes from a uniform row instead (a draft that
+        proposes nothing useful only costs acceptance). candidates (B, L), tree_mask (B, R, L) or None: as
+        `constrain_draft`."""
+        shaped = self.constrain_draft(self.penalize_draft(logits, candidates, tree_mask), candidates, tree_mask)
+        if shaped is logits:
+            return logits
+        return shaped.masked_fill(empty_rows(shaped)[:, None], 0.0)
+
     #: whether the draft's proposals are penalised too (SpecConfig.draft_penalties)
     draft_penalties = False
 
@@ -396,27 +443,27 @@ class WorkerBase:
         return self.ops.compute_spec_v2_logprobs(batch, logits_output, predict, accept_index, num_steps,
                                                  return_original_logprob=self.return_original_logprob)
 
-    def one_token_output(self, logits, tokens, raw_logits) -> StepOutput:
-        """A one-node step (prefill, or target-only decode): logits (B, V) as sampled from (penalised),
-        tokens (B,), raw_logits (B, V) the target's (what `finite` judges). Its logprob fields are empty:
-        `prefill` fills them at once, `finish_decode` after a decode body."""
+    def one_token_output(self, logits, tokens, raw_logits, empty) -> StepOutput:
+        """A one-node step (prefill, or target-only decode): logits (B, V) as sampled from (shaped),
+        tokens (B,), raw_logits (B, V) the target's (what `finite` judges), empty as `shape_target_logits`
+        gave it. Its logprob fields are empty: `prefill` fills them at once, `finish_decode` after a decode body."""
         B = tokens.shape[0]
         accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
         return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
-                          LogitsOutput(next_token_logits=logits), finite_rows(raw_logits))
+                          LogitsOutput(next_token_logits=logits), finite_rows(raw_logits), empty)
 
     def prefill(self, prompts, params, seed, grammars=None) -> StepOutput:
         """Target forward over the prompts, the first token sampled, then the draft's prefill extend.
         Returns the one-token step of the first token, its logprobs filled. grammars: as `start`."""
         self.start(prompts, params, seed, grammars)
         logits_last, hidden, ids, positions = self.prefill_target(prompts)
-        raw_logits, logits_last = logits_last, self.penalize(logits_last, ids[:, :1], None)
-        logits_last = self.constrain(logits_last, self.grammar_bitmask_roots())
+        raw_logits = logits_last
+        logits_last, empty = self.shape_target_logits(raw_logits, ids[:, :1], None, self.grammar_bitmask_roots())
         tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
         self.state.last_tokens = tokens
         self.count_emitted(tokens[:, None], torch.ones_like(tokens))
         self.draft_extend_for_prefill(ids, hidden, positions, tokens)
-        step = self.one_token_output(logits_last, tokens, raw_logits)
+        step = self.one_token_output(logits_last, tokens, raw_logits, empty)
         step.logits_output = self.compute_logprobs(step.logits_output, tokens, step.accept_index, 0)
         return step
 
@@ -436,15 +483,14 @@ class TargetOnlyWorker(WorkerBase):
             logits = self.target(st.last_tokens[:, None], st.seq_lens[:, None], self.cache, meta).logits
         raw_logits = logits[:, 0]
         with self.phase("verify"):
-            logits = self.penalize(raw_logits, st.last_tokens[:, None], None)
             with self.phase("grammar"):
                 bitmask = self.grammar_bitmask_roots()
-            logits = self.constrain(logits, bitmask)
+            logits, empty = self.shape_target_logits(raw_logits, st.last_tokens[:, None], None, bitmask)
             tokens = self.sample_tokens(logits, st.uniforms[:, 0])
         st.seq_lens = st.seq_lens + 1
         st.last_tokens = tokens
         self.count_emitted(tokens[:, None], torch.ones_like(tokens))
-        return self.one_token_output(logits, tokens, raw_logits)
+        return self.one_token_output(logits, tokens, raw_logits, empty)
 
 
 class SpeculativeWorkerBase(WorkerBase):
@@ -533,8 +579,8 @@ class SpeculativeWorkerBase(WorkerBase):
                            retrieve_next_sibling, bitmask=None):
         B, W, S = candidates.shape[0], self.num_draft_tokens, self.num_steps
         st = self.state
-        logits = self.penalize(raw_logits.view(B * W, -1), candidates, tree_mask)
-        logits = self.constrain(logits, bitmask).view(B, W, -1)
+        logits, empty = self.shape_target_logits(raw_logits.view(B * W, -1), candidates, tree_mask, bitmask)
+        logits = logits.view(B, W, -1)
         target_predict = logits.argmax(-1)
         s = self.sampling
         if not s.all_greedy:
@@ -559,6 +605,6 @@ class SpeculativeWorkerBase(WorkerBase):
         accept_lens = accept_length + 1
         st.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
         step = StepOutput(predict, accept_index, accept_lens, LogitsOutput(next_token_logits=logits.view(B * W, -1)),
-                          finite_rows(raw_logits))
+                          finite_rows(raw_logits), empty)
         self.count_emitted(step.emitted_tokens(), accept_lens)
         return step

@@ -44,8 +44,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     def _set_next_root_children(self, hidden):
         """hidden: (B, H), the draft's output at each request's last committed position."""
         st = self.state
-        logits = self.penalize_draft(self.draft_model.compute_logits(hidden), st.last_tokens[:, None], None)
-        logits = self.constrain_draft(logits, st.last_tokens[:, None], None)
+        logits = self.shape_draft_logits(self.draft_model.compute_logits(hidden), st.last_tokens[:, None], None)
         st.topk_p, st.topk_index = self._draft_topk(logits, self.topk)
         st.draft_hidden = hidden
 
@@ -87,7 +86,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
             if self.draft_penalties or self.draft_grammar:  # each frontier node's path: the root, its ancestry
                 path = torch.cat([self._root_column[:B], ancestry[:, :, :(i + 1) * K]], dim=2)
                 tokens = torch.cat(slot_tokens, dim=1)
-                logits = self.constrain_draft(self.penalize_draft(logits, tokens, path), tokens, path)
+                logits = self.shape_draft_logits(logits, tokens, path)
             topk_p, topk_index = self._draft_topk(logits, K)
             hidden = hidden.reshape(B * K, -1)
         return score_list, token_list, parents_list

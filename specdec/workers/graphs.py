@@ -122,7 +122,8 @@ class DecodeGraphs:
         step = entry.step
         W = step.predict.shape[0] // entry.bucket
         return StepOutput(step.predict[:B * W].clone(), step.accept_index[:B].clone(), step.accept_lens[:B].clone(),
-                          LogitsOutput(next_token_logits=None), step.finite[:B].clone())
+                          LogitsOutput(next_token_logits=None), step.finite[:B].clone(),
+                          None if step.empty is None else step.empty[:B * W].clone())
 
     def _accepted_rows_step(self, entry: _Entry, step: StepOutput, B: int) -> StepOutput:
         """The step as the logprob helper reads it: the accepted rows of the graph's logits (row b*T + j,
@@ -137,7 +138,8 @@ class DecodeGraphs:
         compact_index = torch.arange(B * T, dtype=step.accept_index.dtype, device=flat.device).view(B, T)
         compact_index = torch.where(step.accept_index >= 0, compact_index, step.accept_index)
         return StepOutput(step.predict.index_select(0, flat), compact_index, step.accept_lens,
-                          LogitsOutput(next_token_logits=logits), step.finite)
+                          LogitsOutput(next_token_logits=logits), step.finite,
+                          None if step.empty is None else step.empty.index_select(0, flat))
 
     # ---- the body on static buffers ------------------------------------------------------------
     def _run_body(self, entry: _Entry) -> None:

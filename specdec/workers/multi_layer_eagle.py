@@ -71,7 +71,7 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
             if self.draft_penalties or self.draft_grammar:  # layer k's guess follows d_1 .. d_k on the chain
                 chain = torch.cat([st.last_tokens[:, None]] + [g[:, None] for g in guesses], dim=1)
                 path = self._chain_mask[None, k:k + 1, :k + 1].expand(B, 1, k + 1)  # the root and d_1 .. d_k
-                logits = self.constrain_draft(self.penalize_draft(logits, chain, path), chain, path)
+                logits = self.shape_draft_logits(logits, chain, path)
             guess = self.ops.softmax_topk(logits, 1)[1][:, 0]
             st.stream.scatter_(1, (last + k + 2)[:, None], guess[:, None])
             guesses.append(guess)
