@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from .config import DRAFT_KINDS
+from .draft_kinds import DRAFT_KINDS
 
 
 def positive_int(text: str) -> int:

@@ -220,36 +220,3 @@ class SpecConfig:
     def speculative_num_draft_tokens(self) -> int:
         return self.num_draft_tokens
 
-
-#: The kinds of draft a worker runs (the zoo Bundle's draft attributes, bench CSVs' `worker` column).
-DRAFT_KINDS = ("eagle", "eagle3", "mtp", "mtp_chain")
-
-
-def kv_margin(kind: str, spec: SpecConfig | None) -> int:
-    """Cache slots past the committed length that one decode step of this worker may write (0 target-only).
-    EAGLE: the W verify nodes, the (S-1)K in-flight draft nodes, the S+1 of the draft extend. MTP: its draft
-    extend reruns a window of 2S positions from S-1 before the old committed length, so up to 2S past it."""
-    if spec is None:
-        return 0
-    if kind in ("eagle", "eagle3"):
-        return max(spec.num_draft_tokens, (spec.num_steps - 1) * spec.topk, spec.num_steps + 1)
-    if kind in ("mtp", "mtp_chain"):
-        return 2 * spec.num_steps
-    raise ValueError(f"unknown draft kind {kind!r}")
-
-
-def worker_label(kind: str, spec: SpecConfig | None) -> str:
-    """One name per worker configuration, used by the demo, every CSV and every plot: `target-only`,
-    `EAGLE tree S5 K4 W16`, `EAGLE chain S3`, `EAGLE-3 tree S5 K4 W16`, `MTP MiMo S3`, `MTP Step-3.5 S3`.
-    kind: the draft's kind ("eagle", "eagle3", "mtp" (MiMo style), "mtp_chain" (Step-3.5 style)); spec None:
-    target-only."""
-    if spec is None:
-        return "target-only"
-    if kind in ("eagle", "eagle3"):
-        name = "EAGLE" if kind == "eagle" else "EAGLE-3"
-        if spec.topk == 1:
-            return f"{name} chain S{spec.num_steps}"
-        return f"{name} tree S{spec.num_steps} K{spec.topk} W{spec.num_draft_tokens}"
-    if kind in ("mtp", "mtp_chain"):
-        return f"MTP {'MiMo' if kind == 'mtp' else 'Step-3.5'} S{spec.num_steps}"
-    raise ValueError(f"unknown draft kind {kind!r}")

@@ -11,6 +11,7 @@ import torch
 
 from .checks import check_int
 from .config import SamplingParams, SpecConfig
+from .draft_kinds import kind_of
 
 
 @dataclass
@@ -52,8 +53,9 @@ class GenerateStats:
 class Engine:
     """Engine(target, draft=None, spec=None, impl="auto"|"reference"|"fast").
 
-    draft=None is plain target-only decoding. An `EagleDraftHead` draft runs EagleWorkerV2; an
-    `MTPDraftModel` runs MultiLayerEagleWorkerV2. impl="auto" is fast on CUDA, reference elsewhere.
+    draft=None is plain target-only decoding; a draft runs on the worker its kind names (`specdec.draft_kinds`:
+    an EAGLE or EAGLE-3 head on EagleWorkerV2, MTP layers on MultiLayerEagleWorkerV2). impl="auto" is fast on
+    CUDA, reference elsewhere.
     cuda_graphs (default: on with the fast path on CUDA) replays each decode step as a CUDA graph, one
     per batch-size bucket (1, 2, 4, ..., max_batch), the batch padded to its bucket.
     tokenizer (the zoo's `ByteTokenizer`, or a `specdec.text` tokenizer.json one) gives the vocabulary that
@@ -125,19 +127,9 @@ class Engine:
             return TargetOnlyWorker(self.target, ops, max_batch, max_seq_len, return_original_logprob)
         if self.spec is None:
             raise ValueError("a draft model needs a SpecConfig(num_steps, topk, num_draft_tokens)")
-        from .models.eagle import EagleDraftHead
-        from .models.eagle3 import Eagle3DraftHead
-        from .models.mtp import MTPDraftModel
-        if isinstance(self.draft, (EagleDraftHead, Eagle3DraftHead)):
-            from .workers.eagle import EagleWorkerV2
-            return EagleWorkerV2(self.target, self.draft, self.spec, ops, max_batch, max_seq_len,
-                                 return_original_logprob)
-        if isinstance(self.draft, MTPDraftModel):
-            from .workers.multi_layer_eagle import MultiLayerEagleWorkerV2
-            return MultiLayerEagleWorkerV2(self.target, self.draft, self.spec, ops, max_batch, max_seq_len,
-                                           return_original_logprob)
-        raise ValueError(f"draft must be an EagleDraftHead, an Eagle3DraftHead or an MTPDraftModel, got "
-                         f"{type(self.draft).__name__}")
+        # the draft's kind names the worker that runs it; a draft of no kind is a ValueError naming the kinds
+        return kind_of(self.draft).worker_class()(self.target, self.draft, self.spec, ops, max_batch, max_seq_len,
+                                                  return_original_logprob)
 
     # ---- validation --------------------------------------------------------------------------
     def _validate(self, prompts, params) -> tuple[list[list[int]], list[SamplingParams], list | None]:

@@ -5,32 +5,37 @@ import sys
 import time
 from pathlib import Path
 
-from .config import SamplingParams, SpecConfig, kv_margin
+from .config import SamplingParams, SpecConfig
+from .draft_kinds import DRAFT_KINDS, draft_kind, kind_of
 from .engine import Engine
 from .text import eos_ids_of, generate_text, load_tokenizer
 
 
+#: the kind an `--draft-layout auto` checkpoint loads as when its architectures name no kind's model: EAGLE-1/2
+#: checkpoints are published under several (`EagleDraftHead.from_pretrained` reads them, and names what it
+#: expects otherwise)
+AUTO_LAYOUT_FALLBACK = "eagle"
+
+
 def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
-    """-> the draft model (None without one) and the SpecConfig its layout suggests."""
-    from .models import Eagle3DraftHead, EagleDraftHead, MTPDraftModel
+    """-> the draft model (None without one) and the SpecConfig its kind suggests (`DraftKind.default_spec`).
+    layout: "auto" (the kind whose model's architecture the draft's config.json names), a draft kind's name, or
+    "mtp-deepseek" / "mtp-mimo" (MTP layers beside a target's weights)."""
     from .models.io import read_config
     from .models.mtp import mtp_from_target_dir
     if layout in ("mtp-deepseek", "mtp-mimo"):
         draft = mtp_from_target_dir(draft_dir or target_dir, target, layout.removeprefix("mtp-"))
-        return draft, SpecConfig(draft.num_layers)
+        return draft, kind_of(draft).default_spec(draft)
     if draft_dir is None:
         if layout != "auto":
             raise ValueError(f"--draft-layout {layout} needs --draft DIR")
         return None, None
     if layout == "auto":
         archs = read_config(draft_dir).get("architectures") or []
-        if archs == [Eagle3DraftHead.architecture]:
-            return Eagle3DraftHead.from_pretrained(draft_dir, target), SpecConfig(5, 4, 16)
-        layout = "mtp" if archs == [MTPDraftModel.architecture] else "eagle"
-    if layout == "mtp":
-        draft = MTPDraftModel.from_pretrained(draft_dir, target)
-        return draft, SpecConfig(draft.num_layers)
-    return EagleDraftHead.from_pretrained(draft_dir, target), SpecConfig(5, 4, 16)
+        layout = next((k.name for k in DRAFT_KINDS.values() if archs == [k.model_class().architecture]),
+                      AUTO_LAYOUT_FALLBACK)
+    draft = draft_kind(layout).load(draft_dir, target)
+    return draft, kind_of(draft).default_spec(draft)
 
 
 def parse_logit_bias(items: list[str]) -> dict[int, float] | None:
@@ -77,10 +82,9 @@ def run_generate(args) -> int:
     if draft is not None and (args.penalty_mode != spec.penalty_mode or args.draft_grammar):
         spec = SpecConfig(spec.num_steps, spec.topk, spec.num_draft_tokens, penalty_mode=args.penalty_mode,
                           draft_grammar=args.draft_grammar)
-    from .models import MTPDraftModel
     prompt_len = len(tokenizer.encode(args.prompt))
     # room for the in-flight draft slots of the worker that runs (MTP's extend writes up to 2 S past the length)
-    margin = kv_margin("mtp" if isinstance(draft, MTPDraftModel) else "eagle", spec)
+    margin = 0 if draft is None else kind_of(draft).kv_margin(spec)
     grammar = read_grammar(args)
     engine = Engine(target, draft, spec, impl=args.impl, max_batch=1, tokenizer=tokenizer,
                     max_seq_len=min(target.config.max_position_embeddings, prompt_len + args.max_new_tokens + margin))

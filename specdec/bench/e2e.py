@@ -79,7 +79,7 @@ def shipped_model(num_prompts: int, prompt_len: int, device, dtype=torch.float32
 
     b = zoo.load()
     cast = dict(device=device, dtype=dtype)
-    drafts = {"eagle": b.eagle.to(**cast), "eagle3": b.eagle3.to(**cast), "mtp": b.mtp.to(**cast)}
+    drafts = {kind: draft.to(**cast) for kind, draft in b.drafts.items()}
     return E2EModel(b.name, b.target.to(**cast), drafts, heldout_prompts(num_prompts, prompt_len, seed=0))
 
 

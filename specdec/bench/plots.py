@@ -41,10 +41,10 @@ def read_results(path) -> pd.DataFrame:
     if "suite" not in df:
         df.insert(0, "suite", path.stem.split("-", 1)[0])
     if "label" not in df and "worker" in df and len(df):
-        from ..config import DRAFT_KINDS
+        from ..draft_kinds import DRAFT_KINDS
         from .cases import kind_of_label
         kinds = df["worker"].astype(str)
-        if kinds.isin(("target-only",) + DRAFT_KINDS).all() or kinds.str.startswith("hf-").any():
+        if kinds.isin(["target-only", *DRAFT_KINDS]).all() or kinds.str.startswith("hf-").any():
             label = df.apply(case_label, axis=1)
         else:
             label, df["worker"] = df["worker"], kinds.map(kind_of_label)
@@ -53,9 +53,10 @@ def read_results(path) -> pd.DataFrame:
 
 
 def case_label(row) -> str:
-    """A CSV row's worker, named as everywhere else (`WorkerCase.label`: `specdec.config.worker_label`; peers as
-    `transformers ...`), from its draft kind and shape."""
-    from ..config import SpecConfig, worker_label
+    """A CSV row's worker, named as everywhere else (`WorkerCase.label`: `specdec.draft_kinds.worker_label`;
+    peers as `transformers ...`), from its draft kind and shape."""
+    from ..config import SpecConfig
+    from ..draft_kinds import worker_label
     from .cases import peer_label
     if str(row["worker"]).startswith("hf-"):
         return peer_label(row["worker"], int(row.get("prompt_lookup_num_tokens", 0) or 0))

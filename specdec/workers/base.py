@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SamplingParams, kv_margin
+from ..config import SamplingParams
+from ..draft_kinds import kind_of
 from ..kv_cache import KVCache
 from ..logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from ..models.layers import AttentionMetadata
@@ -514,12 +515,10 @@ class SpeculativeWorkerBase(WorkerBase):
     def caches(self) -> list[KVCache]:
         return [self.cache, self.draft_cache]
 
-    #: this worker's kind for `config.kv_margin`
-    kind = "eagle"
-
     @property
     def kv_margin(self) -> int:
-        return kv_margin(self.kind, self.spec)
+        """The draft kind's rule (`DraftKind.kv_margin`)."""
+        return kind_of(self.draft_model).kv_margin(self.spec)
 
     @property
     def max_step_tokens(self) -> int:

@@ -18,8 +18,6 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
     made stale is redone (SGLang keeps a pool of past hidden states for the same reason).
     """
 
-    kind = "mtp"
-
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         S = spec.num_steps
         if spec.topk != 1 or spec.num_draft_tokens != S + 1:

@@ -1,11 +1,11 @@
 """Shipped tiny checkpoints trained on real text (the Python standard library), and their trainer.
 
 `specdec.zoo.names()` lists what ships; `specdec.zoo.load(name)` returns a `Bundle` with `.target`
-(a byte-level Llama), `.eagle` (EAGLE head), `.eagle3` (EAGLE-3 head), `.mtp` (MiMo-style MTP layers),
-`.mtp_chain` (Step-3.5-style), `.tokenizer` (`ByteTokenizer`) and `.card` (sizes, corpus, split, training
-time, held-out losses, seed, command). The target is stored in float16, the drafts' matrices in int8 with
-per-row scales; everything loads as fp32. Retrain with `specdec zoo train` (see `specdec.zoo.train`); the
-card records the exact command.
+(a byte-level Llama), a draft per kind (`specdec.draft_kinds`): `.eagle` (EAGLE head), `.eagle3` (EAGLE-3
+head), `.mtp` (MiMo-style MTP layers), `.mtp_chain` (Step-3.5-style), also as `.drafts[kind]`; `.tokenizer`
+(`ByteTokenizer`) and `.card` (sizes, corpus, split, training time, held-out losses, seed, command). The
+target is stored in float16, the drafts' matrices in int8 with per-row scales; everything loads as fp32.
+Retrain with `specdec zoo train` (see `specdec.zoo.train`); the card records the exact command.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..draft_kinds import DRAFT_KINDS, draft_kind
 from .tokenizer import ByteTokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -24,22 +25,31 @@ DEFAULT_NAME = "stdlib-byte-6l"
 #: to the target; `specdec demo` and `specdec bench` run it when it ships
 DEEP_NAME = "stdlib-byte-24l"
 
-__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "load", "names", "speed_pair"]
+__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "load", "names", "speed_pair", "zoo_kinds"]
 
 
 @dataclass
 class Bundle:
-    """A target with its drafts (None where the checkpoint lacks one), tokenizer and card."""
+    """A target with its drafts, tokenizer and card. `drafts` maps a draft kind (`specdec.draft_kinds`) to its
+    model; each kind is also an attribute (`bundle.eagle`), None where the checkpoint lacks that draft."""
 
     name: str
     target: object
-    eagle: object = None
-    eagle3: object = None
-    mtp: object = None
-    mtp_chain: object = None
+    drafts: dict = field(default_factory=dict)
     tokenizer: ByteTokenizer = field(default_factory=ByteTokenizer)
     card: dict = field(default_factory=dict)
     path: Path | None = None
+
+    def __getattr__(self, name: str):
+        # only names the instance lacks get here: a draft kind's name reads `drafts`
+        if name in DRAFT_KINDS:
+            return self.__dict__.get("drafts", {}).get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+def zoo_kinds() -> list[str]:
+    """The draft kinds the zoo trains and ships (each in a directory of that name beside the target)."""
+    return [k.name for k in DRAFT_KINDS.values() if k.zoo is not None]
 
 
 def names() -> list[str]:
@@ -53,24 +63,19 @@ def names() -> list[str]:
 def speed_pair() -> str:
     """The pair to measure speed on: the deep pair when it ships with every draft, else the small one."""
     deep = WEIGHTS_DIR / DEEP_NAME
-    complete = all((deep / d / "config.json").is_file() for d in ("eagle", "eagle3", "mtp", "mtp_chain"))
+    complete = all((deep / kind / "config.json").is_file() for kind in zoo_kinds())
     return DEEP_NAME if DEEP_NAME in names() and complete else DEFAULT_NAME
 
 
 def _load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:
-    from ..models import EagleDraftHead, LlamaForCausalLM, MTPDraftModel
-    from ..models.eagle3 import Eagle3DraftHead
+    from ..models import LlamaForCausalLM
 
     root = Path(root)
     target = LlamaForCausalLM.from_pretrained(root / "target", device=device, dtype=dtype)
     b = Bundle(name=name, target=target, path=root)
-    if (root / "eagle" / "config.json").is_file():
-        b.eagle = EagleDraftHead.from_pretrained(root / "eagle", target, device=device, dtype=dtype)
-    if (root / "eagle3" / "config.json").is_file():
-        b.eagle3 = Eagle3DraftHead.from_pretrained(root / "eagle3", target, device=device, dtype=dtype)
-    for key in ("mtp", "mtp_chain"):
-        if (root / key / "config.json").is_file():
-            setattr(b, key, MTPDraftModel.from_pretrained(root / key, target, device=device, dtype=dtype))
+    for kind in zoo_kinds():
+        if (root / kind / "config.json").is_file():
+            b.drafts[kind] = draft_kind(kind).load(root / kind, target, device=device, dtype=dtype)
     card = root / "card.json"
     b.card = json.loads(card.read_text()) if card.is_file() else {}
     return b

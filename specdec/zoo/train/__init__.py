@@ -4,17 +4,20 @@ Stages (each seeded, with a tqdm progress bar; AdamW, linear warm-up then cosine
 windows of the train stream; bf16 autocast on CPU, fp32 master weights):
 
 1. target   - a Llama-architecture byte-level LM, next-token cross-entropy.
+
+Then a stage per draft kind the zoo ships (`specdec.draft_kinds`, `ZooStage`; each reads the stored target):
+
 2. eagle    - an EAGLE head on the frozen target: smooth-L1 regression of its output hidden onto the
               target's next hidden state plus cross-entropy, through the shared LM head, against the
               target's distribution (distillation, so the head learns the target's argmax). Trained
               with "training-time test" unrolling: pass j feeds the head its own output hidden of pass
               j-1 (as draft step j does at inference) and attends to exactly the keys that draft step j
               sees (the real-hidden prefix, then one key per earlier draft step), see `ttt_mask`.
-3. mtp      - S MTP layers, MiMo style (every layer reads the target's hidden states), distilled from
-              the target's distribution S+1 positions ahead.
-4. mtp_chain- the same in Step-3.5 style (layer k reads layer k-1's output), trained jointly.
-5. eagle3   - an EAGLE-3 head: features from three target layers, its own LM head over the most
+3. eagle3   - an EAGLE-3 head: features from three target layers, its own LM head over the most
               frequent ids, cross-entropy only, with the EAGLE head's unrolling and budget.
+4. mtp      - S MTP layers, MiMo style (every layer reads the target's hidden states), distilled from
+              the target's distribution S+1 positions ahead.
+5. mtp_chain- the same in Step-3.5 style (layer k reads layer k-1's output), trained jointly.
 
 The target is stored in float16, the drafts' matrices in int8 with per-row scales (`save_stored`); the
 loader dequantizes to fp32. Held-out metrics in the card are measured on the stored weights, in fp32,
@@ -22,8 +25,8 @@ without autocast, as inference runs.
 
 The package's modules, each importing only those above it:
 
-- `hparams`  the target's shape (`TargetShape`), each stage's settings (`StageOpts`, `default_opts`), the
-             stage names, the seeded windows of the train stream (`Windows`).
+- `hparams`  the target's shape (`TargetShape`), each stage's settings (`StageOpts`, `default_opts`: the
+             drafts' from their kinds), the stage names, the seeded windows of the train stream (`Windows`).
 - `loop`     the optimisation loop every stage shares, the learning-rate schedule, the initialisation.
 - `stages`   each stage's loss and `train_<stage>` (the EAGLE heads' unrolled passes run their `step`).
 - `evaluate` the held-out metrics of stored weights.
@@ -44,8 +47,8 @@ from .hparams import DRAFTS, STAGES, StageOpts, TargetShape, Windows, default_op
 from .loop import init_weights_, lr_at, make_optimizer, num_params
 from .pipeline import train_all
 from .stages import (draft_vocabulary, eagle3_loss, eagle_loss, eagle_unrolled, mtp_forward, mtp_loss, new_eagle3_head,
-                     soft_ce, target_loss, train_eagle, train_eagle3, train_mtp, train_target, ttt_mask,
-                     zoo_feature_layers)
+                     soft_ce, target_loss, train_eagle, train_eagle3, train_mtp, train_mtp_chain, train_target,
+                     ttt_mask, zoo_feature_layers)
 from .storage import DRAFT_STORAGE, STORE_DTYPE, save_stored
 
 __all__ = ["DRAFTS", "DRAFT_STORAGE", "MODEL_CARD", "STAGES", "STORE_DTYPE", "StageOpts", "TargetShape", "Windows",
@@ -53,5 +56,5 @@ __all__ = ["DRAFTS", "DRAFT_STORAGE", "MODEL_CARD", "STAGES", "STORE_DTYPE", "St
            "evaluate_bundle", "evaluate_eagle", "evaluate_mtp", "evaluate_target", "init_weights_", "lr_at", "main",
            "make_optimizer", "mtp_forward", "mtp_loss", "new_eagle3_head", "num_params", "read_card",
            "render_model_card", "render_model_cards", "save_stored", "shape_summary", "soft_ce", "target_loss",
-           "train_all", "train_eagle", "train_eagle3", "train_mtp", "train_target", "ttt_mask", "why_this_shape",
-           "write_card", "zoo_feature_layers"]
+           "train_all", "train_eagle", "train_eagle3", "train_mtp", "train_mtp_chain", "train_target", "ttt_mask",
+           "why_this_shape", "write_card", "zoo_feature_layers"]

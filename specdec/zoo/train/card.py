@@ -3,8 +3,10 @@ Markdown rendering, MODEL_CARD.md."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
+from ...draft_kinds import DRAFT_KINDS
 from .. import DEFAULT_NAME, WEIGHTS_DIR
 from .hparams import DRAFTS
 
@@ -87,16 +89,14 @@ def render_model_card(card: dict) -> str:
              "| model | what | parameters | layers | hidden | intermediate | heads (kv) | train steps | tokens seen | "
              "train time | on disk |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    e3 = mo.get("eagle3", {})
-    what = {"target": "Llama-architecture byte LM", "eagle": "EAGLE head (1 decoder layer, shared embedding/LM head)",
-            "eagle3": f"EAGLE-3 head (features entering target layers {e3.get('feature_layers')}, its own LM head "
-                      f"over the {e3.get('draft_vocab_size')} most frequent ids)",
-            "mtp": "3 MTP layers, MiMo style", "mtp_chain": "3 MTP layers, Step-3.5 style (chained hidden)"}
     for k in ("target",) + DRAFTS:
         if k not in mo:
             continue
         m, t = mo[k], tr.get(k, {})
-        lines.append(f"| `{k}` | {what[k]} | {m['parameters']:,} | {m['num_hidden_layers']} | {m['hidden_size']} | "
+        # a field the card lacks reads None, as the table's other cells do
+        what = ("Llama-architecture byte LM" if k == "target"
+                else DRAFT_KINDS[k].zoo.card_text.format_map(defaultdict(lambda: None, m)))
+        lines.append(f"| `{k}` | {what} | {m['parameters']:,} | {m['num_hidden_layers']} | {m['hidden_size']} | "
                      f"{m['intermediate_size']} | {m['num_attention_heads']} ({m['num_key_value_heads']}) | "
                      f"{t.get('steps')} | {t.get('tokens_seen', 0):,} | {t.get('train_seconds', 0) / 60:.1f} min | "
                      f"{t.get('bytes_on_disk', 0) / 1e6:.2f} MB |")

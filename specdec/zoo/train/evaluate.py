@@ -6,6 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ...draft_kinds import DRAFT_KINDS
 from ...models.eagle3 import Eagle3DraftHead
 from .. import corpus
 from .loop import _positions
@@ -27,14 +28,17 @@ def evaluate_target(target, windows: torch.Tensor) -> dict:
 
 
 @torch.no_grad()
-def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5) -> dict:
-    """windows: (N, T+1) -> per draft depth d = 1..depths: cross-entropy against the true next byte,
-    cross-entropy against the target's distribution, and top-1 agreement with the target's argmax
-    (depth d = draft step d-1: d = 1 reads the target's hidden, d >= 2 the head's own output).
+def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5, *, seq_len: int | None = None) -> dict:
+    """windows: (N, T+1) (with seq_len: their first seq_len + 1 bytes) -> per draft depth d = 1..depths:
+    cross-entropy against the true next byte, cross-entropy against the target's distribution, and top-1
+    agreement with the target's argmax (depth d = draft step d-1: d = 1 reads the target's hidden, d >= 2 the
+    head's own output).
 
     An EAGLE-3 head is scored over its draft vocabulary: the target's distribution restricted to it and
     renormalised, the true byte where it is in it; agreement compares its mapped argmax with the target's
     over every position (a target argmax it cannot propose counts as a miss)."""
+    if seq_len is not None:
+        windows = windows[:, :seq_len + 1]
     x = windows[:, :-1]
     B, T = x.shape
     out = target(x, _positions(B, T), features=getattr(head, "feature_layers", None))
@@ -64,10 +68,12 @@ def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5) -> dict
 
 
 @torch.no_grad()
-def evaluate_mtp(target, model, windows: torch.Tensor) -> dict:
-    """windows: (N, T + S) -> per layer k: cross-entropy against the true byte x_{t+k+2}, against the
-    target's distribution, and top-1 agreement with the target's argmax."""
+def evaluate_mtp(target, model, windows: torch.Tensor, *, seq_len: int | None = None) -> dict:
+    """windows: (N, T + S) (with seq_len: their first seq_len + S bytes) -> per layer k: cross-entropy against
+    the true byte x_{t+k+2}, against the target's distribution, and top-1 agreement with the target's argmax."""
     S = model.num_layers
+    if seq_len is not None:
+        windows = windows[:, :seq_len + S]
     T = windows.shape[1] - S
     z, h, _ = target(windows[:, :T], _positions(windows.shape[0], T))
     outs = mtp_forward(model, h, windows, T)
@@ -89,11 +95,6 @@ def evaluate_bundle(bundle, n_windows: int = 32, seq_len: int = 512, seed: int =
     res = {}
     win = _heldout(n_windows, seq_len + 3, seed)
     res["target"] = evaluate_target(bundle.target, win[:, :seq_len + 1])
-    for key in ("eagle", "eagle3"):
-        if getattr(bundle, key) is not None:
-            res[key] = evaluate_eagle(bundle.target, getattr(bundle, key), win[:, :seq_len + 1])
-    for key in ("mtp", "mtp_chain"):
-        m = getattr(bundle, key)
-        if m is not None:
-            res[key] = evaluate_mtp(bundle.target, m, win[:, :seq_len + m.num_layers])
+    for kind, draft in bundle.drafts.items():
+        res[kind] = DRAFT_KINDS[kind].zoo.evaluate(bundle.target, draft, win, seq_len)
     return res

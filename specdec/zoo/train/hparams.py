@@ -2,12 +2,15 @@
 seeded random windows of the train stream that every stage draws its batches from."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from ...draft_kinds import DRAFT_KINDS
 from ...models import LlamaConfig
+from .. import zoo_kinds
 from ..tokenizer import ByteTokenizer
 
 
@@ -46,23 +49,15 @@ class StageOpts:
     extra: dict = field(default_factory=dict)
 
 
+#: the drafts the zoo trains, in `DRAFT_KINDS`' order; each is a stage of its own, trained after the target
+DRAFTS = tuple(zoo_kinds())
+STAGES = ("target",) + DRAFTS
+
+
 def default_opts() -> dict[str, StageOpts]:
-    return {
-        "target": StageOpts(steps=2200, warmup=100, lr=2e-3, eval_every=500),
-        "eagle": StageOpts(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "w_reg": 1.0, "w_cls": 1.0}),
-        # the EAGLE head's budget (steps, tokens, unrolled passes), so that the two heads compare fairly
-        # per-feature norms before fc and a normed output hidden: the recipe of current EAGLE-3 trainers
-        "eagle3": StageOpts(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "draft_vocab_size": 128,
-                                                                   "fc_norm": True, "norm_output": True}),
-        "mtp": StageOpts(steps=750, warmup=50, lr=2e-3, extra={"num_layers": 3}),
-        "mtp_chain": StageOpts(steps=750, warmup=50, lr=2e-3, extra={"num_layers": 3}),
-    }
-
-
-STAGES = ("target", "eagle", "mtp", "mtp_chain", "eagle3")
-
-
-DRAFTS = ("eagle", "eagle3", "mtp", "mtp_chain")
+    """Each stage's settings, fresh: the target's here, each draft's from its kind (`ZooStage.opts`)."""
+    return {"target": StageOpts(steps=2200, warmup=100, lr=2e-3, eval_every=500),
+            **{kind: StageOpts(**copy.deepcopy(dict(DRAFT_KINDS[kind].zoo.opts))) for kind in DRAFTS}}
 
 
 class Windows:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ...draft_kinds import DRAFT_KINDS
 from ...models import LlamaForCausalLM
 from .. import DEFAULT_NAME, WEIGHTS_DIR, corpus
 from ..tokenizer import ByteTokenizer
@@ -18,7 +19,7 @@ from .card import read_card, shape_summary, write_card
 from .evaluate import evaluate_bundle
 from .hparams import DRAFTS, STAGES, StageOpts, TargetShape, default_opts
 from .loop import _freeze, num_params
-from .stages import train_eagle, train_eagle3, train_mtp, train_target
+from .stages import train_target
 from .storage import DRAFT_STORAGE, save_stored
 
 def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=STAGES, shape: TargetShape | None = None,
@@ -26,7 +27,7 @@ def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=S
               eval_windows: int = 32, eval_len: int = 512) -> dict:
 
 
-    """Train `stages` in order and write out/name/{target,eagle,eagle3,mtp,mtp_chain}/ and
+    """Train `stages` in order and write out/name/target/, a directory per draft kind (out/name/eagle/, ...) and
     out/name/card.json. A stage after `target` loads the existing target from out/name/target.
     -> the card (dict)."""
     from .. import _load_dir
@@ -65,12 +66,7 @@ def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=S
             if target is None:
                 target = LlamaForCausalLM.from_pretrained(root / "target", device="cpu", dtype=torch.float32)
             _freeze(target)
-            if stage == "eagle":
-                model, stats = train_eagle(target, o, seed, log)
-            elif stage == "eagle3":
-                model, stats = train_eagle3(target, o, seed, log)
-            else:
-                model, stats = train_mtp(target, o, stage == "mtp_chain", seed, log)
+            model, stats = DRAFT_KINDS[stage].zoo.train(target, o, seed, log)
             stats["bytes_on_disk"] = save_stored(model, root / stage)
         stats["parameters"] = num_params(model)
         stats.update(command=command, seed=seed, finished=now, torch_threads=torch.get_num_threads())

@@ -302,3 +302,8 @@ def train_mtp(target, opts: StageOpts, chain_hidden_states: bool = False, seed: 
     stats = _run_loop(name, opts, model.named_parameters(), lambda b: mtp_loss(target, model, b, opts.amp),
                       windows, seed + off + 2, None, log)
     return model.eval(), stats
+
+
+def train_mtp_chain(target, opts: StageOpts, seed: int = 0, log=print):
+    """`train_mtp` in Step-3.5 style: the `mtp_chain` kind's stage."""
+    return train_mtp(target, opts, True, seed, log)

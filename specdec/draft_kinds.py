@@ -1,0 +1,251 @@
+"""The draft kinds: one record per kind of draft, read by every place whose behaviour depends on the kind.
+
+A kind's name is everywhere the same word: the zoo Bundle's attribute and directory, the trainer's stage, the
+`worker` column of every benchmark CSV, an item of `specdec bench --workers`. Its record (`DraftKind`) says
+which model class it is and how it loads, which worker runs it, how many cache slots past the committed length
+a step of that worker may write, how the demo, the CSVs and the plots name a configuration of it, which shapes
+the demo and the benchmarks run, and how the zoo trains, evaluates and describes it (`ZooStage`).
+
+Adding a kind is its model, its worker, its trainer stage, one `register(DraftKind(...))` below and its tests.
+
+The model, worker, trainer and evaluator are named by import path ("package.module:Name") and imported on use,
+so this module imports nothing of specdec but the config: the models, the zoo and the trainer read it without
+importing the workers, and it sits below all of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from .config import SpecConfig
+
+#: the demo's and the benchmarks' shapes: a tree, and a chain
+TREE, CHAIN = SpecConfig(5, 4, 16), SpecConfig(3, 1)
+
+#: names that are not kinds: the zoo's target directory and stage, the benchmarks' baseline case
+RESERVED_NAMES = ("target", "target-only")
+
+
+@functools.cache
+def resolve(path: str):
+    """"package.module:Name" -> that object, imported now; ValueError naming the path if it cannot be."""
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{path!r} cannot be imported: {e}") from None
+
+
+def tree_kv_margin(spec: SpecConfig) -> int:
+    """EagleWorkerV2's step writes the W verify nodes, the (S-1)K in-flight draft nodes and the S+1 of the draft
+    extend past the committed length."""
+    return max(spec.num_draft_tokens, (spec.num_steps - 1) * spec.topk, spec.num_steps + 1)
+
+
+def chain_window_kv_margin(spec: SpecConfig) -> int:
+    """MultiLayerEagleWorkerV2's draft extend reruns a window of 2S positions from S-1 before the old committed
+    length, so it writes up to 2S past it."""
+    return 2 * spec.num_steps
+
+
+def tree_shape_label(spec: SpecConfig) -> str:
+    """`chain S3` for K = 1, `tree S5 K4 W16` otherwise."""
+    if spec.topk == 1:
+        return f"chain S{spec.num_steps}"
+    return f"tree S{spec.num_steps} K{spec.topk} W{spec.num_draft_tokens}"
+
+
+def steps_shape_label(spec: SpecConfig) -> str:
+    """`S3`: a chain whose depth is all there is to say (one MTP layer per step)."""
+    return f"S{spec.num_steps}"
+
+
+def one_step_per_layer(draft) -> SpecConfig:
+    """The chain an MTP draft runs: one step per layer (MultiLayerEagleWorkerV2 needs S = its layer count)."""
+    return SpecConfig(draft.num_layers)
+
+
+@dataclass(frozen=True, eq=False)
+class ZooStage:
+    """How the zoo trains, evaluates and describes a kind's draft (`specdec.zoo.train`).
+
+    trainer: "module:function" called (target, opts: StageOpts, seed=, log=) -> (the trained draft, its stats);
+    evaluator: "module:function" called (target, draft, windows (N, seq_len + 3), seq_len=) -> the card's
+    held-out metrics, {step name: {"ce_true_nats", "ce_target_nats", "top1_agreement"}};
+    opts: the stage's default settings, `StageOpts` fields;
+    card_text: the model card's description of the draft, `{field}` read from its entry of card.json's models."""
+
+    trainer: str
+    evaluator: str
+    opts: Mapping[str, object]
+    card_text: str
+
+    def train(self, target, opts, seed: int, log):
+        return resolve(self.trainer)(target, opts, seed=seed, log=log)
+
+    def evaluate(self, target, draft, windows, seq_len: int) -> dict:
+        return resolve(self.evaluator)(target, draft, windows, seq_len=seq_len)
+
+
+@dataclass(frozen=True, eq=False)
+class DraftKind:
+    """One kind of draft.
+
+    name: the bundle attribute, zoo directory, trainer stage, CSV `worker` value (a Python identifier);
+    label: how the demo, the CSVs and the plots name its configurations, before `shape_label(spec)`;
+    model: "module:Class" of its model, whose `from_pretrained(path, target, device=, dtype=)` loads it;
+    model_config: config fields that tell apart kinds of one model class (MTP: `chain_hidden_states`);
+    worker: "module:Class" of the worker that runs it, constructed as
+    (target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob);
+    kv_margin: spec -> cache slots past the committed length that one decode step of that worker may write;
+    demo_specs: the shapes the demo and the benchmark suites run (none: not in the demo);
+    e2e_specs: those of them the e2e suite runs too (it times every implementation, so it keeps fewer);
+    spec_of_model: for a draft whose model fixes its shape (MTP), the shape it runs; otherwise the first
+    demo shape is what `specdec generate` runs by default;
+    zoo: how the zoo trains, evaluates and describes it (None: the zoo ships none)."""
+
+    name: str
+    label: str
+    model: str
+    worker: str
+    kv_margin: Callable[[SpecConfig], int]
+    shape_label: Callable[[SpecConfig], str]
+    model_config: Mapping[str, object] = field(default_factory=dict)
+    demo_specs: tuple[SpecConfig, ...] = ()
+    e2e_specs: tuple[SpecConfig, ...] = ()
+    spec_of_model: Callable[[object], SpecConfig] | None = None
+    zoo: ZooStage | None = None
+
+    def model_class(self) -> type:
+        return self._resolve("model", self.model)
+
+    def worker_class(self) -> type:
+        return self._resolve("worker", self.worker)
+
+    def _resolve(self, what: str, path: str):
+        try:
+            return resolve(path)
+        except ValueError as e:
+            raise ValueError(f"draft kind {self.name!r}: its {what} {e}") from None
+
+    def load(self, path, target, device=None, dtype=None):
+        """The draft stored in directory `path`, on `target`."""
+        return self.model_class().from_pretrained(path, target, device=device, dtype=dtype)
+
+    def claims(self, draft) -> bool:
+        """Whether `draft` is a model of this kind (its class or a subclass, with `model_config`'s values)."""
+        config = getattr(draft, "config", None)
+        return isinstance(draft, self.model_class()) and all(
+            getattr(config, name, None) == value for name, value in self.model_config.items())
+
+    def default_spec(self, draft) -> SpecConfig:
+        """The shape `specdec generate` runs this draft with when none is asked for."""
+        if self.spec_of_model is not None:
+            return self.spec_of_model(draft)
+        if not self.demo_specs:
+            raise ValueError(f"draft kind {self.name!r} names no default shape: pass --num-steps")
+        return self.demo_specs[0]
+
+    def worker_label(self, spec: SpecConfig) -> str:
+        return f"{self.label} {self.shape_label(spec)}"
+
+
+#: every registered kind by name, in the order the demo, the CSVs' rows and the model card list them
+DRAFT_KINDS: dict[str, DraftKind] = {}
+
+
+def register(kind: DraftKind) -> DraftKind:
+    """Add `kind` to `DRAFT_KINDS`; ValueError naming the field when its name is taken or reserved, a path is not
+    "module:Name", or another kind already claims the same models."""
+    if not isinstance(kind, DraftKind):
+        raise ValueError(f"register takes a DraftKind, got {type(kind).__name__}")
+    if not kind.name.isidentifier() or kind.name in RESERVED_NAMES:
+        raise ValueError(f"draft kind name must be a Python identifier other than {RESERVED_NAMES}, got "
+                         f"{kind.name!r}")
+    if kind.name in DRAFT_KINDS:
+        raise ValueError(f"draft kind {kind.name!r} is already registered")
+    paths = [("model", kind.model), ("worker", kind.worker)]
+    if kind.zoo is not None:
+        paths += [("zoo.trainer", kind.zoo.trainer), ("zoo.evaluator", kind.zoo.evaluator)]
+    for what, path in paths:
+        module, colon, name = path.partition(":") if isinstance(path, str) else ("", "", "")
+        if not (colon and name.isidentifier() and all(p.isidentifier() for p in module.split("."))):
+            raise ValueError(f"draft kind {kind.name!r}: {what} must be 'package.module:Name', got {path!r}")
+    for other in DRAFT_KINDS.values():
+        if (other.model, dict(other.model_config)) == (kind.model, dict(kind.model_config)):
+            raise ValueError(f"draft kind {kind.name!r} claims the models of {other.name!r} ({kind.model} with "
+                             f"{dict(kind.model_config)}): give it its own model class or model_config")
+    if any(spec not in kind.demo_specs for spec in kind.e2e_specs):
+        raise ValueError(f"draft kind {kind.name!r}: e2e_specs must be among its demo_specs")
+    DRAFT_KINDS[kind.name] = kind
+    return kind
+
+
+def draft_kind(name: str) -> DraftKind:
+    """The kind named `name`; ValueError naming the registered kinds otherwise."""
+    try:
+        return DRAFT_KINDS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown draft kind {name!r}; registered: {', '.join(DRAFT_KINDS)}") from None
+
+
+def kind_of(draft) -> DraftKind:
+    """The kind of a draft model: of the kinds that claim it, the one whose model class is nearest its own (a
+    subclass registered as a kind of its own is that kind); ValueError naming every kind's model otherwise."""
+    mro = type(draft).__mro__
+    claiming = [k for k in DRAFT_KINDS.values() if k.claims(draft)]
+    if not claiming:
+        accepted = {}
+        for k in DRAFT_KINDS.values():
+            accepted.setdefault(k.model.partition(":")[2], []).append(k.name)
+        models = "; ".join(f"{model}: {', '.join(names)}" for model, names in accepted.items())
+        raise ValueError(f"draft must be the model of a draft kind ({models}), got {type(draft).__name__}")
+    return min(claiming, key=lambda k: mro.index(k.model_class()))
+
+
+def worker_label(kind: str, spec: SpecConfig | None) -> str:
+    """One name per worker configuration, used by the demo, every CSV and every plot: `target-only` (spec None),
+    else the kind's label and shape: `EAGLE tree S5 K4 W16`, `EAGLE chain S3`, `EAGLE-3 tree S5 K4 W16`,
+    `MTP MiMo S3`, `MTP Step-3.5 S3`."""
+    if spec is None:
+        return "target-only"
+    return draft_kind(kind).worker_label(spec)
+
+
+_TRAIN = "specdec.zoo.train.stages"
+_EVALUATE = "specdec.zoo.train.evaluate"
+
+register(DraftKind(
+    name="eagle", label="EAGLE", model="specdec.models.eagle:EagleDraftHead",
+    worker="specdec.workers.eagle:EagleWorkerV2", kv_margin=tree_kv_margin, shape_label=tree_shape_label,
+    demo_specs=(TREE, CHAIN), e2e_specs=(TREE, CHAIN),
+    zoo=ZooStage(f"{_TRAIN}:train_eagle", f"{_EVALUATE}:evaluate_eagle",
+                 dict(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "w_reg": 1.0, "w_cls": 1.0}),
+                 "EAGLE head (1 decoder layer, shared embedding/LM head)")))
+register(DraftKind(
+    name="eagle3", label="EAGLE-3", model="specdec.models.eagle3:Eagle3DraftHead",
+    worker="specdec.workers.eagle:EagleWorkerV2", kv_margin=tree_kv_margin, shape_label=tree_shape_label,
+    demo_specs=(TREE, CHAIN), e2e_specs=(TREE,),
+    # the EAGLE head's budget (steps, tokens, unrolled passes), so that the two heads compare fairly;
+    # per-feature norms before fc and a normed output hidden: the recipe of current EAGLE-3 trainers
+    zoo=ZooStage(f"{_TRAIN}:train_eagle3", f"{_EVALUATE}:evaluate_eagle",
+                 dict(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "draft_vocab_size": 128, "fc_norm": True,
+                                                            "norm_output": True}),
+                 "EAGLE-3 head (features entering target layers {feature_layers}, its own LM head over the "
+                 "{draft_vocab_size} most frequent ids)")))
+_MTP = register(DraftKind(
+    name="mtp", label="MTP MiMo", model="specdec.models.mtp:MTPDraftModel",
+    model_config={"chain_hidden_states": False}, worker="specdec.workers.multi_layer_eagle:MultiLayerEagleWorkerV2",
+    kv_margin=chain_window_kv_margin, shape_label=steps_shape_label, demo_specs=(SpecConfig(3),),
+    e2e_specs=(SpecConfig(3),), spec_of_model=one_step_per_layer,
+    zoo=ZooStage(f"{_TRAIN}:train_mtp", f"{_EVALUATE}:evaluate_mtp",
+                 dict(steps=750, warmup=50, lr=2e-3, extra={"num_layers": 3}),
+                 "{num_hidden_layers} MTP layers, MiMo style")))
+# the same layers in Step-3.5 style: layer k reads layer k-1's output hidden
+register(dataclasses.replace(
+    _MTP, name="mtp_chain", label="MTP Step-3.5", model_config={"chain_hidden_states": True}, e2e_specs=(),
+    zoo=dataclasses.replace(_MTP.zoo, trainer=f"{_TRAIN}:train_mtp_chain",
+                            card_text="{num_hidden_layers} MTP layers, Step-3.5 style (chained hidden)")))
