@@ -51,6 +51,12 @@ def chain_window_kv_margin(spec: SpecConfig) -> int:
     return 2 * spec.num_steps
 
 
+def verify_only_kv_margin(spec: SpecConfig) -> int:
+    """A worker that drafts without a cache of its own (NGRAM) writes only the W verify nodes past the committed
+    length."""
+    return spec.num_draft_tokens
+
+
 def tree_shape_label(spec: SpecConfig) -> str:
     """`chain S3` for K = 1, `tree S5 K4 W16` otherwise."""
     if spec.topk == 1:
@@ -249,3 +255,7 @@ register(dataclasses.replace(
     _MTP, name="mtp_chain", label="MTP Step-3.5", model_config={"chain_hidden_states": True}, e2e_specs=(),
     zoo=dataclasses.replace(_MTP.zoo, trainer=f"{_TRAIN}:train_mtp_chain",
                             card_text="{num_hidden_layers} MTP layers, Step-3.5 style (chained hidden)")))
+# no model: a host n-gram index over each request's prompt and output proposes a tree (SGLang's NGRAM)
+register(DraftKind(
+    name="ngram", label="NGRAM", model="specdec.ngram:NgramDraft", worker="specdec.workers.ngram:NgramWorker",
+    kv_margin=verify_only_kv_margin, shape_label=tree_shape_label))

@@ -499,10 +499,7 @@ class SpeculativeWorkerBase(WorkerBase):
 
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, ops, max_batch, max_seq_len, return_original_logprob)
-        for name in ("vocab_size", "hidden_size"):
-            t, d = getattr(target.config, name), getattr(draft.config, name)
-            if t != d:
-                raise ValueError(f"draft {name}={d} does not match the target's {name}={t}")
+        self.check_draft(target, draft)
         self.draft_model = draft
         self.spec = spec
         self.num_steps = spec.num_steps
@@ -514,6 +511,16 @@ class SpeculativeWorkerBase(WorkerBase):
 
     def caches(self) -> list[KVCache]:
         return [self.cache, self.draft_cache]
+
+    #: the draft config fields that must equal the target's (a head reads the target's hidden states)
+    draft_matches_target = ("vocab_size", "hidden_size")
+
+    def check_draft(self, target, draft) -> None:
+        """ValueError, before any compute, when `draft` cannot draft for `target`."""
+        for name in self.draft_matches_target:
+            t, d = getattr(target.config, name), getattr(draft.config, name)
+            if t != d:
+                raise ValueError(f"draft {name}={d} does not match the target's {name}={t}")
 
     @property
     def kv_margin(self) -> int:

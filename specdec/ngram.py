@@ -1,0 +1,178 @@
+"""NGRAM drafting (SGLang's NGRAM speculative algorithm): no model, a trie of continuations on the host.
+
+Each request's prompt and output (and, with `shared=True`, every sequence any request of this draft has decoded,
+as SGLang's cache keeps them across requests) is indexed by its n-grams of `min_match_window_size` to
+`max_match_window_size` tokens. A step matches the longest suffix of the request's sequence that occurred before,
+collects what followed each earlier occurrence (up to `branch_length` tokens, and the step's depth), merges those
+continuations into a trie weighted by how often each prefix occurred, and takes up to W - 1 nodes of it breadth
+first, each node's children by descending frequency, at most `max_bfs_breadth` of them (and at most the
+SpecConfig's topk). The target verifies the tree with the same tree verify as EAGLE's; a request whose suffix
+never occurred before proposes nothing and decodes one token that step.
+
+Everything here is host work on Python lists: the worker brings the last step's tokens down once and sends the
+tree up once (`specdec.workers.ngram`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .checks import check_int
+
+#: the earlier occurrences of a matched suffix a step reads (the most recent ones): bounds a step's host time
+MAX_OCCURRENCES = 64
+
+
+@dataclass(frozen=True)
+class NgramDraft:
+    """The NGRAM draft: SGLang's `speculative_ngram_*` parameters. Pass it as `Engine(target, draft=NgramDraft(...),
+    spec=SpecConfig(num_steps=S, topk=K, num_draft_tokens=W))`: S bounds a proposal's depth, W - 1 its node count,
+    min(K, max_bfs_breadth) each node's children.
+
+    min_match_window_size <= max_match_window_size: the suffix lengths matched (longest first); max_bfs_breadth:
+    children per node; branch_length: the longest continuation read after an occurrence; shared: one index over
+    every sequence this draft has seen (kept across generate calls, up to `capacity` tokens, oldest dropped first)
+    instead of one per request over its own prompt and output."""
+
+    min_match_window_size: int = 1
+    max_match_window_size: int = 12
+    max_bfs_breadth: int = 10
+    branch_length: int = 18
+    shared: bool = False
+    capacity: int = 1_000_000
+
+    def __post_init__(self):
+        check_int("min_match_window_size", self.min_match_window_size, 1)
+        check_int("max_match_window_size", self.max_match_window_size, self.min_match_window_size)
+        check_int("max_bfs_breadth", self.max_bfs_breadth, 1)
+        check_int("branch_length", self.branch_length, 1)
+        check_int("capacity", self.capacity, 1)
+        if not isinstance(self.shared, bool):
+            raise ValueError(f"shared must be True or False, got {type(self.shared).__name__} {self.shared!r}")
+
+
+class NgramIndex:
+    """Sequences of token ids and, for every n-gram of n in [min_n, max_n] in them, where it ended."""
+
+    def __init__(self, min_n: int, max_n: int, capacity: int | None = None):
+        self.min_n, self.max_n, self.capacity = min_n, max_n, capacity
+        self.seqs: dict[int, list[int]] = {}
+        self.ends: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        self._next_id = 0
+        self._size = 0
+        #: the sequences still growing (requests in flight): never dropped to make room
+        self.active: set[int] = set()
+
+    def add(self, tokens) -> int:
+        """A new sequence holding `tokens` -> its id."""
+        sid = self._next_id
+        self._next_id += 1
+        self.seqs[sid] = []
+        self.extend(sid, tokens)
+        return sid
+
+    def extend(self, sid: int, tokens) -> None:
+        seq = self.seqs[sid]
+        for t in tokens:
+            seq.append(int(t))
+            end = len(seq)
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self.ends.setdefault(tuple(seq[end - n:end]), []).append((sid, end))
+        self._size += len(tokens)
+        if self.capacity is not None:
+            idle = sorted(set(self.seqs) - self.active)
+            while self._size > self.capacity and idle:
+                self.drop(idle.pop(0))
+
+    def drop(self, sid: int) -> None:
+        """Forget sequence `sid` (its n-grams too)."""
+        seq = self.seqs.pop(sid)
+        self._size -= len(seq)
+        for end in range(1, len(seq) + 1):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                key = tuple(seq[end - n:end])
+                rows = [e for e in self.ends.get(key, ()) if e[0] != sid]
+                if rows:
+                    self.ends[key] = rows
+                else:
+                    self.ends.pop(key, None)
+
+    def continuations(self, suffix: list[int], sid: int, length: int) -> list[list[int]]:
+        """The tokens (up to `length`) that followed each earlier occurrence of the longest matchable suffix of
+        `suffix`, most recent first; [] when none occurred (the occurrence ending the sequence `sid` itself is not
+        an earlier one)."""
+        here = len(self.seqs[sid]) if sid in self.seqs else -1
+        for n in range(min(self.max_n, len(suffix)), self.min_n - 1, -1):
+            found = []
+            for s, end in reversed(self.ends.get(tuple(suffix[-n:]), ())):
+                if s == sid and end == here:
+                    continue
+                follow = self.seqs[s][end:end + length]
+                if follow:
+                    found.append(follow)
+                    if len(found) == MAX_OCCURRENCES:
+                        break
+            if found:
+                return found
+        return []
+
+
+def continuation_tree(continuations: list[list[int]], max_nodes: int, breadth: int) -> list[tuple[int, int]]:
+    """Continuations -> up to `max_nodes` nodes (token, parent) of their trie, breadth first (parent 0 is the root,
+    node i >= 1 is the i-th of the list, so parents precede children); each node's children by descending count
+    (ties: the more recent continuation first), at most `breadth` of them."""
+    trie: dict = {}  # token -> [count, first seen, children]
+    for rank, path in enumerate(continuations):
+        level = trie
+        for t in path:
+            entry = level.setdefault(t, [0, rank, {}])
+            entry[0] += 1
+            level = entry[2]
+    nodes: list[tuple[int, int]] = []
+    frontier = [(0, trie)]
+    while frontier and len(nodes) < max_nodes:
+        nxt = []
+        for parent, level in frontier:
+            kids = sorted(level.items(), key=lambda kv: (-kv[1][0], kv[1][1]))[:breadth]
+            for token, (_, _, children) in kids:
+                if len(nodes) == max_nodes:
+                    break
+                nodes.append((token, parent))
+                nxt.append((len(nodes), children))
+        frontier = nxt
+    return nodes
+
+
+def verify_input(roots: list[int], trees: list[list[tuple[int, int]]], committed: list[int], W: int):
+    """Host tensors of a verify tree per request (node 0 the root; nodes 1..m its proposal, the rest padding that no
+    link reaches, so verify never visits it) -> candidates (B, W) int64, tree_mask (B, W, W) bool, positions (B, W)
+    int64 (committed length + depth), retrieve_index, retrieve_next_token, retrieve_next_sibling (B, W) int64."""
+    B = len(roots)
+    candidates = torch.zeros(B, W, dtype=torch.int64)
+    tree_mask = torch.zeros(B, W, W, dtype=torch.bool)
+    positions = torch.zeros(B, W, dtype=torch.int64)
+    next_token = torch.full((B, W), -1, dtype=torch.int64)
+    next_sibling = torch.full((B, W), -1, dtype=torch.int64)
+    for b, (root, nodes, n) in enumerate(zip(roots, trees, committed)):
+        candidates[b, 0] = root
+        tree_mask[b, :, 0] = True  # every node attends the root; each row is its parent's plus itself
+        depth = [0] * W
+        last_child = [-1] * W
+        for i, (token, parent) in enumerate(nodes, start=1):
+            candidates[b, i] = token
+            depth[i] = depth[parent] + 1
+            tree_mask[b, i] = tree_mask[b, parent]
+            tree_mask[b, i, i] = True
+            if last_child[parent] < 0:
+                next_token[b, parent] = i
+            else:
+                next_sibling[b, last_child[parent]] = i
+            last_child[parent] = i
+        for i in range(len(nodes) + 1, W):  # padding: the root's token, attending the root and itself
+            candidates[b, i] = root
+            depth[i] = 1
+            tree_mask[b, i, i] = True
+        positions[b] = n + torch.tensor(depth)
+    retrieve_index = torch.arange(B * W, dtype=torch.int64).view(B, W)
+    return candidates, tree_mask, positions, retrieve_index, next_token, next_sibling

@@ -1,0 +1,114 @@
+"""NgramWorker: SGLang's NGRAM speculative algorithm, a tree of continuations from a host n-gram index, verified by
+the same tree verify, commit, penalties, grammar masks and logprobs as EagleWorkerV2."""
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache import KVCache
+from ..ngram import NgramDraft, NgramIndex, continuation_tree, verify_input
+from .base import SpeculativeWorkerBase, StepOutput
+
+#: the state tensors of a step's verify input, built on the host by `prepare_decode`
+VERIFY_INPUT = ("ngram_candidates", "ngram_tree_mask", "ngram_positions", "ngram_retrieve_index",
+                "ngram_next_token", "ngram_next_sibling")
+
+
+def tree_capacity(depth: int, breadth: int) -> int:
+    """The most nodes (root excluded) a tree of `depth` levels with `breadth` children per node holds."""
+    return sum(breadth ** d for d in range(1, depth + 1))
+
+
+class NgramWorker(SpeculativeWorkerBase):
+    """The draft is an `NgramDraft`: no model, no draft cache. Its work is host work in the step's prologue
+    (`prepare_decode`): the last step's emitted tokens come down in one transfer and extend each request's indexed
+    sequence, each request's proposal is matched and built into a verify tree, and the tree goes up in one
+    transfer as state tensors. The body (verify, commit) reads only those, so it has fixed shapes (W nodes per
+    request, proposals padded with nodes no link reaches) and replays as a CUDA graph like the other workers'."""
+
+    def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
+        super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
+        self.breadth = min(spec.topk, draft.max_bfs_breadth)
+        self.depth = min(spec.num_steps, draft.branch_length)
+        room = tree_capacity(self.depth, self.breadth)
+        if spec.num_draft_tokens - 1 > room:
+            raise ValueError(
+                f"num_draft_tokens={spec.num_draft_tokens} cannot be filled by an n-gram tree of depth "
+                f"min(num_steps, branch_length)={self.depth} with min(topk, max_bfs_breadth)={self.breadth} children "
+                f"per node: at most {room + 1} nodes, the root included")
+        self.shared_index = (NgramIndex(draft.min_match_window_size, draft.max_match_window_size, draft.capacity)
+                             if draft.shared else None)
+        self._indexes: list[NgramIndex] = []
+        self._seq_ids: list[int] = []
+
+    def check_draft(self, target, draft) -> None:
+        if not isinstance(draft, NgramDraft):
+            raise ValueError(f"NgramWorker drafts with an NgramDraft, got {type(draft).__name__}")
+
+    def caches(self) -> list[KVCache]:
+        return [self.cache]
+
+    # ---- the requests' indexed sequences ------------------------------------------------------------
+    def start(self, prompts, params, seed, grammars=None) -> None:
+        super().start(prompts, params, seed, grammars)
+        d = self.draft_model
+        if self.shared_index is not None:
+            self._indexes = [self.shared_index] * len(prompts)
+        else:
+            self._indexes = [NgramIndex(d.min_match_window_size, d.max_match_window_size) for _ in prompts]
+        self._seq_ids = [index.add(p) for index, p in zip(self._indexes, prompts)]
+        for index, sid in zip(self._indexes, self._seq_ids):
+            index.active.add(sid)
+
+    def _release(self, positions) -> None:
+        for i in positions:
+            self._indexes[i].active.discard(self._seq_ids[i])
+
+    def filter(self, keep: list[int]) -> None:
+        self._release(set(range(len(self._seq_ids))) - set(keep))
+        super().filter(keep)
+        self._indexes = [self._indexes[i] for i in keep]
+        self._seq_ids = [self._seq_ids[i] for i in keep]
+
+    def finish(self) -> None:
+        self._release(range(len(self._seq_ids)))
+        super().finish()
+
+    def count_emitted(self, tokens, num_emitted) -> None:
+        super().count_emitted(tokens, num_emitted)
+        # kept on the device until the next step's prologue brings them down with one transfer; the prefill's one
+        # token padded to a step's S+1, so that the state keeps one shape (the CUDA graphs copy it)
+        pad = self.num_steps + 1 - tokens.shape[1]
+        self.state.ngram_tokens = torch.nn.functional.pad(tokens, (0, pad)) if pad else tokens
+        self.state.ngram_lens = num_emitted
+
+    # ---- stages --------------------------------------------------------------------------------------
+    def draft_extend_for_prefill(self, ids, hidden, positions, tokens) -> None:
+        """Nothing to run: the prompts were indexed at `start`, the first token comes down with the next step's."""
+
+    def prepare_decode(self) -> None:
+        """Host prologue: the step's uniforms, then the last step's tokens down, the indexes extended, each
+        request's proposal matched and built, and the verify tree up (state tensors `VERIFY_INPUT`)."""
+        super().prepare_decode()
+        st = self.state
+        T = st.ngram_tokens.shape[1]
+        rows = torch.cat([st.ngram_tokens.long(), st.ngram_lens[:, None].long()], dim=1).tolist()
+        with self.phase("draft"):
+            roots, trees, committed = [], [], []
+            W, max_n = self.num_draft_tokens, self.draft_model.max_match_window_size
+            for index, sid, row in zip(self._indexes, self._seq_ids, rows):
+                index.extend(sid, row[:row[T]])
+                seq = index.seqs[sid]
+                found = index.continuations(seq[-max_n:], sid, self.depth)
+                trees.append(continuation_tree(found, W - 1, self.breadth))
+                roots.append(seq[-1])
+                committed.append(len(seq) - 1)  # the root (last token) is not committed yet
+            host = verify_input(roots, trees, committed, W)
+            for name, tensor in zip(VERIFY_INPUT, host):
+                setattr(st, name, tensor.to(self.device, non_blocking=True))
+
+    def draft(self):
+        st = self.state
+        return tuple(getattr(st, name) for name in VERIFY_INPUT)
+
+    def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
+        """Nothing to run: the accepted tokens reach the index in the next step's prologue."""
