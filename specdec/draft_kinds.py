@@ -57,6 +57,12 @@ def verify_only_kv_margin(spec: SpecConfig) -> int:
     return spec.num_draft_tokens
 
 
+def draft_lm_kv_margin(spec: SpecConfig) -> int:
+    """StandaloneWorker's draft LM runs one position ahead of the target (it holds the root): EagleWorkerV2's
+    margin plus one."""
+    return tree_kv_margin(spec) + 1
+
+
 def tree_shape_label(spec: SpecConfig) -> str:
     """`chain S3` for K = 1, `tree S5 K4 W16` otherwise."""
     if spec.topk == 1:
@@ -102,7 +108,8 @@ class DraftKind:
 
     name: the bundle attribute, zoo directory, trainer stage, CSV `worker` value (a Python identifier);
     label: how the demo, the CSVs and the plots name its configurations, before `shape_label(spec)`;
-    model: "module:Class" of its model, whose `from_pretrained(path, target, device=, dtype=)` loads it;
+    model: "module:Class" of its model, whose `from_pretrained(path, target, device=, dtype=)` loads it, or
+    `loader` ("module:function" called the same way) when given;
     model_config: config fields that tell apart kinds of one model class (MTP: `chain_hidden_states`);
     worker: "module:Class" of the worker that runs it, constructed as
     (target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob);
@@ -120,6 +127,7 @@ class DraftKind:
     kv_margin: Callable[[SpecConfig], int]
     shape_label: Callable[[SpecConfig], str]
     model_config: Mapping[str, object] = field(default_factory=dict)
+    loader: str | None = None
     demo_specs: tuple[SpecConfig, ...] = ()
     e2e_specs: tuple[SpecConfig, ...] = ()
     spec_of_model: Callable[[object], SpecConfig] | None = None
@@ -138,8 +146,10 @@ class DraftKind:
             raise ValueError(f"draft kind {self.name!r}: its {what} {e}") from None
 
     def load(self, path, target, device=None, dtype=None):
-        """The draft stored in directory `path`, on `target`."""
-        return self.model_class().from_pretrained(path, target, device=device, dtype=dtype)
+        """The draft stored in directory `path`, on `target` (`loader`'s function, else the model class's
+        `from_pretrained(path, target, device=, dtype=)`)."""
+        load = self._resolve("loader", self.loader) if self.loader else self.model_class().from_pretrained
+        return load(path, target, device=device, dtype=dtype)
 
     def claims(self, draft) -> bool:
         """Whether `draft` is a model of this kind (its class or a subclass, with `model_config`'s values)."""
@@ -173,7 +183,7 @@ def register(kind: DraftKind) -> DraftKind:
                          f"{kind.name!r}")
     if kind.name in DRAFT_KINDS:
         raise ValueError(f"draft kind {kind.name!r} is already registered")
-    paths = [("model", kind.model), ("worker", kind.worker)]
+    paths = [("model", kind.model), ("worker", kind.worker)] + ([("loader", kind.loader)] if kind.loader else [])
     if kind.zoo is not None:
         paths += [("zoo.trainer", kind.zoo.trainer), ("zoo.evaluator", kind.zoo.evaluator)]
     for what, path in paths:
@@ -259,3 +269,8 @@ register(dataclasses.replace(
 register(DraftKind(
     name="ngram", label="NGRAM", model="specdec.ngram:NgramDraft", worker="specdec.workers.ngram:NgramWorker",
     kv_margin=verify_only_kv_margin, shape_label=tree_shape_label))
+# a small causal LM of the target's vocabulary drafting from its own tokens and KV cache (SGLang's STANDALONE)
+register(DraftKind(
+    name="draft_lm", label="STANDALONE", model="specdec.models.llama:LlamaForCausalLM",
+    loader="specdec.models.llama:load_draft_lm", worker="specdec.workers.standalone:StandaloneWorker",
+    kv_margin=draft_lm_kv_margin, shape_label=tree_shape_label))

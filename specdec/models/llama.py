@@ -279,6 +279,16 @@ class LlamaForCausalLM(nn.Module):
         return model.to(device=device, dtype=dtype).eval()
 
 
+def load_draft_lm(path, target, device=None, dtype=None) -> LlamaForCausalLM:
+    """A causal LM stored in Hugging Face layout at `path`, as a draft for `target` (STANDALONE): on the target's
+    device and in its dtype unless given; ValueError naming both sizes when the vocabularies differ."""
+    config = LlamaConfig.from_dict(read_config(path), where=f"{path}/config.json")
+    if config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft LM {path}: vocab_size={config.vocab_size} does not match the target's "
+                         f"vocab_size={target.config.vocab_size}: a draft must share the target's tokenizer")
+    return LlamaForCausalLM.from_pretrained(path, device=device or target.device, dtype=dtype or target.dtype)
+
+
 def random_llama(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=None, tie_word_embeddings=False, seed=0, dtype=torch.float32, device="cpu",
                  init_std=None, **kw) -> LlamaForCausalLM:

@@ -500,6 +500,7 @@ class SpeculativeWorkerBase(WorkerBase):
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, ops, max_batch, max_seq_len, return_original_logprob)
         self.check_draft(target, draft)
+        self.draft_kind = kind_of(draft)
         self.draft_model = draft
         self.spec = spec
         self.num_steps = spec.num_steps
@@ -525,7 +526,7 @@ class SpeculativeWorkerBase(WorkerBase):
     @property
     def kv_margin(self) -> int:
         """The draft kind's rule (`DraftKind.kv_margin`)."""
-        return kind_of(self.draft_model).kv_margin(self.spec)
+        return self.draft_kind.kv_margin(self.spec)
 
     @property
     def max_step_tokens(self) -> int:

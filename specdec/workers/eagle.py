@@ -13,9 +13,16 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     K frontier nodes into draft-cache slots past the committed length (slot i*K + k), each attending
     only its true ancestors; the verify tree's W nodes go to target slots by node index."""
 
+    #: how many positions the draft's committed length runs ahead of the target's: an EAGLE head's slot t holds
+    #: (h_t, x_{t+1}), so 0; a draft LM's slot t holds x_t, the root included, so 1 (StandaloneWorker)
+    draft_offset = 0
+    #: the draft's decoder layers, each with its own KV cache layer
+    draft_cache_layers = 1
+
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
-        self.draft_cache = KVCache.for_model(draft.config, 1, max_batch, max_seq_len, draft.dtype, self.device)
+        self.draft_cache = KVCache.for_model(draft.config, self.draft_cache_layers, max_batch,
+                                             max_seq_len + self.draft_offset, draft.dtype, self.device)
         # EAGLE-3 heads read target features from several layers and propose ids of a reduced vocabulary:
         # the same algorithm, with the features asked of the target and the ids mapped after each top-K
         self.target_features = getattr(draft, "feature_layers", None)
@@ -41,6 +48,10 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         d_hidden = self.draft_model(shifted, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
         self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
 
+    def _draft_lens(self):
+        """(B,) int64: the draft's committed length (the target's, plus `draft_offset`)."""
+        return self.state.seq_lens + self.draft_offset if self.draft_offset else self.state.seq_lens
+
     def _set_next_root_children(self, hidden):
         """hidden: (B, H), the draft's output at each request's last committed position."""
         st = self.state
@@ -57,6 +68,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         """S draft steps of select_top_k_tokens + draft forward -> the lists organize_draft_results takes."""
         st = self.state
         B, K, S = st.seq_lens.shape[0], self.topk, self.num_steps
+        draft_lens = self._draft_lens()
         topk_p, topk_index, hidden, scores = st.topk_p, st.topk_index, st.draft_hidden, None
         score_list, token_list, parents_list = [], [], []
         own = self._own_slot
@@ -78,9 +90,10 @@ class EagleWorkerV2(SpeculativeWorkerBase):
             else:
                 parent_frontier = (parents - (K * K * (i - 1) + K)) // K  # (B, K) index into last frontier
                 ancestry = ancestry.gather(1, parent_frontier[:, :, None].expand(B, K, n_inflight)) | mine
-            meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len((i + 1) * K), ops=self.ops,
-                                     write_offset=i * K, tree_mask=ancestry[:, :, :(i + 1) * K].contiguous())
-            positions = (st.seq_lens + i)[:, None].expand(B, K)
+            meta = AttentionMetadata(st.slots, draft_lens, attn_len=self.attn_len((i + 1) * K + self.draft_offset),
+                                     ops=self.ops, write_offset=i * K,
+                                     tree_mask=ancestry[:, :, :(i + 1) * K].contiguous())
+            positions = (draft_lens + i)[:, None].expand(B, K)
             out = self.draft_model(input_ids.view(B, K), hidden.view(B, K, -1), positions, self.draft_cache, meta)
             logits, hidden = out.logits.view(B * K, -1), out.hidden
             if self.draft_penalties or self.draft_grammar:  # each frontier node's path: the root, its ancestry
@@ -99,8 +112,9 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         nodes = step.accept_index.clamp_min(0).long()  # padded slots reuse the root: garbage past n+a
         ids = step.predict.long()[nodes]
         hidden = target_hidden[nodes]
-        positions = st.seq_lens[:, None] + torch.arange(S + 1, device=self.device)
-        meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(S + 1), ops=self.ops)
+        draft_lens = self._draft_lens()
+        positions = draft_lens[:, None] + torch.arange(S + 1, device=self.device)
+        meta = AttentionMetadata(st.slots, draft_lens, attn_len=self.attn_len(S + 1 + self.draft_offset), ops=self.ops)
         d_hidden = self.draft_model(ids, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
         last = (step.accept_lens - 1).long()
         self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
