@@ -112,12 +112,14 @@ def main(argv=None) -> int:
     gen.add_argument("prompt", help="the prompt, as text")
     gen.add_argument("--target", required=True, help="the target's directory (config.json, safetensors, "
                                                      "tokenizer.json; or a shipped zoo model's target/)")
-    gen.add_argument("--draft", default=None, help="the draft's directory (for mtp-deepseek / mtp-mimo: the "
-                                                   "directory holding the MTP layers, by default the target's)")
+    gen.add_argument("--draft", default=None, help="the draft's directory (a head, MTP layers, or a small causal "
+                                                   "LM of the target's vocabulary: STANDALONE; for mtp-deepseek / "
+                                                   "mtp-mimo the directory holding the MTP layers, by default the "
+                                                   "target's), or 'ngram' (no model: SGLang's NGRAM)")
     gen.add_argument("--draft-layout", default="auto",
-                     choices=["auto", "eagle", "mtp", "mtp-deepseek", "mtp-mimo"],
-                     help="auto: from the draft's config.json (this project's heads, an EAGLE-1/2 or an EAGLE-3 "
-                          "checkpoint)")
+                     choices=["auto", *(k for k in DRAFT_KINDS if k != "ngram"), "mtp-deepseek", "mtp-mimo"],
+                     help="auto: from the draft's config.json and weights (this project's heads, an EAGLE-1/2 or an "
+                          "EAGLE-3 checkpoint, MTP layers, a causal LM)")
     gen.add_argument("--num-steps", type=positive_int, default=None,
                      help="draft depth S (default: 5 for EAGLE heads, the layer count for MTP)")
     gen.add_argument("--topk", type=positive_int, default=None, help="draft top-K per step (default: 4 for EAGLE)")

@@ -118,7 +118,8 @@ class DraftKind:
     e2e_specs: those of them the e2e suite runs too (it times every implementation, so it keeps fewer);
     spec_of_model: for a draft whose model fixes its shape (MTP), the shape it runs; otherwise the first
     demo shape is what `specdec generate` runs by default;
-    zoo: how the zoo trains, evaluates and describes it (None: the zoo ships none)."""
+    zoo: how the zoo trains, evaluates and describes it (None: the zoo ships none);
+    untrained: "module:factory" of a draft that needs no weights (NGRAM), which every zoo bundle then offers."""
 
     name: str
     label: str
@@ -128,6 +129,7 @@ class DraftKind:
     shape_label: Callable[[SpecConfig], str]
     model_config: Mapping[str, object] = field(default_factory=dict)
     loader: str | None = None
+    untrained: str | None = None
     demo_specs: tuple[SpecConfig, ...] = ()
     e2e_specs: tuple[SpecConfig, ...] = ()
     spec_of_model: Callable[[object], SpecConfig] | None = None
@@ -165,6 +167,10 @@ class DraftKind:
             raise ValueError(f"draft kind {self.name!r} names no default shape: pass --num-steps")
         return self.demo_specs[0]
 
+    def untrained_draft(self):
+        """A fresh draft of this kind that needs no weights, or None when the kind needs trained ones."""
+        return self._resolve("untrained", self.untrained)() if self.untrained else None
+
     def worker_label(self, spec: SpecConfig) -> str:
         return f"{self.label} {self.shape_label(spec)}"
 
@@ -183,7 +189,8 @@ def register(kind: DraftKind) -> DraftKind:
                          f"{kind.name!r}")
     if kind.name in DRAFT_KINDS:
         raise ValueError(f"draft kind {kind.name!r} is already registered")
-    paths = [("model", kind.model), ("worker", kind.worker)] + ([("loader", kind.loader)] if kind.loader else [])
+    paths = [("model", kind.model), ("worker", kind.worker)]
+    paths += [(what, getattr(kind, what)) for what in ("loader", "untrained") if getattr(kind, what)]
     if kind.zoo is not None:
         paths += [("zoo.trainer", kind.zoo.trainer), ("zoo.evaluator", kind.zoo.evaluator)]
     for what, path in paths:
@@ -268,9 +275,10 @@ register(dataclasses.replace(
 # no model: a host n-gram index over each request's prompt and output proposes a tree (SGLang's NGRAM)
 register(DraftKind(
     name="ngram", label="NGRAM", model="specdec.ngram:NgramDraft", worker="specdec.workers.ngram:NgramWorker",
-    kv_margin=verify_only_kv_margin, shape_label=tree_shape_label))
+    kv_margin=verify_only_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
+    untrained="specdec.ngram:NgramDraft"))
 # a small causal LM of the target's vocabulary drafting from its own tokens and KV cache (SGLang's STANDALONE)
 register(DraftKind(
     name="draft_lm", label="STANDALONE", model="specdec.models.llama:LlamaForCausalLM",
     loader="specdec.models.llama:load_draft_lm", worker="specdec.workers.standalone:StandaloneWorker",
-    kv_margin=draft_lm_kv_margin, shape_label=tree_shape_label))
+    kv_margin=draft_lm_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,)))

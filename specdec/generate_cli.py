@@ -26,16 +26,32 @@ def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
     if layout in ("mtp-deepseek", "mtp-mimo"):
         draft = mtp_from_target_dir(draft_dir or target_dir, target, layout.removeprefix("mtp-"))
         return draft, kind_of(draft).default_spec(draft)
+    if str(draft_dir) == "ngram":  # no weights: an n-gram index over the request (SGLang's NGRAM)
+        draft = draft_kind("ngram").untrained_draft()
+        return draft, kind_of(draft).default_spec(draft)
     if draft_dir is None:
         if layout != "auto":
             raise ValueError(f"--draft-layout {layout} needs --draft DIR")
         return None, None
     if layout == "auto":
         archs = read_config(draft_dir).get("architectures") or []
-        layout = next((k.name for k in DRAFT_KINDS.values() if archs == [k.model_class().architecture]),
-                      AUTO_LAYOUT_FALLBACK)
+        layout = next((k.name for k in DRAFT_KINDS.values()
+                       if archs == [getattr(k.model_class(), "architecture", None)]), None)
+        if layout is None:
+            layout = "draft_lm" if is_causal_lm_dir(draft_dir) else AUTO_LAYOUT_FALLBACK
     draft = draft_kind(layout).load(draft_dir, target)
     return draft, kind_of(draft).default_spec(draft)
+
+
+def is_causal_lm_dir(path: Path) -> bool:
+    """Whether a checkpoint directory holds a whole causal LM (a STANDALONE draft) rather than an EAGLE-1/2 head,
+    which is published under the same architecture names: a head has `fc`, an LM has every layer and a norm."""
+    from safetensors import safe_open
+    keys = set()
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            keys.update(st.keys())
+    return "fc.weight" not in keys and "model.norm.weight" in keys and "model.embed_tokens.weight" in keys
 
 
 def parse_logit_bias(items: list[str]) -> dict[int, float] | None:
@@ -71,7 +87,7 @@ def run_generate(args) -> int:
     target_dir = Path(args.target)
     if not target_dir.is_dir():
         raise ValueError(f"--target {target_dir}: no such directory")
-    if args.draft is not None and not Path(args.draft).is_dir():
+    if args.draft not in (None, "ngram") and not Path(args.draft).is_dir():
         raise ValueError(f"--draft {args.draft}: no such directory")
     tokenizer = load_tokenizer(target_dir)
     target = LlamaForCausalLM.from_pretrained(target_dir)

@@ -1,8 +1,9 @@
 """The draft-kind registry: what each shipped kind means, a kind registered at run time running end to end on an
 existing worker, and the ValueErrors of bad records and of drafts no kind claims."""
 import pytest
+import torch
 
-from specdec import Engine, SamplingParams, SpecConfig, draft_kinds, zoo
+from specdec import Engine, NgramDraft, SamplingParams, SpecConfig, draft_kinds, zoo
 from specdec.bench.cases import CASES, by_kind, kind_of_label
 from specdec.draft_kinds import (DRAFT_KINDS, DraftKind, draft_kind, kind_of, register, tree_kv_margin,
                                  tree_shape_label, worker_label)
@@ -12,7 +13,9 @@ from specdec.workers import EagleWorkerV2, MultiLayerEagleWorkerV2
 from specdec.zoo.train import DRAFTS, STAGES, default_opts
 from tests.helpers import bigram_target, perfect_eagle
 
-SHIPPED = ("eagle", "eagle3", "mtp", "mtp_chain")
+SHIPPED = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "draft_lm")
+#: the kinds the zoo trains and ships weights of
+ZOO = ("eagle", "eagle3", "mtp", "mtp_chain")
 
 
 @pytest.fixture
@@ -26,13 +29,16 @@ def registry():
 
 def test_the_shipped_kinds_and_what_reads_them():
     assert tuple(DRAFT_KINDS) == SHIPPED
-    assert DRAFTS == SHIPPED and STAGES == ("target",) + SHIPPED and tuple(zoo.zoo_kinds()) == SHIPPED
-    # the demo's order, written out: EAGLE and EAGLE-3 side by side at each shape, then MTP
-    assert [c.label for c in CASES] == ["target-only", "EAGLE tree S5 K4 W16", "EAGLE-3 tree S5 K4 W16",
-                                        "EAGLE chain S3", "EAGLE-3 chain S3", "MTP MiMo S3", "MTP Step-3.5 S3"]
-    assert [c.label for c in CASES if not c.e2e] == ["EAGLE-3 chain S3", "MTP Step-3.5 S3"]
+    assert DRAFTS == ZOO and STAGES == ("target",) + ZOO and tuple(zoo.zoo_kinds()) == ZOO
+    # the demo's order, written out: the kinds side by side at each shape (MTP's S3 chain is the chain S3)
+    assert [c.label for c in CASES] == [
+        "target-only", "EAGLE tree S5 K4 W16", "EAGLE-3 tree S5 K4 W16", "NGRAM tree S5 K4 W16",
+        "STANDALONE tree S5 K4 W16", "EAGLE chain S3", "EAGLE-3 chain S3", "MTP MiMo S3", "MTP Step-3.5 S3",
+        "NGRAM chain S3", "STANDALONE chain S3"]
+    assert [c.label for c in CASES if not c.e2e] == ["NGRAM tree S5 K4 W16", "STANDALONE tree S5 K4 W16",
+                                                     "EAGLE-3 chain S3", "MTP Step-3.5 S3"]
     assert [c.kind for c in by_kind(CASES)] == ["target-only", "eagle", "eagle", "eagle3", "eagle3", "mtp",
-                                                "mtp_chain"]
+                                                "mtp_chain", "ngram", "ngram", "draft_lm", "draft_lm"]
     assert [kind_of_label(c.label) for c in CASES] == [c.kind for c in CASES]
     opts = default_opts()
     assert list(opts) == list(STAGES) and opts["eagle3"].extra["draft_vocab_size"] == 128
@@ -70,16 +76,17 @@ def test_labels():
     assert worker_label("eagle", SpecConfig(3, 1)) == "EAGLE chain S3"
     assert worker_label("eagle3", SpecConfig(4, 2, 7)) == "EAGLE-3 tree S4 K2 W7"
     assert worker_label("mtp_chain", SpecConfig(2)) == "MTP Step-3.5 S2"
-    with pytest.raises(ValueError, match=r"unknown draft kind 'eagle4'; registered: eagle, eagle3, mtp, mtp_chain"):
+    with pytest.raises(ValueError, match=r"unknown draft kind 'eagle4'; registered: eagle, eagle3, mtp, mtp_chain, "
+                                         r"ngram, draft_lm"):
         worker_label("eagle4", SpecConfig(3))
 
 
 def test_a_draft_no_kind_claims_is_a_value_error_naming_the_kinds():
     target = bigram_target(seed=1)
     with pytest.raises(ValueError, match=r"draft must be the model of a draft kind \(EagleDraftHead: eagle; "
-                                         r"Eagle3DraftHead: eagle3; MTPDraftModel: mtp, mtp_chain\), got "
-                                         r"LlamaForCausalLM"):
-        Engine(target, bigram_target(seed=2), SpecConfig(3))
+                                         r"Eagle3DraftHead: eagle3; MTPDraftModel: mtp, mtp_chain; NgramDraft: "
+                                         r"ngram; LlamaForCausalLM: draft_lm\), got Linear"):
+        Engine(target, torch.nn.Linear(2, 2), SpecConfig(3))
 
 
 class RenamedHead(EagleDraftHead):
@@ -166,9 +173,10 @@ def test_a_kind_without_a_default_shape_says_so(registry):
 
 
 def test_a_bundle_reads_its_drafts_by_kind(small):
-    assert list(small.drafts) == list(SHIPPED)
+    assert list(small.drafts) == list(ZOO)
     bare = zoo.Bundle(name="bare", target=small.target)
-    assert bare.eagle is None and bare.mtp_chain is None
+    assert bare.eagle is None and bare.mtp_chain is None and bare.draft_lm is None
+    assert isinstance(bare.ngram, NgramDraft) and bare.ngram == NgramDraft()  # needs no weights
     with pytest.raises(AttributeError, match="'Bundle' object has no attribute 'medusa'"):
         bare.medusa  # noqa: B018
     assert draft_kinds.resolve("specdec.workers.eagle:EagleWorkerV2") is EagleWorkerV2

@@ -95,6 +95,17 @@ def test_ngram_is_greedy_identical_to_target_only(small, prompts, baseline, spec
         assert engine.last_stats.mean_accept_len >= first
 
 
+def test_ngram_fast_path_is_identical_on_a_tiny_target():
+    from specdec.models import random_llama
+    target = random_llama(vocab_size=64, hidden_size=32, num_hidden_layers=2, seed=7)
+    prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [5, 6, 7, 5, 6]]
+    ref = Engine(target, max_seq_len=48).generate(prompts, logprob_params(8))
+    outs = Engine(target, draft=NgramDraft(), spec=SpecConfig(3, 2, 5), impl="fast", max_seq_len=48).generate(
+        prompts, logprob_params(8))
+    assert_same_as_baseline(outs, ref)
+
+
+@pytest.mark.slow
 def test_ngram_fast_path_is_identical(small, prompts, baseline):
     engine = Engine(small.target, draft=NgramDraft(), spec=SpecConfig(3, 2, 6), impl="fast", max_seq_len=320)
     outs = engine.generate(prompts[:2], logprob_params(16))

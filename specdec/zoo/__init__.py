@@ -42,8 +42,9 @@ class Bundle:
 
     def __getattr__(self, name: str):
         # only names the instance lacks get here: a draft kind's name reads `drafts`
-        if name in DRAFT_KINDS:
-            return self.__dict__.get("drafts", {}).get(name)
+        if name in DRAFT_KINDS:  # a kind that needs no weights (NGRAM) drafts for any pair
+            found = self.__dict__.get("drafts", {}).get(name)
+            return found if found is not None else DRAFT_KINDS[name].untrained_draft()
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
