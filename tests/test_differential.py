@@ -27,7 +27,7 @@ xgr = pytest.importorskip("xgrammar")
 
 EOS = zoo.ByteTokenizer.eos_token_id
 NEG_INF = float("-inf")
-CI_SECONDS = 45.0
+CI_SECONDS = 30.0
 CI_CASES = 40
 MIN_CASES = 3
 SLOW_CASES = 400
