@@ -359,3 +359,47 @@ def test_goals_are_met_not_met_or_not_measured_with_their_figures(tmp_path):
     assert {s for s, _ in [frac, op, b1, b32, same]} <= {"met", "not met", "not measured"}
     (out / KERNELS).unlink()
     assert all(s == "not measured" for _, s, _ in gpu_summary.goals(out, smoke=False)[:2])
+
+
+# ---- the tests part's pytest plugin -----------------------------------------------------------------------
+PLUGIN_TESTS = textwrap.dedent('''
+    import time
+
+    def test_quick():
+        pass
+
+    def test_slow():
+        time.sleep(60)
+
+    def test_after():
+        pass
+''')
+
+
+def _pytest_with_plugin(tmp_path: Path, **env_vars) -> tuple[list[dict], gpu_runner.PartProgress]:
+    (tmp_path / "test_stand_in.py").write_text(PLUGIN_TESTS)
+    out = tmp_path / "out"
+    out.mkdir()
+    progress = tmp_path / "progress"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(ROOT), SPECDEC_GPU_CHECK_OUT=str(out), **{gpu_runner.PROGRESS_ENV: str(progress)},
+               **env_vars)
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                    "specdec.bench.gpu_pytest_plugin", "test_stand_in.py"], cwd=tmp_path, env=env,
+                   capture_output=True, text=True, timeout=120)
+    rows = _rows(out, TESTS) if (out / TESTS).exists() else []
+    return rows, gpu_runner.read_progress(progress)
+
+
+def test_the_plugin_writes_a_row_per_test_and_times_out_a_slow_test(tmp_path):
+    rows, progress = _pytest_with_plugin(tmp_path, **{gpu_runner.CONFIG_TIMEOUT_ENV: "1"})
+    assert [(r["nodeid"].split("::")[1], r["index"], r["status"]) for r in rows] == [
+        ("test_quick", "1", "passed"), ("test_slow", "2", "failed"), ("test_after", "3", "passed")]
+    assert "TestTimeout: still running after the per-test timeout of 1 s" in rows[1]["error"]
+    assert progress.done and len(progress.plan) == 3 and not progress.in_flight()
+
+
+def test_the_plugin_starts_no_test_after_the_deadline(tmp_path):
+    rows, progress = _pytest_with_plugin(tmp_path, **{gpu_runner.DEADLINE_ENV: repr(time.time() - 1)})
+    assert rows == [] and progress.stopped and not progress.done  # never reached: no rows, counted as such
+    assert {status for status, _ in progress.ended.values()} == {"not reached"}
