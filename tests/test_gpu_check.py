@@ -175,6 +175,8 @@ STAND_IN = textwrap.dedent('''
     def measure(i):
         if slow and i == 3:
             time.sleep(60)  # an ordinary slow configuration: its timeout interrupts it
+        if name == "poisoned" and i == 2:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
         with (out / "environment.csv").open("a") as f:
             f.write(f"{name}.{i},measured\\n")
 
@@ -224,6 +226,17 @@ def test_each_fault_costs_one_configuration(tmp_path, monkeypatch, kind):
     summary = (out / "SUMMARY.md").read_text()
     assert f"- `a:2:{kind}`: configuration 2 (c2): error" in summary, summary
     assert "| a | ran |" in summary and "| 3 / 1 / 0 |" in summary
+
+
+def test_a_context_poisoning_error_ends_the_process_and_the_part_goes_on_in_a_fresh_one(tmp_path, monkeypatch):
+    out = _stand_in_parts(monkeypatch, tmp_path, ["poisoned"])
+    results = gpu_check.run_all(out, 30.0, smoke=True)
+    lines = (out / "environment.csv").read_text().splitlines()[1:]
+    assert lines == ["poisoned.1,measured", "error.poisoned.2,RuntimeError: CUDA error: an illegal memory access was "
+                     "encountered", "poisoned.3,measured", "poisoned.4,measured"]  # its row, written before it ended
+    assert results[0].status == "ran" and len(results[0].restarts) == 1
+    assert "the CUDA context was poisoned" in results[0].restarts[0]
+    assert "restarted after c2: the CUDA context was poisoned" in (out / "SUMMARY.md").read_text()
 
 
 def test_a_slow_configuration_times_out_and_the_deadline_stops_the_part(tmp_path, monkeypatch):
