@@ -13,11 +13,28 @@ Without CUDA nothing can run a compiled Triton function, so nothing else in the 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import torch
 
 _FALSE = ("", "0", "false", "off", "no")
+#: The oldest triton this package is checked against: CI compiles every kernel for sm_90 under it (the GPU
+#: machine's 3.6.0) as well as under the pinned one, and runs the fast ops under its CPU interpreter.
+MIN_TRITON = (3, 6)
+
+
+def require_supported_triton(version: str | None = None) -> None:
+    """ImportError naming the version needed when triton is older than MIN_TRITON (pyproject's bound)."""
+    if version is None:
+        import triton
+        version = triton.__version__
+    numbers = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    if numbers < MIN_TRITON:
+        need = ".".join(map(str, MIN_TRITON))
+        raise ImportError(f"the fast ops need triton >= {need} (found triton {version}): its kernels are "
+                          f"compiled and interpreted against {need} and newer only; install triton>={need} or use "
+                          "impl='reference'")
 
 
 def interpreter_requested() -> bool:
@@ -35,6 +52,34 @@ def use_interpreter_without_cuda() -> bool:
         return False
     if "triton" in sys.modules:
         _interpret_language_functions()
+    _squeeze_scalar_index()
+    return True
+
+
+def _squeeze_scalar_index() -> bool:
+    """Make the interpreter's scalars usable as indices under every supported triton.
+
+    The interpreter holds a scalar as a 1-element array; triton 3.6 turns one into a Python int with
+    ``int(array)``, which numpy 2.4 refuses ("only 0-dimensional arrays can be converted to Python
+    scalars"), so every ``range(lo, hi, step)`` over runtime values inside a kernel failed. Triton 3.9 does
+    ``int(array.squeeze())``; the language patch that sets it is wrapped here to do the same (a no-op change
+    where triton already does). Returns whether the wrap is in place."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None:  # another layout: nothing known to fix
+        return False
+    if getattr(patch, "_squeezes_scalar_index", False):
+        return True
+
+    def patch_lang_tensor(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_lang_tensor._squeezes_scalar_index = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
     return True
 
 
@@ -62,5 +107,6 @@ def _interpret_language_functions() -> int:
     return len(rebuilt)
 
 
+require_supported_triton()
 #: True when this package's kernels run under Triton's interpreter (no CUDA, TRITON_INTERPRET not turned off).
 INTERPRETED = use_interpreter_without_cuda()

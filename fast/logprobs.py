@@ -35,6 +35,13 @@ _ID_BLOCK = 32
 #: A vocabulary split reads at least this many tiles, so splitting never leaves programs with almost no work.
 _MIN_TILES_PER_SPLIT = 4
 _MAX_SPLITS = 64
+#: Programs the split heuristic aims for per SM. A program streams its split one tile at a time (2 KB of bf16,
+#: 4 KB of fp32 in flight), and a memory-bound pass needs tens of KB in flight per SM to reach DRAM bandwidth
+#: (bandwidth per SM x latency: 36 GB/s x ~0.7 us on an H200), so an SM needs several resident programs: 8 of
+#: 4 warps each is 32 warps, half of what an H100/H200 SM holds, 16 KB (bf16) to 32 KB (fp32) in flight, and
+#: the grid's last partial wave stays small. At 256 rows x 151,936 on 132 SMs this gives 5 splits, 1,280
+#: programs (9.7 per SM) where one split per row gave 256 (1.9 per SM, one tile in flight on most SMs).
+_PROGRAMS_PER_SM = 8
 #: SM count the split heuristic assumes when there is no CUDA device (an H100/H200), so that the CPU
 #: interpreter runs the same launch shapes as the GPU the toolkit is benchmarked on.
 _NOMINAL_SM_COUNT = 132
@@ -240,11 +247,9 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _num_vocab_splits(num_rows: int, vocab: int, sm_count: int) -> int:
-    """Programs per row: enough rows x splits to cover the SMs twice, each split at least
-    ``_MIN_TILES_PER_SPLIT`` full tiles, at most ``_MAX_SPLITS``; 1 once the rows alone fill the GPU."""
-    if num_rows >= sm_count:
-        return 1
-    wanted = triton.cdiv(2 * sm_count, max(num_rows, 1))
+    """Programs per row: enough rows x splits for ``_PROGRAMS_PER_SM`` programs per SM, each split at least
+    ``_MIN_TILES_PER_SPLIT`` full tiles, at most ``_MAX_SPLITS``; 1 once the rows alone are that many."""
+    wanted = triton.cdiv(_PROGRAMS_PER_SM * sm_count, max(num_rows, 1))
     by_work = max(1, triton.cdiv(vocab, _BLOCK_V) // _MIN_TILES_PER_SPLIT)
     return max(1, min(wanted, by_work, _MAX_SPLITS))
 
@@ -338,8 +343,9 @@ def compute_spec_v2_logprobs(
     (value, token id) packed into int64 keys (K = ``top_logprobs_num`` rounded up to a power of two, a
     constexpr: a batch without top-k requests compiles a variant with no top-k code). With one split the
     program then finishes the row: lse, the chosen token's and the requested ids' logprobs as single loads,
-    the sorted top-k. When rows are few and V large (decode: B*(S+1) can be 2, V 128k-256k) the vocabulary is
-    split over several programs per row (enough to cover the SMs twice, each split >= 4 tiles) and
+    the sorted top-k. Unless the rows alone give ``_PROGRAMS_PER_SM`` programs per SM (decode: B*(S+1) can be
+    2; even 256 rows are 2 per SM of an H200) the vocabulary is split over several programs per row (enough
+    for that many per SM, each split >= 4 tiles) and
     ``compute_spec_v2_logprobs_merge_kernel`` merges the partials. No [rows, V] intermediate exists. Above
     ``TOP_K_CAP`` the kernel runs without top-k and ``torch.topk`` over the gathered rows' raw logits (same
     order as the logprobs for a positive temperature) gives the ids; their values use the kernel's lse. A padded

@@ -1,10 +1,12 @@
 """Compile every fast kernel for an NVIDIA H100/H200 (sm_90) without a GPU: a check that the kernels are
 valid compiled Triton, not only valid for Triton's CPU interpreter.
 
-Run as a script (`python -m tests.gpu_compile_check`, TRITON_INTERPRET unset). A stand-in driver reports
-an sm_90 target; each kernel launch compiles the kernel with exactly the signature, specialisation and
-constexprs a GPU run with the same arguments would, through Triton's own ptxas, and launches nothing (the
-ops' outputs are left uninitialised). Prints one JSON line per compiled variant.
+Run as a script (`python -m tests.gpu_compile_check [--dtypes bfloat16,float32]`, TRITON_INTERPRET unset). A
+stand-in driver reports an sm_90 target; each kernel launch compiles the kernel with exactly the signature,
+specialisation and constexprs a GPU run with the same arguments would, through Triton's own ptxas, and launches
+nothing (the ops' outputs are left uninitialised). Prints a JSON line with the triton version, then one per
+compiled variant. --dtypes: the logit / activation dtypes to compile for (default: fp32, bf16 and fp16; every
+kernel is reached under each).
 """
 from __future__ import annotations
 
@@ -74,15 +76,19 @@ def _resource_usage(cubin: bytes) -> dict:
     return dict(registers=int(regs.group(1)) if regs else None, stack_bytes=int(spill.group(1)) if spill else None)
 
 
-def exercise_every_op():
-    """Call every fast op in the configurations the workers and tests use."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def exercise_every_op(dtypes=None):
+    """Call every fast op in the configurations the workers and tests use (logits in each of `dtypes`)."""
+    dtypes = tuple(DTYPES.values()) if dtypes is None else dtypes
     import fast
     from fast.logprobs import compute_spec_v2_logprobs_launch
     from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
     from specdec.models.layers import rope_cos_sin
 
     gen = torch.Generator().manual_seed(0)
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for dtype in dtypes:
         # logprobs: scaled / greedy, top-k off / on / above the cap, token ids, one and several splits
         B, T, V = 2, 3, 5000
         logits = torch.randn(B * T, V, generator=gen).to(dtype)
@@ -149,7 +155,7 @@ def exercise_every_op():
             torch.tensor([1, 2]), plist, tsi, dtok, torch.tensor([5, 6]), K, S, W)[2:]
         cand = flat_ok.view(2, W)
         verify_tree_greedy(cand, ri_ok, nt_ok, ns_ok, cand, S)
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in [d for d in dtypes if d != torch.float16] or [torch.float32]:
             probs = torch.softmax(torch.randn(2, W, 300, generator=gen), -1).to(dtype)
             tree_speculative_sampling_target_only(cand, ri_ok, nt_ok, ns_ok, torch.rand(2, W), torch.rand(2), probs, S)
             tree_speculative_sampling_target_only(cand, ri_ok, nt_ok, ns_ok, torch.rand(2, W), torch.rand(2), probs, S,
@@ -157,10 +163,18 @@ def exercise_every_op():
         del ri, nt, ns, flat
 
 
-def main():
+def main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m tests.gpu_compile_check")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated, of {', '.join(DTYPES)}")
+    names = parser.parse_args(argv).dtypes.split(",")
+    unknown = [n for n in names if n not in DTYPES]
+    if unknown:
+        parser.error(f"unknown dtype(s) {unknown}; expected some of {', '.join(DTYPES)}")
+    print(json.dumps(dict(triton=triton.__version__)), flush=True)
     driver.set_active(_Sm90WithoutDevice())
     JITFunction._do_compile = _compile_only
-    exercise_every_op()
+    exercise_every_op(tuple(DTYPES[n] for n in names))
 
 
 if __name__ == "__main__":

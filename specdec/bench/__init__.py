@@ -4,7 +4,9 @@
   writer, the one timer.
 - `cases`: the one list of worker cases, which the demo runs and every suite filters.
 - one module per suite: `acceptance` (`specdec bench`), `e2e`, `kernels`, `linear` (the CPU matmul backends),
-  `gpu_check` (the driver of `specdec gpu-check`) with its parts in `gpu_parts`.
+  `gpu_check` (the driver of `specdec gpu-check`): its files and rows in `gpu_rows`, how a part runs its
+  configurations in `gpu_runner`, the parts in `gpu_parts` (environment, logprob kernels), `gpu_ops`, `gpu_decode`
+  (graph replay, end to end) and `gpu_tests` (with `gpu_pytest_plugin`), SUMMARY.md in `gpu_summary`.
 - `peers` (transformers' `generate` behind the Engine's interface), `plots`, `report`.
 
 Submodules are imported where they are used; only `draft_step_cost` is named here, as the model card cites it.

@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 
+#: The commit a row records when set (`specdec gpu-check --commit`): a tree copied without .git has no other.
+COMMIT_ENV = "SPECDEC_COMMIT"
 #: dtype names as the CLI takes them and every CSV writes them
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,13 +32,15 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def environment(device) -> dict:
-    """commit (`git describe --dirty`), device (the GPU's name, or the CPU and torch's thread count), torch and
-    triton versions."""
-    try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
-                                text=True, cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
+    """commit (SPECDEC_COMMIT when set, for a copied tree without .git; else `git describe --dirty`), device (the
+    GPU's name, or the CPU and torch's thread count), torch and triton versions."""
+    commit = os.environ.get(COMMIT_ENV, "").strip()
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
+                                    text=True, cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+        except (OSError, subprocess.SubprocessError):
+            commit = "unknown"
     try:
         import triton
         triton_version = triton.__version__

@@ -232,23 +232,32 @@ def gpu_check_dirs(results_dir="results") -> list[Path]:
     return sorted(p.parent for p in Path(results_dir).glob("*/SUMMARY.md"))
 
 
+def _measured(df: pd.DataFrame, part: str) -> pd.DataFrame:
+    """A gpu-check file's rows of one part that measured something (a failed configuration's row is empty)."""
+    return df[(df["part"] == part) & (df["status"] == "ok")].copy()
+
+
 def plot_gpu_check_kernels(out_dir, out_png):
-    """A gpu-check run's fused logprob rows: achieved bandwidth as a fraction of the run's measured copy ceiling,
-    per shape (rows x V) and dtype: the reference op, the fast op with its host work, and the kernels' launch
-    alone at the op's own split count, top-k 0 and 5 side by side."""
+    """A gpu-check run's fused logprob rows (kernels.csv): achieved bandwidth as a fraction of the run's measured
+    copy ceiling, per shape (rows x V) and dtype: the reference op and the fast op with their host work, the
+    reference op replayed from a CUDA graph, and the kernels' launch alone at the op's own split count, top-k 0
+    and 5 side by side."""
     plt = _pyplot()
 
-    df = read_results(Path(out_dir) / "logprob_kernels.csv")
+    df = _measured(read_results(Path(out_dir) / "kernels.csv"), "logprob_kernels")
     df = df[(df["impl"] != "fast_kernels") | (df["num_splits"].astype(str) == "auto")].copy()
-    df["shape"] = df["rows"].astype(str) + " x " + df["vocab_size"].map(lambda v: f"{v / 1000:.1f}k")
+    df["vocab_size"] = df["vocab_size"].astype(int)
+    df["shape"] = df["rows"].astype(int).astype(str) + " x " + df["vocab_size"].map(lambda v: f"{v / 1000:.1f}k")
     df["what"] = df["impl"].map({"reference": "reference op", "fast": "fast op (with host work)",
+                                 "reference_graph": "reference op (CUDA graph)",
                                  "fast_kernels": "kernels alone (CUDA graph)"}) + ", k=" + \
-        df["top_logprobs_num"].astype(str)
+        df["top_logprobs_num"].astype(int).astype(str)
     dtypes = sorted(df["dtype"].unique())
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 4.2), squeeze=False, sharey=True)
     for ax, dtype in zip(axes[0], dtypes):
         pivot = df[df["dtype"] == dtype].pivot_table(index="shape", columns="what", values="frac_of_copy",
                                                      aggfunc="median", sort=False)
+        pivot = pivot.reindex(columns=list(dict.fromkeys(df["what"])))  # one colour per series in every panel
         pivot.plot.bar(ax=ax, rot=0, legend=ax is axes[0][0], width=0.8)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.axhline(0.8, color="k", lw=0.8, ls=":")
@@ -265,7 +274,7 @@ def plot_gpu_check_e2e(out_dir, out_png):
     line per implementation (reference, fast, fast + CUDA graphs)."""
     plt = _pyplot()
 
-    df = read_results(Path(out_dir) / "e2e.csv")
+    df = _measured(read_results(Path(out_dir) / "e2e.csv"), "e2e")
     df["impl_run"] = df["impl"] + df["cuda_graphs"].map(lambda g: " + graphs" if str(g) == "True" else "")
     workers = list(dict.fromkeys(df["label"]))
     fig, axes = plt.subplots(1, len(workers), figsize=(4.6 * len(workers), 3.8), squeeze=False, sharey=True)

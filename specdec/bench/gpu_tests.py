@@ -1,0 +1,49 @@
+"""The `tests` part of `specdec gpu-check`: the fast-path tests compiled on the GPU, one tests.csv row per test
+as it finishes (`gpu_pytest_plugin`). The part's process becomes pytest (exec), so the driver's signals and
+deadline reach pytest itself.
+
+Order: the files whose tests guard the goals first (the fused logprobs, fast vs reference, CUDA-graph
+replay), then the rest. The statistical losslessness test draws `GPU_LOSSLESS_DRAWS` sequences (the CPU
+slow grid's count, whose false-failure rate is the suite's) instead of its GPU default of 5,000.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from .gpu_parts import ROOT
+from .gpu_pytest_plugin import OUT_ENV
+
+#: The fast-path test files run compiled on a GPU (the CUDA-only ones among them included), goal tests first.
+GPU_TEST_SUBSET = ["tests/test_fast_logprobs.py", "tests/test_fast_parity.py", "tests/test_decode_graphs.py",
+                   "tests/test_workers.py::test_cuda_graph_replay_equals_eager", "tests/test_fast_workers.py",
+                   "tests/test_fast_attention.py", "tests/test_fast_tree_ops.py", "tests/test_sampling_ops.py",
+                   "tests/test_fast_kv.py", "tests/test_cuda_shim.py"]
+SMOKE_TEST_SUBSET = ["tests/test_cuda_shim.py"]
+LOSSLESS_DRAWS_ENV = "SPECDEC_LOSSLESS_DRAWS"
+GPU_LOSSLESS_DRAWS = 2000
+#: pytest-xdist workers on a GPU machine (compiles run in parallel; one GPU is shared).
+XDIST_WORKERS = 8
+
+
+def tests_command(out: Path, smoke: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "specdec.bench.gpu_pytest_plugin",
+           "-rfE"]
+    if importlib.util.find_spec("xdist") is not None and not smoke:
+        cmd += ["-n", str(XDIST_WORKERS)]
+    return cmd + (SMOKE_TEST_SUBSET if smoke else GPU_TEST_SUBSET)
+
+
+def run_tests(out: Path, smoke: bool) -> None:
+    cmd = tests_command(out, smoke)
+    if not smoke and importlib.util.find_spec("xdist") is None:
+        print("note: pytest-xdist is not installed: the tests run in one process", flush=True)
+    print(" ".join(cmd), flush=True)
+    os.environ[OUT_ENV] = str(out)
+    os.environ.setdefault(LOSSLESS_DRAWS_ENV, str(GPU_LOSSLESS_DRAWS))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(ROOT)
+    os.execv(sys.executable, cmd)
