@@ -292,7 +292,7 @@ class Engine:
 
 def _empty_row_error(request: int, params: SamplingParams, cause: int, num_out: int) -> str:
     """The `error` of a request whose next token's logits had nothing left to decode (`StepOutput.empty`)."""
-    from .workers.base import EMPTY_BY_PENALTIES
+    from .workers.shaping import EMPTY_BY_PENALTIES
     banned = "a logit_bias of -inf" if params.logit_bias and -float("inf") in params.logit_bias.values() else ""
     held = f"min_new_tokens={params.min_new_tokens} (holding the stop ids back)" if params.min_new_tokens else ""
     penalties = " and ".join(x for x in (banned, held) if x) or "the penalties"
