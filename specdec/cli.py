@@ -185,9 +185,9 @@ def main(argv=None) -> int:
     bench.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate per prompt")
     bench.add_argument("--repeats", type=positive_int, default=3,
                        help="timed passes per case (the CSV has their median and p20 / p80)")
-    bench.add_argument("--workers", type=_draft_kinds, default=list(DRAFT_KINDS),
-                       help="comma-separated drafts to run beside target-only (acceptance suite), of "
-                            f"{','.join(DRAFT_KINDS)}")
+    bench.add_argument("--workers", type=_draft_kinds, default=None,
+                       help="comma-separated drafts to run beside target-only (acceptance and penalties suites), of "
+                            f"{','.join(DRAFT_KINDS)} (default: every kind the pair offers)")
     bench.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                        help="also run the transformers peers (acceptance suite, float32, needs the bench extra)")
     bench.add_argument("--dtype", default="float32", choices=list(DTYPES),

@@ -9,6 +9,7 @@ do; one more, untimed pass per worker asks for them and gives the logprob column
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .. import Engine, SamplingParams, SpecConfig
-from .cases import CASES, PEER_CASES, WorkerCase, by_kind
+from .cases import ASSISTED_CASE, CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds
 from .common import DTYPES, Run, RunRow, cpu_model, dtype_name, median_of, quantile
 
 #: the phases of a decode step that are model forwards (drafting, the draft's extend, the target's verify)
@@ -114,12 +115,13 @@ def _measure(runners, batches, params, repeats):
 
 def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[list[int]], batch_sizes,
                   temperatures, max_new_tokens: int, model_name: str, impl="reference", repeats=1, out_dir="results",
-                  tag="bench", progress=print, peer_dir=None) -> Path:
+                  tag="bench", progress=print, peer_dir=None, assistant_dir=None) -> Path:
     """Measure every case at every batch size and temperature; write one CSV; return its path.
 
     `drafts` maps a case's kind to its draft model; the first case must be target-only (the baseline of the
     speedup columns). Prompts are taken in order, B at a time, over all of `prompts` (so each batch size
-    decodes the same prompts). Peer cases (transformers, greedy only) load the target from `peer_dir`. Each
+    decodes the same prompts). Peer cases (transformers, greedy only) load the target from `peer_dir` (and
+    assisted generation its draft LM from `assistant_dir`). Each
     row holds the median pass (tokens/s by wall time, with p20 / p80 over the passes) and process CPU time
     (the robust figure on a shared machine, at one thread).
     """
@@ -137,14 +139,16 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
             batches = [prompts[i:i + B] for i in range(0, len(prompts) - B + 1, B)]
             if not batches:
                 raise ValueError(f"batch size {B} exceeds the {len(prompts)} prompts")
-            here = [c for c in cases if not c.is_peer or (temperature == 0 and (B == 1 or not c.prompt_lookup))]
+            here = [c for c in cases if not c.is_peer or (temperature == 0 and (B == 1 or not c.batch_one_only))]
             runners = []
             for c in here:
                 if c.is_peer:
                     key = (c.kind, c.prompt_lookup)
                     if key not in peers:
                         from .peers import HFGenerate
-                        peers[key] = HFGenerate(peer_dir, prompt_lookup=c.prompt_lookup, device=target.device)
+                        assistant = assistant_dir if c.kind == "hf-assisted" else None
+                        peers[key] = HFGenerate(peer_dir, prompt_lookup=c.prompt_lookup, device=target.device,
+                                                assistant_dir=assistant)
                     runners.append(peers[key])
                 else:
                     runners.append(Engine(target, drafts.get(c.kind) if c.spec else None, c.spec, impl=impl,
@@ -212,10 +216,7 @@ def main_bench(args) -> int:
     dtype = DTYPES[args.dtype]
     bundle = zoo.load(zoo.speed_pair() if args.model == "auto" else args.model, device=args.device, dtype=dtype)
     print(f"specdec bench: zoo pair {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target)")
-    drafts = {kind: getattr(bundle, kind) for kind in args.workers}
-    missing = [kind for kind, draft in drafts.items() if draft is None]
-    if missing:
-        raise ValueError(f"zoo checkpoint {bundle.name!r} ships no {missing} draft")
+    drafts = {kind: getattr(bundle, kind) for kind in offered_kinds(bundle, args.workers)}
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
     cases = [c for c in by_kind(CASES) if c.spec is None or c.kind in drafts]
     if args.peers and dtype != torch.float32:
@@ -226,10 +227,15 @@ def main_bench(args) -> int:
             cases += PEER_CASES
         except ImportError:
             print("note: transformers is not installed (pip install -e '.[bench]'): no peer rows")
-    path = run_benchmark(bundle.target, drafts, cases, prompts,
-                         args.batch_sizes or [1, 4], args.temperatures, args.max_new_tokens,
-                         model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
-                         tag="acceptance", peer_dir=bundle.path / "target")
+    with tempfile.TemporaryDirectory() as assistant_dir:
+        if "draft_lm" in drafts and any(c.is_peer for c in cases):
+            # transformers loads the same draft LM from what save_pretrained writes
+            drafts["draft_lm"].save_pretrained(assistant_dir)
+            cases.append(ASSISTED_CASE)
+        path = run_benchmark(bundle.target, drafts, cases, prompts,
+                             args.batch_sizes or [1, 4], args.temperatures, args.max_new_tokens,
+                             model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
+                             tag="acceptance", peer_dir=bundle.path / "target", assistant_dir=assistant_dir)
     png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))
     print(f"wrote {path} and {png}")
     return 0

@@ -16,8 +16,9 @@ from ..draft_kinds import DRAFT_KINDS, worker_label
 class WorkerCase:
     """kind: "target-only", a draft kind (`DRAFT_KINDS`: "eagle", "eagle3", "mtp" (MiMo style), "mtp_chain"
     (Step-3.5 style), ...), or a peer from Hugging Face transformers: "hf-target-only" (`generate`) and
-    "hf-prompt-lookup" (`generate` with `prompt_lookup_num_tokens=prompt_lookup`; batch size 1 only, as
-    transformers allows). e2e: whether the e2e suite runs it."""
+    "hf-prompt-lookup" (`generate` with `prompt_lookup_num_tokens=prompt_lookup`), "hf-assisted" (`generate` with
+    `assistant_model=` the pair's draft LM, STANDALONE's peer); both batch size 1 only, as transformers allows.
+    e2e: whether the e2e suite runs it."""
 
     kind: str
     spec: SpecConfig | None
@@ -27,6 +28,11 @@ class WorkerCase:
     @property
     def is_peer(self) -> bool:
         return self.kind.startswith("hf-")
+
+    @property
+    def batch_one_only(self) -> bool:
+        """transformers runs prompt lookup and assisted generation at batch size 1 only."""
+        return bool(self.prompt_lookup) or self.kind == "hf-assisted"
 
     @property
     def label(self) -> str:
@@ -51,6 +57,8 @@ def _draft_cases() -> list[WorkerCase]:
 CASES = [WorkerCase("target-only", None)] + _draft_cases()
 PEER_CASES = [WorkerCase("hf-target-only", None), WorkerCase("hf-prompt-lookup", None, 3),
               WorkerCase("hf-prompt-lookup", None, 10)]
+#: STANDALONE's peer, run when the pair ships a draft LM
+ASSISTED_CASE = WorkerCase("hf-assisted", None)
 
 def by_kind(cases: list[WorkerCase]) -> list[WorkerCase]:
     """The cases grouped by kind (target-only first, then `DRAFT_KINDS`' order), each kind's in list order: the
@@ -66,3 +74,20 @@ def kind_of_label(label: str) -> str:
         if label.startswith(kind.label + " "):
             return kind.name
     return label
+
+
+def offered_kinds(bundle, requested: list[str] | None = None) -> list[str]:
+    """The draft kinds to run on a zoo `bundle`: `requested` (ValueError naming those it does not offer), or, when
+    None, every kind it offers (its trained drafts, and the kinds that need no weights)."""
+    if requested is None:
+        return [k for k in DRAFT_KINDS if getattr(bundle, k) is not None]
+    missing = [k for k in requested if getattr(bundle, k) is None]
+    if missing:
+        raise ValueError(f"zoo checkpoint {bundle.name!r} ships no {missing} draft")
+    return list(requested)
+
+
+def offered_cases(bundle, cases: list[WorkerCase], requested: list[str] | None = None) -> list[WorkerCase]:
+    """`cases` without the draft cases whose kind `bundle` does not offer (`offered_kinds`)."""
+    kinds = offered_kinds(bundle, requested)
+    return [c for c in cases if c.spec is None or c.is_peer or c.kind in kinds]

@@ -20,7 +20,7 @@ import torch
 from .. import zoo
 from ..config import SamplingParams, SpecConfig
 from ..engine import Engine
-from .cases import CASES, WorkerCase
+from .cases import CASES, WorkerCase, offered_cases
 from .common import Run, RunRow, median_of, quantile
 
 #: The schema the tests and this benchmark decode: a string, an integer and an enum field.
@@ -85,7 +85,7 @@ def grammar_rows(run: Run, bundle, model: str, max_new_tokens: int, repeats: int
     prompts = [bundle.tokenizer.encode(p) for p in PROMPTS]
     settings = [("none", False), ("json", False), ("json", True)]
     rows = []
-    for case in CASES if cases is None else cases:
+    for case in offered_cases(bundle, CASES) if cases is None else cases:
         engines = {s: _engine(bundle, case, s[1]) for s in settings if case.spec is not None or not s[1]}
         params = {"none": SamplingParams(max_new_tokens=max_new_tokens),
                   "json": SamplingParams(max_new_tokens=max_new_tokens, json_schema=json.dumps(SCHEMA))}

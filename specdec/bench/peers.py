@@ -11,13 +11,17 @@ from ..engine import GenerateOutput, GenerateStats
 
 class HFGenerate:
     """`transformers.LlamaForCausalLM.generate` on a target directory (greedy), optionally with prompt-lookup
-    decoding (`prompt_lookup_num_tokens`). Ragged batches are left-padded with an attention mask."""
+    decoding (`prompt_lookup_num_tokens`) or assisted generation by a draft LM (`assistant_dir`: its directory,
+    as `save_pretrained` writes it; transformers takes batch size 1 for both). Ragged batches are left-padded
+    with an attention mask."""
 
-    def __init__(self, target_dir, prompt_lookup: int = 0, device="cpu"):
+    def __init__(self, target_dir, prompt_lookup: int = 0, device="cpu", assistant_dir=None):
         from transformers import LlamaForCausalLM
 
         self.device = torch.device(device)
         self.model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(self.device).eval()
+        self.assistant = (None if assistant_dir is None else
+                          LlamaForCausalLM.from_pretrained(assistant_dir, dtype=torch.float32).to(self.device).eval())
         self.prompt_lookup = prompt_lookup
         self.last_stats: GenerateStats | None = None
 
@@ -35,6 +39,8 @@ class HFGenerate:
                       pad_token_id=0)
         if self.prompt_lookup:
             kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup
+        if self.assistant is not None:
+            kwargs["assistant_model"] = self.assistant
         ids, mask = ids.to(self.device), mask.to(self.device)
         t0 = time.perf_counter()
         out = self.model.generate(ids, attention_mask=mask, **kwargs).cpu()  # .cpu() waits for the device

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .. import Engine, SamplingParams, SpecConfig
 from ..models.linear import cpu_linear_backend
-from .cases import CASES, WorkerCase
+from .cases import CASES, WorkerCase, offered_cases
 from .common import Run, RunRow, cpu_model, median_of, quantile, time_in_turn
 
 #: name -> the SamplingParams fields of a penalty setting (greedy; "none" is the reference point)
@@ -152,7 +152,7 @@ def main_penalties(args) -> int:
     from .. import zoo
     from ..zoo.corpus import heldout_prompts
     bundle = zoo.load(zoo.speed_pair() if args.model == "auto" else args.model)
-    cases = [c for c in CASES if c.kind == "target-only" or c.kind in args.workers]
+    cases = offered_cases(bundle, CASES, args.workers)
     drafts = {c.kind: getattr(bundle, c.kind) for c in cases if c.spec is not None}
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
     print(f"specdec bench --suite penalties: zoo pair {bundle.name!r}, {len(prompts)} prompts x "
