@@ -1,6 +1,7 @@
 """NGRAM drafting: the n-gram index and its trees against brute force, and the worker lossless against target-only
 decoding (greedy tokens and logprobs, the exact distribution when sampling, penalties, grammars, ragged batches)."""
 import random
+from collections import Counter
 
 import pytest
 import torch
@@ -144,12 +145,8 @@ def test_ngram_sampling_is_the_exact_distribution(spec):
     exact = exact_joint(target, prompt, 3, 0.8, -1, 1.0)
     engine = Engine(target, draft=NgramDraft(), spec=spec, max_batch=N, max_seq_len=24)
     outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=3, temperature=0.8), seed=3)
-    counts = dict.fromkeys(exact, 0)
-    for o in outs:
-        counts[tuple(o.token_ids)] += 1
-    assert any(a > 1 for o in outs for a in o.accept_lens)
-    cells = list(exact)
-    assert chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells]) > FALSE_FAILURE_RATE
+    assert any(a > 1 for o in outs for a in o.accept_lens)  # drafts were accepted: verify decided the law
+    assert chi_square_pvalue(Counter(tuple(o.token_ids) for o in outs), exact) > FALSE_FAILURE_RATE
 
 
 def test_ngram_through_the_graph_buffers(small, prompts, baseline):

@@ -1,6 +1,8 @@
 """STANDALONE drafting: a small causal LM of the target's vocabulary drafts chains and trees from its own tokens and
 KV cache; lossless against target-only decoding (greedy tokens and logprobs, the exact distribution when sampling,
 penalties, grammars, ragged batches), and the alignment checked by a perfect draft (the target itself)."""
+from collections import Counter
+
 import pytest
 
 from specdec import Engine, SamplingParams, SpecConfig
@@ -90,12 +92,8 @@ def test_sampling_is_the_exact_distribution(spec):
     exact = exact_joint(target, [1, 2], 3, 0.8, -1, 1.0)
     outs = Engine(target, draft=draft, spec=spec, max_batch=N, max_seq_len=16).generate(
         [[1, 2]] * N, SamplingParams(max_new_tokens=3, temperature=0.8), seed=5)
-    counts = dict.fromkeys(exact, 0)
-    for o in outs:
-        counts[tuple(o.token_ids)] += 1
-    assert any(a > 1 for o in outs for a in o.accept_lens)
-    cells = list(exact)
-    assert chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells]) > FALSE_FAILURE_RATE
+    assert any(a > 1 for o in outs for a in o.accept_lens)  # drafts were accepted: verify decided the law
+    assert chi_square_pvalue(Counter(tuple(o.token_ids) for o in outs), exact) > FALSE_FAILURE_RATE
 
 
 def test_a_draft_lm_of_another_vocabulary_is_a_value_error(small, tmp_path):
