@@ -273,4 +273,12 @@ register(DraftKind(
 register(DraftKind(
     name="draft_lm", label="STANDALONE", model="specdec.models.llama:LlamaForCausalLM",
     loader="specdec.models.llama:load_draft_lm", worker="specdec.workers.standalone:StandaloneWorker",
-    kv_margin=draft_lm_kv_margin, shape_label=tree_shape_label))
+    kv_margin=draft_lm_kv_margin, shape_label=tree_shape_label,
+    # one decoder layer at hidden 64: on the deep pair a draft step then costs under a tenth of a target step
+    # (`specdec.bench.draft_step_cost`); a second layer does not fit that, and on the small pair nothing does (a
+    # 6-layer target step is too cheap against a forward's fixed cost)
+    zoo=ZooStage(f"{_TRAIN}:train_draft_lm", f"{_EVALUATE}:evaluate_draft_lm",
+                 dict(steps=600, batch_size=4, warmup=50, lr=3e-3,
+                      extra={"num_layers": 1, "hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 2,
+                             "num_key_value_heads": 1}),
+                 "STANDALONE draft LM (its own embedding and LM head, distilled from the target)")))
