@@ -5,12 +5,58 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from specdec import Engine, SamplingParams, SpecConfig
-from specdec.draft_kinds import draft_kind
+from specdec import Engine, SamplingParams, SpecConfig, zoo
+from specdec.draft_kinds import draft_kind, kind_of
 from specdec.models import LlamaConfig, LlamaForCausalLM, random_llama
 from specdec.zoo import corpus
 from specdec.zoo import train as zt
+from tests.helpers import LOGPROB_ATOL
+
+SPECS = {"chain S3": SpecConfig(3, 1), "tree S5 K4 W16": SpecConfig(5, 4, 16)}
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return zoo.load()
+
+
+@pytest.fixture(scope="module")
+def greedy_baseline(bundle):
+    prompts = corpus.heldout_prompts(3, 64, seed=5)
+    params = SamplingParams(max_new_tokens=24, return_logprob=True)
+    return prompts, params, Engine(bundle.target, impl="reference").generate(prompts, params)
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_each_pair_ships_a_standalone_draft_lm(name):
+    b = zoo.load(name)
+    lm, tc = b.draft_lm, b.target.config
+    assert isinstance(lm, LlamaForCausalLM) and kind_of(lm).name == "draft_lm"
+    assert lm.config.vocab_size == tc.vocab_size == b.tokenizer.vocab_size
+    assert lm.dtype == torch.float32 and not lm.training
+    assert lm.config.num_hidden_layers in (1, 2) and lm.config.hidden_size < tc.hidden_size
+    # its own weights: nothing is the target's tensor
+    target_ptrs = {p.data_ptr() for p in b.target.parameters()}
+    assert not any(p.data_ptr() in target_ptrs for p in lm.parameters())
+    sd = load_file(str(b.path / "draft_lm" / "model.safetensors"))
+    assert sd["model.embed_tokens.weight"].dtype == torch.int8 and sd["model.norm.weight"].dtype == torch.float16
+    heldout, trained = b.card["heldout"]["draft_lm"], b.card["training"]["draft_lm"]
+    assert list(heldout) == [f"depth{d}" for d in range(1, 6)] and heldout["depth1"]["top1_agreement"] > 0.5
+    assert trained["command"].startswith("specdec zoo train") and "--stage draft_lm" in trained["command"]
+    cost = trained["step_cost"]
+    assert cost["threads"] == 1 and cost["draft_forward_in_target_only_steps"] == pytest.approx(
+        cost["draft_forward_ms"] / cost["target_only_step_ms"], rel=1e-2)
+
+
+@pytest.mark.parametrize("shape", SPECS)
+def test_the_shipped_draft_lm_is_greedy_lossless_and_accepts(bundle, greedy_baseline, shape):
+    prompts, params, base = greedy_baseline
+    outs = Engine(bundle.target, draft=bundle.draft_lm, spec=SPECS[shape], impl="reference").generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+    assert max(abs(x - y) for o, b in zip(outs, base) for x, y in zip(o.logprobs, b.logprobs)) <= LOGPROB_ATOL
+    assert sum(a for o in outs for a in o.accept_lens) > 1.3 * sum(len(o.accept_lens) for o in outs)
 
 
 def _tiny_target():
@@ -88,3 +134,13 @@ def test_the_depth_rows_score_the_target_s_greedy_path():
         for key, value in want.items():
             assert got[f"depth{d}"][key] == pytest.approx(value, abs=2e-4), (d, key)
 
+
+def test_the_card_renders_the_draft_lm_only_where_a_pair_has_one():
+    card = zt.read_card(zoo.WEIGHTS_DIR, zoo.DEFAULT_NAME)
+    md = zt.render_model_card(card)
+    assert "| `draft_lm` | STANDALONE draft LM" in md and "| `draft_lm` | depth5 |" in md
+    assert card["training"]["draft_lm"]["command"] in md and "The draft LM reads bytes only" in md
+    without = dict(card, heldout={k: v for k, v in card["heldout"].items() if k != "draft_lm"},
+                   models={k: v for k, v in card["models"].items() if k != "draft_lm"},
+                   training={k: v for k, v in card["training"].items() if k != "draft_lm"})
+    assert "draft_lm" not in zt.render_model_card(without) and "draft LM" not in zt.render_model_card(without)
