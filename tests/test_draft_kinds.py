@@ -15,7 +15,7 @@ from tests.helpers import bigram_target, perfect_eagle
 
 SHIPPED = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "draft_lm")
 #: the kinds the zoo trains and ships weights of
-ZOO = ("eagle", "eagle3", "mtp", "mtp_chain")
+ZOO = ("eagle", "eagle3", "mtp", "mtp_chain", "draft_lm")
 
 
 @pytest.fixture

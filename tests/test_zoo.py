@@ -263,7 +263,8 @@ def test_ttt_mask_shape_and_rows():
 
 def test_main_end_to_end_tiny(tmp_path):
     argv = ["--out", str(tmp_path), "--name", "tiny", "--target-steps", "2", "--eagle-steps", "1", "--mtp-steps",
-            "1", "--mtp-chain-steps", "1", "--eagle3-steps", "1", "--eagle3-vocab", "200",
+            "1", "--mtp-chain-steps", "1", "--eagle3-steps", "1", "--eagle3-vocab", "200", "--draft-lm-steps", "1",
+            "--draft-lm-cost-prompts", "0",
             "--layers", "1", "--hidden", "32", "--intermediate", "64",
             "--heads", "2", "--kv-heads", "1", "--seq-len", "32", "--batch-size", "2", "--threads",
             str(torch.get_num_threads()), "--eval-windows", "2", "--eval-len", "32",
@@ -271,11 +272,11 @@ def test_main_end_to_end_tiny(tmp_path):
     assert zt.main(argv) == 0
     b = zoo._load_dir(tmp_path / "tiny", "tiny")
     assert b.card["command"].startswith("specdec zoo train --out")
-    assert set(b.card["heldout"]) == {"target", "eagle", "eagle3", "mtp", "mtp_chain"}
+    assert set(b.card["heldout"]) == {"target", "eagle", "eagle3", "mtp", "mtp_chain", "draft_lm"}
     assert b.target.dtype == torch.float32 and b.eagle3.config.draft_vocab_size == 200
     sd = load_file(str(tmp_path / "tiny" / "target" / "model.safetensors"))
     assert all(v.dtype == torch.float16 for v in sd.values())
-    for draft in ("eagle", "eagle3", "mtp", "mtp_chain"):  # matrices int8 with a scale per row, the rest fp16
+    for draft in zoo.zoo_kinds():  # matrices int8 with a scale per row, the rest fp16
         sd = load_file(str(tmp_path / "tiny" / draft / "model.safetensors"))
         for k, v in sd.items():
             if k.endswith("_scale") or k in ("d2t", "t2d"):
@@ -296,7 +297,7 @@ def test_speed_pair_is_the_deep_pair_only_when_it_ships_whole(tmp_path, monkeypa
     shutil.copytree(small / "target", deep / "target")
     shutil.copy(small / "card.json", deep / "card.json")
     assert zoo.DEEP_NAME in zoo.names() and zoo.speed_pair() == zoo.DEFAULT_NAME  # a target without its drafts
-    for draft in ("eagle", "eagle3", "mtp", "mtp_chain"):
+    for draft in zoo.zoo_kinds():
         shutil.copytree(small / draft, deep / draft)
     assert zoo.speed_pair() == zoo.DEEP_NAME
 

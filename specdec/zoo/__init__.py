@@ -2,7 +2,8 @@
 
 `specdec.zoo.names()` lists what ships; `specdec.zoo.load(name)` returns a `Bundle` with `.target`
 (a byte-level Llama), a draft per kind (`specdec.draft_kinds`): `.eagle` (EAGLE head), `.eagle3` (EAGLE-3
-head), `.mtp` (MiMo-style MTP layers), `.mtp_chain` (Step-3.5-style), also as `.drafts[kind]`; `.tokenizer`
+head), `.mtp` (MiMo-style MTP layers), `.mtp_chain` (Step-3.5-style), `.draft_lm` (a standalone 1-layer
+`LlamaForCausalLM`, STANDALONE's draft), also as `.drafts[kind]`; `.tokenizer`
 (`ByteTokenizer`) and `.card` (sizes, corpus, split, training time, held-out losses, seed, command). The
 target is stored in float16, the drafts' matrices in int8 with per-row scales; everything loads as fp32.
 Retrain with `specdec zoo train` (see `specdec.zoo.train`); the card records the exact command.

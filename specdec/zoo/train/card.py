@@ -131,8 +131,9 @@ def render_model_card(card: dict) -> str:
               "true byte where the byte is in it; its agreement counts every position, so a target argmax "
               "outside its vocabulary is a miss." % (tr.get("eagle3", {}).get("draft_vocab_size", "?"),
                                                     100 * tr.get("eagle3", {}).get("draft_vocab_train_coverage", 0)),
-              "",
-              "## Training", "",
+              ""]
+    lines += _draft_lm_heldout_note(card)
+    lines += ["## Training", "",
               "AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), linear warm-up then cosine decay to 10 %, "
               "gradient clipping at 1.0, random windows of the train stream. The target minimises next-byte "
               "cross-entropy. The drafts are trained on the frozen target: the EAGLE head with smooth-L1 "
@@ -147,4 +148,38 @@ def render_model_card(card: dict) -> str:
               f"{card.get('environment', {}).get('torch')}.", "",
               "Retrain (writes the weights and this card's data into the package):", "",
               "```", card.get("command") or "specdec zoo train", "```", ""]
+    lines += _draft_lm_training_note(card)
     return "\n".join(lines)
+
+
+# The draft LM's notes are rendered only for a card that has one, so the cards of pairs without it read as before.
+
+def _draft_lm_heldout_note(card: dict) -> list[str]:
+    """What the draft LM's held-out rows measure (`evaluate_draft_lm`)."""
+    if "draft_lm" not in card.get("heldout", {}):
+        return []
+    return ["The draft LM reads bytes only, so what changes with its depth is what it reads: at depth d, anchored "
+            "at position t, the held-out bytes up to t and then the target's d-1 greedy bytes after them (the path a "
+            "greedy chain has accepted when it drafts at depth d; depth 1 is teacher forcing), and the target is "
+            "scored on that same path. Its cross-entropy against the true byte counts the positions where that path "
+            "is still the held-out text.", ""]
+
+
+def _draft_lm_training_note(card: dict) -> list[str]:
+    """How the draft LM was trained, what its step costs against the target's (`train_draft_lm`'s stats), and the
+    command that added it."""
+    t = card.get("training", {}).get("draft_lm")
+    if t is None:
+        return []
+    cost = t.get("step_cost")
+    measured = (f" One draft step costs {cost['draft_forward_in_target_only_steps']} of a target-only decode step "
+                f"({cost['draft_forward_ms']} ms against {cost['target_only_step_ms']} ms; B = 1, {cost['threads']} "
+                f"thread, process CPU time, `specdec.bench.draft_step_cost`, measured after training"
+                + (f", load average {cost['load_average_1min']} on {cost['cpu_count']} cores"
+                   if "load_average_1min" in cost else "") + ")." if cost else "")
+    return ["The draft LM (`draft_lm`, SGLang's STANDALONE draft) shares no weight with the target: its own "
+            "embedding, decoder and LM head, initialised at random, minimise cross-entropy against the frozen "
+            "target's next-byte distribution on windows of the train stream (distillation, teacher-forced)."
+            + measured + " It was added to this pair by one stage, which reads the stored target and leaves the "
+            "other weights as they are:", "", "```", t.get("command") or "specdec zoo train --stage draft_lm", "```",
+            ""]

@@ -19,7 +19,8 @@ def main(argv=None) -> int:
     """`specdec zoo train`: argparse front end of `train_all`."""
     d = default_opts()
     p = argparse.ArgumentParser(prog="specdec zoo train", description="Train the zoo's checkpoints on the "
-                                "Python standard library (target, EAGLE and EAGLE-3 heads, MTP layers in two styles).")
+                                "Python standard library (target, EAGLE and EAGLE-3 heads, MTP layers in two styles, a "
+                                "standalone draft LM).")
     p.add_argument("--out", default=str(WEIGHTS_DIR), help="weights root (default: the package's own)")
     p.add_argument("--name", default=DEFAULT_NAME)
     p.add_argument("--seed", type=int, default=0)
@@ -32,8 +33,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-amp", action="store_true", help="train in fp32 instead of bf16 autocast")
     for st in STAGES:
         p.add_argument(f"--{st.replace('_', '-')}-steps", type=int, default=d[st].steps)
-    p.add_argument("--batch-size", type=int, default=d["target"].batch_size)
-    p.add_argument("--seq-len", type=int, default=d["target"].seq_len)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="windows per step, every stage run (default: each stage's own; the target's is "
+                        f"{d['target'].batch_size})")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help=f"bytes per window, every stage run (default: each stage's own; the target's is "
+                        f"{d['target'].seq_len})")
     p.add_argument("--layers", type=int, default=TargetShape.num_hidden_layers)
     p.add_argument("--hidden", type=int, default=TargetShape.hidden_size)
     p.add_argument("--intermediate", type=int, default=TargetShape.intermediate_size)
@@ -43,6 +48,9 @@ def main(argv=None) -> int:
                    help="unrolled training-time-test passes of the EAGLE and EAGLE-3 heads (default: %(default)s)")
     p.add_argument("--eagle3-vocab", type=int, default=d["eagle3"].extra["draft_vocab_size"],
                    help="the EAGLE-3 head's draft vocabulary: this many most frequent ids (default: %(default)s)")
+    p.add_argument("--draft-lm-cost-prompts", type=int, default=d["draft_lm"].extra.get("cost_prompts", 4),
+                   help="held-out prompts over which the draft LM's step cost is measured against the target's "
+                        "after its training, for the card (0: not measured; default: %(default)s)")
     p.add_argument("--eval-windows", type=int, default=32, help="held-out windows for the card's metrics")
     p.add_argument("--eval-len", type=int, default=512, help="length of those windows")
     p.add_argument("--model-card", default=None,
@@ -54,13 +62,16 @@ def main(argv=None) -> int:
     for st in STAGES:
         o = opts[st]
         o.steps = getattr(a, f"{st}_steps")
-        o.batch_size, o.seq_len, o.amp = a.batch_size, a.seq_len, not a.no_amp
+        o.batch_size = o.batch_size if a.batch_size is None else a.batch_size
+        o.seq_len = o.seq_len if a.seq_len is None else a.seq_len
+        o.amp = not a.no_amp
         o.warmup = min(o.warmup, max(1, o.steps // 10))
     opts["eagle"].extra["unroll"] = opts["eagle3"].extra["unroll"] = a.eagle_unroll
     if not 1 <= a.eagle3_vocab <= ByteTokenizer.vocab_size:  # checked before hours of earlier stages
         p.error(f"--eagle3-vocab must be in [1, {ByteTokenizer.vocab_size}] (the byte vocabulary), "
                 f"got {a.eagle3_vocab}")
     opts["eagle3"].extra["draft_vocab_size"] = a.eagle3_vocab
+    opts["draft_lm"].extra["cost_prompts"] = a.draft_lm_cost_prompts
     shape = TargetShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                         num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate)
     stages = STAGES if a.stage == "all" else () if a.stage == "eval" else (a.stage,)

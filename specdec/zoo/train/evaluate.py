@@ -6,11 +6,15 @@ import math
 import torch
 import torch.nn.functional as F
 
+import reference
+
 from ...draft_kinds import DRAFT_KINDS
+from ...kv_cache import KVCache
 from ...models.eagle3 import Eagle3DraftHead
+from ...models.layers import AttentionMetadata
 from .. import corpus
 from .loop import _positions
-from .stages import _draft_vocab_targets, eagle_unrolled, mtp_forward
+from .stages import _draft_vocab_targets, eagle_unrolled, mtp_forward, ttt_mask
 
 def _heldout(n: int, length: int, seed: int = 4321) -> torch.Tensor:
     return torch.from_numpy(corpus.heldout_windows(n, length, seed=seed))
@@ -88,6 +92,68 @@ def evaluate_mtp(target, model, windows: torch.Tensor, *, seq_len: int | None = 
                                 "ce_target_nats": round(float(ce_tgt.mean()), 4),
                                 "top1_agreement": round(float(agree.mean()), 4)}
     return res
+
+
+class _UnrolledPasses:
+    """One causal LM run pass after pass over the same T positions, each pass's keys kept: pass j at position t
+    reads the pass-0 keys at s <= t - j, then pass i's key at t - j + i for 1 <= i <= j (`ttt_mask`), so it sees
+    the sequence anchored at t - j and continued by the tokens fed at passes 1..j."""
+
+    def __init__(self, model, batch_size: int, length: int, passes: int):
+        self.model, self.B, self.T = model, batch_size, length
+        self.cache = KVCache.for_model(model.config, model.config.num_hidden_layers, batch_size, passes * length,
+                                       torch.float32, model.device)
+        self.slots = torch.arange(batch_size, device=model.device)
+        self.start = torch.zeros(batch_size, dtype=torch.long, device=model.device)
+
+    def __call__(self, ids: torch.Tensor, j: int) -> torch.Tensor:
+        """ids: (B, T) the tokens pass j reads -> its logits (B, T, V)."""
+        B, T = self.B, self.T
+        mask = None if j == 0 else ttt_mask(T, j, ids.device)[None].expand(B, T, (j + 1) * T)
+        meta = AttentionMetadata(self.slots, self.start, attn_len=(j + 1) * T, ops=reference, write_offset=j * T,
+                                 tree_mask=mask)
+        return self.model(ids, _positions(B, T, ids.device), self.cache, meta).logits
+
+
+@torch.no_grad()
+def evaluate_draft_lm(target, lm, windows: torch.Tensor, depths: int = 5, *, seq_len: int | None = None,
+                      chunk: int = 8) -> dict:
+    """windows: (N, T+1) (with seq_len: their first seq_len + 1 bytes) -> per draft depth d = 1..depths: the draft
+    LM's cross-entropy against the true next byte, against the target's distribution, and top-1 agreement with the
+    target's argmax.
+
+    A draft LM reads bytes only, so what changes with depth is what it reads: at depth d, anchored at position
+    t, the held-out bytes up to t and then the target's d-1 greedy bytes after them, the path a greedy chain has
+    accepted when it drafts at depth d; the target is scored on that same path (depth 1 is teacher forcing).
+    The cross-entropy against the true byte counts the positions where that path is still the held-out text.
+    Windows are run `chunk` at a time (the passes' attention masks grow with depth)."""
+    if seq_len is not None:
+        windows = windows[:, :seq_len + 1]
+    T = windows.shape[1] - 1
+    totals = [torch.zeros(5, dtype=torch.float64) for _ in range(depths)]  # ce_true, n_true, ce_tgt, agree, n
+    t = torch.arange(T)[None, :]
+    for w in windows.split(chunk):
+        x, y = w[:, :-1], w[:, 1:]
+        B = x.shape[0]
+        target_passes, lm_passes = _UnrolledPasses(target, B, T, depths), _UnrolledPasses(lm, B, T, depths)
+        ids, on_text = x, torch.ones(B, T, dtype=torch.bool)
+        for j in range(depths):
+            z, q = target_passes(ids, j), lm_passes(ids, j)
+            valid = (t >= j).expand(B, T)
+            lp = torch.log_softmax(q, -1)
+            ce_true = -lp.gather(-1, y[..., None])[..., 0]
+            ce_tgt = -(torch.softmax(z, -1) * lp).sum(-1)
+            agree = (q.argmax(-1) == z.argmax(-1)).double()
+            m, mt = valid.double(), (valid & on_text).double()
+            totals[j] += torch.stack([(ce_true * mt).sum(), mt.sum(), (ce_tgt * m).sum(), (agree * m).sum(), m.sum()])
+            # pass j + 1 at t reads the target's greedy byte of pass j at t - 1 (position 0 reads a filler no
+            # counted query sees)
+            greedy = z.argmax(-1)
+            on_text = torch.cat([on_text[:, :1] & False, on_text[:, :-1] & (greedy[:, :-1] == x[:, 1:])], dim=1)
+            ids = torch.cat([x[:, :1], greedy[:, :-1]], dim=1)
+    return {f"depth{j + 1}": {"ce_true_nats": round(float(s[0] / s[1]), 4),
+                              "ce_target_nats": round(float(s[2] / s[4]), 4),
+                              "top1_agreement": round(float(s[3] / s[4]), 4)} for j, s in enumerate(totals)}
 
 
 def evaluate_bundle(bundle, n_windows: int = 32, seq_len: int = 512, seed: int = 4321) -> dict:

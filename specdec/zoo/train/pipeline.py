@@ -60,14 +60,14 @@ def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=S
         if stage == "target":
             log(f"== target: {asdict(shape)}")
             model, stats = train_target(shape, o, seed, log)
-            stats["bytes_on_disk"] = save_stored(model, root / "target")
+            stats["bytes_on_disk"] = save_stored(model, root / "target", draft=False)
             target = None
         else:
             if target is None:
                 target = LlamaForCausalLM.from_pretrained(root / "target", device="cpu", dtype=torch.float32)
             _freeze(target)
             model, stats = DRAFT_KINDS[stage].zoo.train(target, o, seed, log)
-            stats["bytes_on_disk"] = save_stored(model, root / stage)
+            stats["bytes_on_disk"] = save_stored(model, root / stage, draft=True)
         stats["parameters"] = num_params(model)
         stats.update(command=command, seed=seed, finished=now, torch_threads=torch.get_num_threads())
         card["training"][stage] = stats

@@ -1,6 +1,9 @@
-"""The five stages' models and losses (target; EAGLE and EAGLE-3 heads with training-time-test unrolling;
-MTP layers in two styles), each trained by `train_<stage>` through the shared loop."""
+"""The stages' models and losses (target; EAGLE and EAGLE-3 heads with training-time-test unrolling; MTP layers
+in two styles; a standalone draft LM), each trained by `train_<stage>` through the shared loop."""
 from __future__ import annotations
+
+import json
+import os
 
 import numpy as np
 import torch
@@ -307,3 +310,79 @@ def train_mtp(target, opts: StageOpts, chain_hidden_states: bool = False, seed: 
 def train_mtp_chain(target, opts: StageOpts, seed: int = 0, log=print):
     """`train_mtp` in Step-3.5 style: the `mtp_chain` kind's stage."""
     return train_mtp(target, opts, True, seed, log)
+
+
+# ----------------------------------------------------------------------------------------------
+# draft LM (STANDALONE): a small causal LM of the target's vocabulary, distilled from the target
+# ----------------------------------------------------------------------------------------------
+
+#: the draft LM's shape keys in its stage's `opts.extra`
+DRAFT_LM_SHAPE = ("num_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+
+
+def new_draft_lm(target, extra, seed: int) -> LlamaForCausalLM:
+    """An untrained draft LM for `target`: a Llama of the target's vocabulary, rotary base and context, shaped by
+    `extra`'s `DRAFT_LM_SHAPE` keys, with `init_weights_`. It shares no weight with the target (its own embedding,
+    decoder and LM head), so it is a standalone LM as STANDALONE drafting loads one."""
+    missing = [k for k in DRAFT_LM_SHAPE if k not in extra]
+    if missing:
+        raise ValueError(f"the draft LM's shape lacks {missing} (opts.extra)")
+    L, H, inter, heads, kv = (int(extra[k]) for k in DRAFT_LM_SHAPE)
+    tc = target.config
+    cfg = LlamaConfig(vocab_size=tc.vocab_size, hidden_size=H, intermediate_size=inter, num_hidden_layers=L,
+                      num_attention_heads=heads, num_key_value_heads=kv, rope_theta=tc.rope_theta,
+                      rope_scaling=tc.rope_scaling, max_position_embeddings=tc.max_position_embeddings,
+                      tie_word_embeddings=False)
+    lm = LlamaForCausalLM(cfg)
+    init_weights_(lm, L, seed)
+    return lm
+
+
+def draft_lm_loss(target, lm, batch: torch.Tensor, amp: bool):
+    """batch: (B, T) -> (loss, parts): mean over the T positions of the draft LM's cross-entropy against the
+    target's next-token distribution, both reading the same bytes (distillation: a draft is accepted where it
+    agrees with the target, not with the text); parts: that loss and the top-1 agreement."""
+    z, _ = _target_features(target, batch, amp)
+    with _autocast(amp):
+        logits = lm(batch, _positions(*batch.shape, batch.device)).logits
+    ce = soft_ce(logits, torch.softmax(z, dim=-1), torch.ones(batch.shape, dtype=torch.bool, device=batch.device))
+    agree = (logits.detach().argmax(-1) == z.argmax(-1)).float().mean()
+    return ce, {"ce": float(ce.detach()), "agree": float(agree)}
+
+
+def draft_lm_step_cost(target, lm, num_prompts: int = 4) -> dict:
+    """What one draft-LM step costs against one target-only decode step, the way the card measures the deep pair's
+    EAGLE draft (`specdec.bench.draft_step_cost`: B = 1, process CPU time, a chain of 5 on held-out prompts of 64
+    bytes), at one thread whatever the training's."""
+    from ...bench.acceptance import draft_step_cost
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cost = draft_step_cost(target, lm, corpus.heldout_prompts(num_prompts, 64, seed=0))
+    finally:
+        torch.set_num_threads(threads)
+    # the machine's load when measured: other processes slow both steps alike, so the ratio is what carries
+    return {"threads": cost["threads"], "target_only_step_ms": cost["target_only_step_ms"],
+            "draft_forward_ms": cost["eagle_draft_forward_ms"],
+            "draft_forward_in_target_only_steps": cost["draft_forward_in_target_only_steps"],
+            "load_average_1min": round(os.getloadavg()[0], 2), "cpu_count": os.cpu_count()}
+
+
+def train_draft_lm(target, opts: StageOpts, seed: int = 0, log=print):
+    """-> (trained draft LM, a LlamaForCausalLM fp32, stats). Shaped by opts.extra (`DRAFT_LM_SHAPE`), distilled
+    from the frozen target on windows of opts.seq_len bytes; stats add its measured step cost (`step_cost`,
+    `draft_lm_step_cost` over opts.extra['cost_prompts'] prompts, 4 by default; 0: not measured)."""
+    _freeze(target)
+    torch.manual_seed(seed + 50)
+    lm = new_draft_lm(target, opts.extra, seed + 50)
+    lm.train()
+    windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len, seed + 51)
+    stats = _run_loop("draft_lm", opts, lm.named_parameters(), lambda b: draft_lm_loss(target, lm, b, opts.amp),
+                      windows, seed + 52, None, log)
+    lm.eval()
+    cost_prompts = int(opts.extra.get("cost_prompts", 4))
+    if cost_prompts:
+        stats["step_cost"] = draft_lm_step_cost(target, lm, cost_prompts)
+        log(f"[draft_lm] step cost {json.dumps(stats['step_cost'])}")
+    return lm, stats

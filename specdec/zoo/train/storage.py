@@ -6,7 +6,6 @@ from pathlib import Path
 
 import torch
 
-from ...models import LlamaForCausalLM
 from ...models.io import quantize_int8_matrices, save_dir
 
 
@@ -17,15 +16,16 @@ STORE_DTYPE = torch.float16
 DRAFT_STORAGE = "int8 matrices with one float16 scale per output row (`<name>_scale`), other weights float16"
 
 
-def save_stored(model, path: Path) -> int:
-    """Save `model` as the zoo ships it -> bytes on disk. The target: float16. A draft: its matrices int8
-    per output row (`quantize_int8_matrices`, from the fp32 weights), its norms float16, its id maps as
-    they are; the loader dequantizes to fp32. Drafts only propose, so their rounding cannot change what
-    the workers decode; it halves their share of the ~20 MB that ships."""
+def save_stored(model, path: Path, *, draft: bool) -> int:
+    """Save `model` as the zoo ships it -> bytes on disk. The target (draft=False): float16. A draft: its
+    matrices int8 per output row (`quantize_int8_matrices`, from the fp32 weights), its norms float16, its id
+    maps as they are; the loader (`read_state_dict`) dequantizes to fp32. Drafts only propose, so their
+    rounding cannot change what the workers decode; it halves their share of the ~20 MB that ships. A draft LM
+    is a `LlamaForCausalLM` like the target, hence the flag rather than the model's class."""
     cfg, sd = model.checkpoint()
     cfg["torch_dtype"] = "float16"
     sd = {k: v.detach().float() if v.is_floating_point() else v.detach() for k, v in sd.items()}
-    if not isinstance(model, LlamaForCausalLM):
+    if draft:
         sd = quantize_int8_matrices(sd)
         cfg["specdec_storage"] = DRAFT_STORAGE
     save_dir(path, cfg, {k: v.to(STORE_DTYPE) if v.is_floating_point() else v for k, v in sd.items()})
