@@ -83,8 +83,10 @@ def baseline(small, prompts):
     return Engine(small.target, max_seq_len=320).generate(prompts, logprob_params(48))
 
 
-@pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("spec, shared", [(SPECS[0], True), (SPECS[1], False),
+                                          pytest.param(SPECS[2], False, marks=pytest.mark.slow),
+                                          pytest.param(SPECS[0], False, marks=pytest.mark.slow),
+                                          pytest.param(SPECS[1], True, marks=pytest.mark.slow)], ids=str)
 def test_ngram_is_greedy_identical_to_target_only(small, prompts, baseline, spec, shared):
     engine = Engine(small.target, draft=NgramDraft(shared=shared), spec=spec, max_seq_len=320)
     outs = engine.generate(prompts, logprob_params(48))
