@@ -62,7 +62,7 @@ def _env(target: Path, interpret: bool, cache: Path) -> dict:
 
 
 def check_compile(version: str, target: Path, cache: Path) -> list[str]:
-    from tests.test_kernels_compile import ALLOWED_SPILLS, _fast_kernels, spilling_kernels
+    from tests.kernel_inventory import ALLOWED_SPILLS, fast_kernels, spilling_kernels
 
     run = subprocess.run([sys.executable, "-m", "tests.gpu_compile_check", "--dtypes", "bfloat16"], cwd=ROOT,
                          env=_env(target, False, cache), capture_output=True, text=True)
@@ -74,8 +74,8 @@ def check_compile(version: str, target: Path, cache: Path) -> list[str]:
     if seen != {version}:
         problems.append(f"the compile check ran under triton {seen or '?'}, not {version}")
     compiled = {r["kernel"] for r in rows if "kernel" in r}
-    if compiled != _fast_kernels():
-        problems.append(f"kernels compiled and expected differ: {sorted(compiled ^ _fast_kernels())}")
+    if compiled != fast_kernels():
+        problems.append(f"kernels compiled and expected differ: {sorted(compiled ^ fast_kernels())}")
     spills = spilling_kernels([r for r in rows if "kernel" in r]) - set(ALLOWED_SPILLS)
     if spills:
         problems.append(f"kernels spilling registers under triton {version}: {sorted(spills)}")
