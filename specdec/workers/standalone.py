@@ -41,7 +41,6 @@ class StandaloneWorker(EagleWorkerV2):
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         self.draft_cache_layers = draft.config.num_hidden_layers
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
-        self.draft_lm = draft
         self.draft_model = LMAsDraftHead(draft)
 
     def draft_extend_for_prefill(self, ids, hidden, positions, tokens) -> None:
