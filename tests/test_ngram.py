@@ -117,9 +117,33 @@ def test_ngram_fast_path_is_identical(small, prompts, baseline):
 
 
 def test_a_request_with_nothing_to_match_decodes_one_token_a_step(small):
-    engine = Engine(small.target, draft=NgramDraft(min_match_window_size=4), spec=SpecConfig(3, 1), max_seq_len=64)
-    out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))[0]
+    """No proposal: each decode step's target forward reads the root alone, as a target-only step does."""
+    widths = []
+    hook = small.target.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
+    try:
+        engine = Engine(small.target, draft=NgramDraft(min_match_window_size=4), spec=SpecConfig(5, 4, 16),
+                        max_seq_len=64)
+        out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))[0]
+    finally:
+        hook.remove()
     assert out.accept_lens == [1, 1, 1] and len(out.token_ids) == 4
+    assert widths == [3, 1, 1, 1]  # the prefill, then three one-token steps
+
+
+def test_a_short_proposal_is_verified_in_the_narrowest_width_that_holds_it(small, prompts):
+    """The verify width of a step is the smallest of 1, 2, 4, ..., W holding the batch's largest tree, and the
+    output stays target-only's."""
+    from specdec.workers.graphs import DecodeGraphs
+    engine = Engine(small.target, draft=NgramDraft(max_bfs_breadth=2, branch_length=3), spec=SpecConfig(3, 2, 11),
+                    max_batch=2, max_seq_len=320)
+    assert [engine.worker.width_for(n) for n in (1, 2, 3, 5, 8, 9, 11)] == [1, 2, 4, 8, 8, 11, 11]
+    graphs = DecodeGraphs(engine.worker, capture=False)
+    engine._decode = graphs.decode_step
+    outs = engine.generate(prompts[:2], logprob_params(32))
+    ref = Engine(small.target, max_seq_len=320).generate(prompts[:2], logprob_params(32))
+    assert_same_as_baseline(outs, ref)
+    widths = {key[-1] for key in graphs.entries}
+    assert len(widths) > 1 and widths <= {1, 2, 4, 8, 11}  # one set of static buffers per width seen
 
 
 def test_ngram_under_penalties_grammars_and_a_ragged_mixed_batch(small, prompts):

@@ -63,11 +63,13 @@ class AcceptanceRow(RunRow):
     linear_backend: str
     forward_cost_in_target_only_steps: float | str
     speedup_bound: float | str
+    draft_ms_per_step: float | str
 
 
 def _forward_pass(runner, batches, params):
-    """One untimed pass with the phase timer on -> (seconds of model forwards per decode step, steps), or
-    None for a peer. What a step costs with zero overhead: its draft, draft-extend and verify forwards."""
+    """One untimed pass with the phase timer on -> (seconds of model forwards per decode step, seconds of the
+    draft phase per decode step), or None for a peer. What a step costs with zero overhead: its draft,
+    draft-extend and verify forwards. NGRAM's draft phase is its host work (the index and the tree)."""
     if not isinstance(runner, Engine):
         return None
     from ..workers.base import PhaseTimer
@@ -81,7 +83,8 @@ def _forward_pass(runner, batches, params):
         totals = worker.timer.totals()
     finally:
         worker.timer = None
-    return sum(totals.get(p, 0.0) for p in FORWARD_PHASES) / max(steps, 1)
+    return (sum(totals.get(p, 0.0) for p in FORWARD_PHASES) / max(steps, 1),
+            totals.get("draft", 0.0) / max(steps, 1))
 
 
 def _logprob_pass(runner, batches, params) -> list:
@@ -173,7 +176,7 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                       for x, y in zip(a.logprobs, b.logprobs)]
                 acc = [a for o in outs for a in o.accept_lens]
                 mean_acc = sum(acc) / len(acc) if acc else 1.0
-                fwd_cost = fwd / forward_s[0] if fwd is not None and forward_s[0] else None
+                fwd_cost = fwd[0] / forward_s[0][0] if fwd is not None and forward_s[0][0] else None
                 spec = case.spec
                 row = AcceptanceRow(
                     **run.prefix(), impl="transformers" if case.is_peer else runner.impl,
@@ -198,7 +201,8 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                     max_logprob_diff=f"{max(lp):.2e}" if lp else "", cpu_model=env_cpu,
                     linear_backend="" if case.is_peer else linear_summary(),
                     forward_cost_in_target_only_steps=round(fwd_cost, 4) if fwd_cost else "",
-                    speedup_bound=round(mean_acc / fwd_cost, 4) if fwd_cost else "")
+                    speedup_bound=round(mean_acc / fwd_cost, 4) if fwd_cost else "",
+                    draft_ms_per_step=round(fwd[1] * 1e3, 4) if fwd is not None and spec else "")
                 rows.append(row)
                 progress(f"T={temperature} B={B} {case.label:24s} tok/s {tps:8.1f} cpu-tok/s {cpu_tps:8.1f} "
                          f"accept {row.mean_accept_len or 1:.2f} x{row.cpu_speedup_vs_target_only:.2f} "

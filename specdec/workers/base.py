@@ -208,6 +208,12 @@ class WorkerBase(LogitShaping):
         """``speculative_num_steps`` of this worker's logprob call (0: one token per step)."""
         return 0
 
+    @property
+    def step_shape(self) -> tuple:
+        """What, beside the batch bucket and the sampling flags, fixes the shapes of this step's body (a CUDA
+        graph is captured per value): nothing for a worker whose step always has the same shapes."""
+        return ()
+
     def prepare_decode(self) -> None:
         """Host side, before the body: the step's randomness, drawn from the per-request generators, goes
         into ``state.uniforms`` (B, uniforms_per_step); the body reads nothing else from the host."""
@@ -436,7 +442,7 @@ class SpeculativeWorkerBase(WorkerBase):
         states (B*W, H) of every node. Sets last_tokens to the bonus token; seq_lens is left to the
         caller, whose draft extend still needs the old committed length.
         """
-        B, W = candidates.shape[0], self.num_draft_tokens
+        B, W = candidates.shape  # W <= num_draft_tokens: NGRAM verifies a narrower tree when its proposals are short
         st = self.state
         with self.phase("grammar"):  # host work between drafting and verify; nothing without a grammar
             bitmask = self.grammar_bitmask_tree(candidates, retrieve_next_token, retrieve_next_sibling)
@@ -451,7 +457,7 @@ class SpeculativeWorkerBase(WorkerBase):
 
     def _verify_and_commit(self, raw_logits, candidates, tree_mask, retrieve_index, retrieve_next_token,
                            retrieve_next_sibling, bitmask=None):
-        B, W, S = candidates.shape[0], self.num_draft_tokens, self.num_steps
+        (B, W), S = candidates.shape, self.num_steps
         st = self.state
         logits, empty = self.shape_target_logits(raw_logits.view(B * W, -1), candidates, tree_mask, bitmask)
         logits = logits.view(B, W, -1)

@@ -71,7 +71,7 @@ class DecodeGraphs:
         B = w.state.seq_lens.shape[0]
         bucket = next(b for b in self.buckets if b >= B)
         s = w.sampling
-        key = (bucket, s.all_greedy, s.any_greedy, s.any_top_k, s.any_top_p, s.penalized)
+        key = (bucket, s.all_greedy, s.any_greedy, s.any_top_k, s.any_top_p, s.penalized, *w.step_shape)
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = self._new_entry(bucket)

@@ -7,6 +7,7 @@ import torch
 from ..kv_cache import KVCache
 from ..ngram import NgramDraft, NgramIndex, continuation_tree, verify_input
 from .base import SpeculativeWorkerBase, StepOutput
+from .graphs import batch_buckets
 
 #: the state tensors of a step's verify input, built on the host by `prepare_decode`
 VERIFY_INPUT = ("ngram_candidates", "ngram_tree_mask", "ngram_positions", "ngram_retrieve_index",
@@ -29,6 +30,7 @@ class NgramWorker(SpeculativeWorkerBase):
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
         self.breadth = min(spec.topk, draft.max_bfs_breadth)
         self.depth = min(spec.num_steps, draft.branch_length)
+        self.verify_width = spec.num_draft_tokens
         room = tree_capacity(self.depth, self.breadth)
         if spec.num_draft_tokens - 1 > room:
             raise ValueError(
@@ -94,17 +96,29 @@ class NgramWorker(SpeculativeWorkerBase):
         rows = torch.cat([st.ngram_tokens.long(), st.ngram_lens[:, None].long()], dim=1).tolist()
         with self.phase("draft"):
             roots, trees, committed = [], [], []
-            W, max_n = self.num_draft_tokens, self.draft_model.max_match_window_size
+            max_n = self.draft_model.max_match_window_size
             for index, sid, row in zip(self._indexes, self._seq_ids, rows):
                 index.extend(sid, row[:row[T]])
                 seq = index.seqs[sid]
                 found = index.continuations(seq[-max_n:], sid, self.depth)
-                trees.append(continuation_tree(found, W - 1, self.breadth))
+                trees.append(continuation_tree(found, self.num_draft_tokens - 1, self.breadth))
                 roots.append(seq[-1])
                 committed.append(len(seq) - 1)  # the root (last token) is not committed yet
-            host = verify_input(roots, trees, committed, W)
+            self.verify_width = self.width_for(max(len(t) for t in trees) + 1)
+            host = verify_input(roots, trees, committed, self.verify_width)
             for name, tensor in zip(VERIFY_INPUT, host):
                 setattr(st, name, tensor.to(self.device, non_blocking=True))
+
+    def width_for(self, nodes: int) -> int:
+        """The verify width of a step whose largest tree has `nodes` nodes (root included): the smallest of the
+        widths 1, 2, 4, ... num_draft_tokens that holds it. A step with no proposal verifies the root alone (a
+        one-token target forward); a short proposal pays for its own width, not the configured one. Each width is
+        one fixed shape (one CUDA graph per batch bucket and width)."""
+        return next(w for w in batch_buckets(self.num_draft_tokens) if w >= nodes)
+
+    @property
+    def step_shape(self) -> tuple:
+        return (self.verify_width,)
 
     def draft(self):
         st = self.state
