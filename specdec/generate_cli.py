@@ -8,7 +8,8 @@ from pathlib import Path
 from .config import SamplingParams, SpecConfig
 from .draft_kinds import DRAFT_KINDS, draft_kind, kind_of
 from .engine import Engine
-from .text import eos_ids_of, generate_text, load_tokenizer
+from .text import generate_text
+from .tokenizer import eos_ids_of, load_tokenizer
 
 
 #: the kind an `--draft-layout auto` checkpoint loads as when its architectures name no kind's model: EAGLE-1/2

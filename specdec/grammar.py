@@ -3,7 +3,7 @@ state that turns it into per-node token masks.
 
 xgrammar is optional (the `grammar` extra): everything here imports it on first use, and a grammar request
 without it is an ImportError naming the extra. The vocabulary comes from the engine's tokenizer: the zoo's
-byte tokenizer (ids 0-255 the bytes, BOS and EOS special) or a `tokenizer.json` one (`specdec.text`).
+byte tokenizer (ids 0-255 the bytes, BOS and EOS special) or a `tokenizer.json` one (`specdec.tokenizer`).
 
 A `GrammarBatch` holds one `xgrammar.GrammarMatcher` per request that has a grammar. A matcher advances only
 by committed tokens (`advance`); a step's per-node masks are filled from it with `traverse_draft_tree`
@@ -41,25 +41,17 @@ def require_xgrammar():
 
 
 def tokenizer_info(tokenizer, vocab_size: int):
-    """The engine's tokenizer -> an xgrammar TokenizerInfo over the model's `vocab_size` ids."""
+    """The engine's tokenizer -> an xgrammar TokenizerInfo over the model's `vocab_size` ids: a
+    `specdec.tokenizer` one builds its own, a TokenizerInfo is taken as is, a transformers tokenizer is read."""
     xgr = require_xgrammar()
-    from .zoo.tokenizer import ByteTokenizer
     if isinstance(tokenizer, xgr.TokenizerInfo):  # given as is (a custom vocabulary)
         return tokenizer
-    if isinstance(tokenizer, ByteTokenizer):
-        # 256 single bytes, then the specials as empty strings (xgrammar's mark of a special token)
-        vocab = [bytes([i]) for i in range(256)] + [""] * (tokenizer.vocab_size - 256)
-        return xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size,
-                                 stop_token_ids=[tokenizer.eos_token_id])
-    inner = getattr(tokenizer, "_tok", None)  # specdec.text.HFTokenizer over a `tokenizers.Tokenizer`
-    if inner is not None:
-        from transformers import PreTrainedTokenizerFast
-        hf = PreTrainedTokenizerFast(tokenizer_object=inner)
-        eos = list(getattr(tokenizer, "eos_token_ids", []) or []) or None
-        return xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=eos)
+    if callable(getattr(tokenizer, "xgrammar_info", None)):
+        return tokenizer.xgrammar_info(vocab_size)
     if hasattr(tokenizer, "get_vocab") and hasattr(tokenizer, "backend_tokenizer"):  # a transformers tokenizer
         return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-    raise ValueError(f"structured output needs the byte tokenizer or a tokenizer.json one, got {tokenizer!r}")
+    raise ValueError(f"structured output needs a specdec.tokenizer tokenizer (the byte tokenizer or a tokenizer.json "
+                     f"one), an xgrammar TokenizerInfo or a transformers tokenizer, got {tokenizer!r}")
 
 
 def grammar_of(params) -> tuple[str, str] | None:

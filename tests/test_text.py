@@ -8,7 +8,8 @@ import torch
 from specdec import Engine, SamplingParams
 from specdec.cli import main
 from specdec.models import LlamaForCausalLM
-from specdec.text import HFTokenizer, generate_text, load_tokenizer
+from specdec.text import generate_text
+from specdec.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
 
 ZOO = "specdec/zoo/weights/stdlib-byte-6l"
 TEXT = "Grüße, 世界! Ελληνικά — naïve café 🚀 def f(x): return x**2"
@@ -40,7 +41,7 @@ def hf_dir(tmp_path_factory):
 
 def test_tokenizer_json_round_trips_multilingual_text(hf_dir):
     tok = load_tokenizer(hf_dir)
-    assert isinstance(tok, HFTokenizer)
+    assert isinstance(tok, HFTokenizer) and isinstance(tok, Tokenizer)
     ids = tok.encode(TEXT)
     assert ids[0] == tok._tok.token_to_id("<s>")  # the post-processor's BOS
     assert tok.decode(ids) == TEXT

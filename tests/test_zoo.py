@@ -10,7 +10,7 @@ from specdec import zoo
 from specdec.models import LlamaConfig, random_eagle3_head, random_eagle_head, random_llama
 from specdec.zoo import corpus
 from specdec.zoo import train as zt
-from specdec.zoo.tokenizer import ByteTokenizer
+from specdec.tokenizer import ByteTokenizer, Tokenizer
 
 
 # ---- tokenizer --------------------------------------------------------------------------------
@@ -21,14 +21,15 @@ def test_tokenizer_round_trip(text):
     assert ids == list(text.encode("utf-8"))
     assert all(0 <= i < 256 for i in ids)
     assert tok.decode(ids) == text
-    assert tok.decode(tok.encode(text, add_bos=True, add_eos=True)) == text
+    assert tok.decode(tok.encode(text, add_special_tokens=True) + [tok.eos_token_id]) == text
     assert tok.decode(torch.tensor(ids, dtype=torch.long)) == text
 
 
 def test_tokenizer_specials_and_bad_bytes():
     tok = ByteTokenizer()
     assert tok.vocab_size == 258 and tok.bos_token_id == 256 and tok.eos_token_id == 257
-    assert tok.encode("a", add_bos=True, add_eos=True) == [256, 97, 257]
+    assert isinstance(tok, Tokenizer)  # the protocol the engine, the text helpers and the grammar backend read
+    assert tok.encode("a", add_special_tokens=True) == [256, 97] and tok.eos_token_ids == [257]
     assert tok.decode([0xE6, 0x97]) == "\ufffd"  # a multi-byte character cut short: replaced, no error
     with pytest.raises(ValueError, match="outside"):
         tok.decode([300])

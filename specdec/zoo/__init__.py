@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..draft_kinds import DRAFT_KINDS, draft_kind
-from .tokenizer import ByteTokenizer
+from ..tokenizer import ByteTokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 #: the small pair, what `load()` and the tests use: a 6-layer target whose draft step costs ~1/4 of its step

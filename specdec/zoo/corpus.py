@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .tokenizer import ByteTokenizer
+from ..tokenizer import ByteTokenizer
 
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 EXCLUDED_FILES = frozenset({"pydoc_data/topics.py"})

@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from .. import DEFAULT_NAME, WEIGHTS_DIR
-from ..tokenizer import ByteTokenizer
+from ...tokenizer import ByteTokenizer
 from .card import MODEL_CARD, read_card, render_model_card, render_model_cards
 from .hparams import STAGES, TargetShape, default_opts
 from .pipeline import train_all

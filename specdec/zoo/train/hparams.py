@@ -11,7 +11,7 @@ import torch
 from ...draft_kinds import DRAFT_KINDS
 from ...models import LlamaConfig
 from .. import zoo_kinds
-from ..tokenizer import ByteTokenizer
+from ...tokenizer import ByteTokenizer
 
 
 @dataclass

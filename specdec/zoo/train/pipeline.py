@@ -14,7 +14,7 @@ import torch
 from ...draft_kinds import DRAFT_KINDS
 from ...models import LlamaForCausalLM
 from .. import DEFAULT_NAME, WEIGHTS_DIR, corpus
-from ..tokenizer import ByteTokenizer
+from ...tokenizer import ByteTokenizer
 from .card import read_card, shape_summary, write_card
 from .evaluate import evaluate_bundle
 from .hparams import DRAFTS, STAGES, StageOpts, TargetShape, default_opts
