@@ -59,9 +59,8 @@ class Engine:
     cuda_graphs (default: on with the fast path on CUDA) replays each decode step as a CUDA graph, one
     per batch-size bucket (1, 2, 4, ..., max_batch), the batch padded to its bucket.
     tokenizer (a `specdec.tokenizer` one: the zoo's `ByteTokenizer` or a tokenizer.json `HFTokenizer`) gives the
-    vocabulary that
-    requests with a json_schema, regex or ebnf are compiled against (xgrammar, the `grammar` extra); a batch
-    with a grammar decodes eagerly, outside the CUDA graphs.
+    vocabulary that requests with a json_schema, regex or ebnf are compiled against (xgrammar, the `grammar`
+    extra); a batch with a grammar decodes eagerly, outside the CUDA graphs.
     """
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, impl: str = "auto",
