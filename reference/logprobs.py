@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.contract import PADDED_LOGPROB, PADDED_TOP_LOGPROB_IDX
 from specdec.logprob_packing import (
-    PADDED_LOGPROB,
-    PADDED_TOP_LOGPROB_IDX,
     accepted_rows,
     request_temperatures,
     requested_token_ids,

@@ -10,12 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from .checks import check_int, check_real
-from .contract import max_num_draft_tokens
-
-#: A temperature below this (but above 0) decodes greedily, as SGLang does: dividing logits by it would
-#: overflow fp32 or round to a one-hot distribution anyway.
-GREEDY_TEMPERATURE_BELOW = 1e-6
-
+from .contract import greedy_temperature, max_num_draft_tokens
 
 @dataclass
 class SamplingParams:
@@ -69,17 +64,13 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return greedy_temperature(self.temperature)
 
     @property
     def has_penalties(self) -> bool:
         """Whether any penalty, min_new_tokens or a logit bias changes this request's logits."""
         return (self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
                 or self.min_new_tokens > 0 or bool(self.logit_bias))
-
-    def validate(self, index: int, vocab_size: int) -> None:
-        """Raise ValueError naming request `index` and the offending value."""
-        self.validated(index, vocab_size)
 
     def validated(self, index: int, vocab_size: int) -> "SamplingParams":
         """A checked copy with plain Python values (numpy integers -> int, a temperature below
@@ -111,7 +102,7 @@ class SamplingParams:
         temperature = real("temperature")
         if not (0.0 <= temperature < math.inf):  # also rejects NaN
             raise bad(f"temperature must be finite and >= 0, got {self.temperature!r}")
-        if temperature < GREEDY_TEMPERATURE_BELOW:
+        if greedy_temperature(temperature):
             temperature = 0.0
         top_k = integer("top_k", -1)
         if top_k == 0:

@@ -1,7 +1,8 @@
 """The ops' contract, shared by `reference`, `fast` and the workers: which ops a worker reaches through its
-ops module, the plan type the attention ops pass between them, the tree arithmetic and the padding values.
+ops module, the plan type the attention ops pass between them, the tree arithmetic, the padding values and the
+greedy rule.
 
-A leaf module: it imports torch's dataclass machinery only, never `reference`, `fast`, the models or the
+A leaf module: it imports the standard library's dataclasses only, never `reference`, `fast`, the models or the
 workers. The logprob helper's duck types (`logprob_types`) and its host packing (`logprob_packing`) sit
 beside it; the argument checks are in `checks`.
 """
@@ -42,6 +43,19 @@ NO_NODE = -1
 PADDED_LOGPROB = 0.0
 #: Index written in the top-logprob indices of a padded accept slot (never a real token id).
 PADDED_TOP_LOGPROB_IDX = -1
+
+
+#: A temperature below this (but above 0) decodes greedily, as SGLang does: dividing logits by it would
+#: overflow fp32 or round to a one-hot distribution anyway.
+GREEDY_TEMPERATURE_BELOW = 1e-6
+
+
+def greedy_temperature(temperature):
+    """The one greedy rule: a temperature (a float, or a tensor elementwise) below `GREEDY_TEMPERATURE_BELOW`,
+    or NaN, decodes greedily. Such a request's logits are divided by 1.0 where a temperature is applied at all
+    (SGLang stores 1.0 for greedy requests)."""
+    return ~(temperature >= GREEDY_TEMPERATURE_BELOW) if hasattr(temperature, "dtype") else \
+        not temperature >= GREEDY_TEMPERATURE_BELOW
 
 
 def max_num_draft_tokens(topk: int, spec_steps: int) -> int:

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .contract import PADDED_LOGPROB, PADDED_TOP_LOGPROB_IDX
+from .contract import greedy_temperature
 
 __all__ = [
-    "PADDED_LOGPROB",
-    "PADDED_TOP_LOGPROB_IDX",
     "accepted_rows",
     "request_temperatures",
     "requested_token_ids",
@@ -40,10 +38,10 @@ def accepted_rows(accept_index: torch.Tensor, num_nodes: int) -> tuple[torch.Ten
 
 
 def request_temperatures(temperatures: torch.Tensor) -> torch.Tensor:
-    """``temperatures`` [B, 1] float -> [B] fp32, a non-positive or NaN temperature replaced by 1.0
-    (SGLang's temperature for a greedy request)."""
+    """``temperatures`` [B, 1] float -> [B] fp32, a greedy request's temperature (`contract.greedy_temperature`:
+    below GREEDY_TEMPERATURE_BELOW, or NaN) replaced by 1.0 (SGLang's temperature for a greedy request)."""
     t = temperatures.reshape(-1).to(torch.float32)
-    return torch.where(t > 0, t, torch.ones_like(t))  # NaN > 0 is False too
+    return torch.where(greedy_temperature(t), torch.ones_like(t), t)
 
 
 def requested_token_ids(ids_per_req: list[list[int]], device: torch.device) -> torch.Tensor | None:

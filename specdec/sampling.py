@@ -25,7 +25,7 @@ class SamplingTensors:
                        "stop_mask", "logit_bias")
 
     def __init__(self, params: list[SamplingParams], vocab_size: int, device):
-        self.temperatures = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
+        self.temperatures = torch.tensor([1.0 if p.is_greedy else p.temperature for p in params],
                                          dtype=torch.float32, device=device)
         self.top_ks = torch.tensor([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params],
                                    dtype=torch.int64, device=device)
@@ -50,6 +50,14 @@ class SamplingTensors:
             for token, bias in (p.logit_bias or {}).items():
                 logit_bias[b, token] = bias
         self.stop_mask, self.logit_bias = stop_mask.to(device), logit_bias.to(device)
+
+    #: the batch-wide flags a step branches on (which verify runs, which filters, whether penalties apply): a
+    #: CUDA graph is captured per value of `flags`
+    FLAGS = ("all_greedy", "any_greedy", "any_top_k", "any_top_p", "penalized")
+
+    @property
+    def flags(self) -> tuple[bool, ...]:
+        return tuple(getattr(self, name) for name in self.FLAGS)
 
     def _set_flags(self, params: list[SamplingParams]) -> None:
         self.all_greedy = all(p.is_greedy for p in params)

@@ -96,22 +96,70 @@ def finite_rows(logits: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(logits).flatten(1).all(1)
 
 
+@dataclass
+class EagleVerifyInput:
+    """What `draft()` hands `verify()`: the verify tree of every request, as SGLang's EagleVerifyInput carries it
+    (its `draft_token`, `custom_mask`, `positions`, `retrive_index`, `retrive_next_token`, `retrive_next_sibling`).
+    Node 0 of each request is the root (its last verified token); W is the tree's width this step."""
+
+    candidates: torch.Tensor  # (B, W) int64: each node's token
+    tree_mask: torch.Tensor  # (B, W, W) bool: node i attends node j (its ancestors and itself)
+    positions: torch.Tensor  # (B, W) int64: committed length + the node's depth
+    retrieve_index: torch.Tensor  # (B, W): node -> its row b*W + i of the verify forward's logits
+    retrieve_next_token: torch.Tensor  # (B, W): each node's first child, -1 if none
+    retrieve_next_sibling: torch.Tensor  # (B, W): each node's next sibling, -1 if none
+
+
 class RequestState:
     """The per-request tensors of a worker (leading dim B), in one object: `filter` indexes them all.
 
-    Created empty in the worker's constructor and filled at prefill; anything a worker keeps per
-    request lives here, so dropping finished requests cannot miss one."""
+    Every field is declared (a worker's own in a subclass, its `state_type`) and None until set; setting an
+    undeclared one is an AttributeError, so a field cannot appear by accident and readers test `is None`.
+    Created at `start` and filled at prefill; anything a worker keeps per request lives here, so dropping
+    finished requests cannot miss one, and a CUDA graph's static copy carries exactly the set fields."""
+
+    slots: torch.Tensor | None  # (B,) int64: each request's row in every cache
+    seq_lens: torch.Tensor | None  # (B,) int64: committed target length
+    last_tokens: torch.Tensor | None  # (B,) int64: the last emitted token (the next step's root)
+    uniforms: torch.Tensor | None  # (B, uniforms_per_step) fp32: the step's randomness; None for an all-greedy batch
+    prompt_mask: torch.Tensor | None  # (B, V) bool: the prompt's tokens (repetition_penalty); penalized batches
+    output_counts: torch.Tensor | None  # (B, V) int32: committed output token counts; penalized batches
+    output_lens: torch.Tensor | None  # (B,) int64: committed output length; penalized batches
+    grammar_tokens: torch.Tensor | None  # (B, T) int64: the last step's emitted tokens, not yet on the host
+    grammar_lens: torch.Tensor | None  # (B,) how many of them were emitted; grammar batches, until the transfer
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        names = []
+        for klass in reversed(cls.__mro__):
+            names += [n for n in getattr(klass, "__annotations__", {}) if n not in names]
+        return tuple(names)
+
+    def __init__(self):
+        for name in self.fields():
+            object.__setattr__(self, name, None)
+
+    def __setattr__(self, name, value) -> None:
+        if name not in self.fields():
+            raise AttributeError(f"{type(self).__name__} declares no field {name!r}")
+        object.__setattr__(self, name, value)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields set now."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
 
     def filter(self, keep: torch.Tensor) -> None:
         """Keep the requests at batch positions `keep` ((B',) int64, on the state's device)."""
-        for name, value in list(vars(self).items()):
-            if isinstance(value, torch.Tensor):
-                setattr(self, name, value[keep])
+        for name, value in self.tensors().items():
+            setattr(self, name, value[keep])
 
 
 class WorkerBase(LogitShaping):
     """Target-side machinery; subclasses add drafting. `ops` is the `reference` or `fast` module; the logits'
     shaping (penalties, bias, min_new_tokens, grammar masks) is `LogitShaping`'s."""
+
+    #: the per-request state's type: `RequestState`, or a subclass declaring the worker's own fields
+    state_type = RequestState
 
     def __init__(self, target, ops, max_batch: int, max_seq_len: int, return_original_logprob: bool = False):
         self.target = target
@@ -122,7 +170,7 @@ class WorkerBase(LogitShaping):
         self.cache = KVCache.for_model(target.config, target.config.num_hidden_layers, max_batch, max_seq_len,
                                        target.dtype, self.device)
         self.slot_list: list[int] = []
-        self.state = RequestState()
+        self.state = self.state_type()
         self.timer: PhaseTimer | None = None
         self.seq_lens_host: list[int] = []  # per request, an upper bound on the committed target length
         self._unsynced_steps = 0
@@ -151,7 +199,7 @@ class WorkerBase(LogitShaping):
         self.slot_list = self.cache.alloc(B)
         for c in self.caches()[1:]:
             c.alloc(B)  # every cache hands out the same rows: one slot id per request
-        self.state = RequestState()
+        self.state = self.state_type()
         self.state.slots = torch.tensor(self.slot_list, dtype=torch.int64, device=self.device)
         self.sampling = SamplingTensors(self.params, self.vocab_size, self.device)
         self.rng = RequestRNG(seed, B)
@@ -220,8 +268,8 @@ class WorkerBase(LogitShaping):
         n = self.uniforms_per_step
         if n:
             self.state.uniforms = self.rng.uniforms(n, self.device)
-        elif hasattr(self.state, "uniforms"):
-            del self.state.uniforms  # an all-greedy batch reads none: keep the state's shape honest
+        else:
+            self.state.uniforms = None  # an all-greedy batch reads none: keep the state's shape honest
 
     def decode_body(self) -> StepOutput:
         """The device part of a step: reads only `state`, the sampling tensors, the caches and the
@@ -409,15 +457,14 @@ class SpeculativeWorkerBase(WorkerBase):
         """draft -> verify (target forward, accept, KV commit) -> draft_extend_for_decode, as SGLang's
         EagleWorkerV2 orders a step; the committed length advances last, since the extend reads the old one."""
         st = self.state
-        step, target_hidden = self.verify(*self.draft())
+        step, target_hidden = self.verify(self.draft())
         with self.phase("draft_extend"):
             self.draft_extend_for_decode(step, target_hidden)
         st.seq_lens = st.seq_lens + step.accept_lens
         return step
 
-    def draft(self):
-        """This step's verify input: candidates (B, W) int64 (node 0 the root), tree_mask (B, W, W) bool,
-        positions (B, W) int64, retrieve_index, retrieve_next_token, retrieve_next_sibling (B, W)."""
+    def draft(self) -> EagleVerifyInput:
+        """This step's verify tree."""
         raise NotImplementedError
 
     def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
@@ -434,29 +481,28 @@ class SpeculativeWorkerBase(WorkerBase):
     def logprob_steps(self) -> int:
         return self.num_steps
 
-    def verify(self, candidates, tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling):
+    def verify(self, tree: EagleVerifyInput):
         """Target forward over the W tree nodes, verify (greedy or sampling, per request), KV commit.
 
-        candidates: (B, W) int64, node 0 = the root (last verified token); tree_mask: (B, W, W) bool;
-        positions: (B, W) int64; retrieve_*: (B, W). Returns the StepOutput and the target hidden
-        states (B*W, H) of every node. Sets last_tokens to the bonus token; seq_lens is left to the
-        caller, whose draft extend still needs the old committed length.
+        Returns the StepOutput and the target hidden states (B*W, H) of every node. Sets last_tokens to the bonus
+        token; seq_lens is left to the caller, whose draft extend still needs the old committed length.
         """
+        candidates, tree_mask, retrieve_next_token = tree.candidates, tree.tree_mask, tree.retrieve_next_token
         B, W = candidates.shape  # W <= num_draft_tokens: NGRAM verifies a narrower tree when its proposals are short
         st = self.state
         with self.phase("grammar"):  # host work between drafting and verify; nothing without a grammar
-            bitmask = self.grammar_bitmask_tree(candidates, retrieve_next_token, retrieve_next_sibling)
+            bitmask = self.grammar_bitmask_tree(candidates, retrieve_next_token, tree.retrieve_next_sibling)
         meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(W), tree_mask=tree_mask, ops=self.ops)
         with self.phase("verify_forward"):
-            out = self.target(candidates, positions, self.cache, meta, features=self.target_features)
+            out = self.target(candidates, tree.positions, self.cache, meta, features=self.target_features)
             logits, hidden = out.logits, out.hidden if out.features is None else out.features  # or the draft's features
         with self.phase("verify"):
-            step = self._verify_and_commit(logits, candidates, tree_mask, retrieve_index, retrieve_next_token,
-                                           retrieve_next_sibling, bitmask)
+            step = self._verify_and_commit(logits, tree, bitmask)
         return step, hidden.view(B * W, -1)
 
-    def _verify_and_commit(self, raw_logits, candidates, tree_mask, retrieve_index, retrieve_next_token,
-                           retrieve_next_sibling, bitmask=None):
+    def _verify_and_commit(self, raw_logits, tree: EagleVerifyInput, bitmask=None):
+        candidates, tree_mask, retrieve_index = tree.candidates, tree.tree_mask, tree.retrieve_index
+        retrieve_next_token, retrieve_next_sibling = tree.retrieve_next_token, tree.retrieve_next_sibling
         (B, W), S = candidates.shape, self.num_steps
         st = self.state
         logits, empty = self.shape_target_logits(raw_logits.view(B * W, -1), candidates, tree_mask, bitmask)

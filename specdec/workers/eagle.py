@@ -5,7 +5,15 @@ import torch
 
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
-from .base import SpeculativeWorkerBase, StepOutput
+from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
+
+
+class EagleState(RequestState):
+    """The first draft step's input, left by the last extend: the root's children and the draft's output there."""
+
+    topk_p: torch.Tensor | None  # (B, K) fp32: the K most probable draft tokens' probabilities
+    topk_index: torch.Tensor | None  # (B, K) int64: those tokens
+    draft_hidden: torch.Tensor | None  # (B, H): the draft's output hidden state at the last committed position
 
 
 class EagleWorkerV2(SpeculativeWorkerBase):
@@ -16,6 +24,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     #: how many positions the draft's committed length runs ahead of the target's: an EAGLE head's slot t holds
     #: (h_t, x_{t+1}), so 0; a draft LM's slot t holds x_t, the root included, so 1 (StandaloneWorker)
     draft_offset = 0
+    state_type = EagleState
     #: the draft's decoder layers, each with its own KV cache layer
     draft_cache_layers = 1
 
@@ -131,5 +140,5 @@ class EagleWorkerV2(SpeculativeWorkerBase):
              flat_tokens) = self.ops.build_tree_kernel_efficient(
                 st.last_tokens, parent_list, top_scores_index, draft_tokens, st.seq_lens, self.topk,
                 self.num_steps, W)
-        return (flat_tokens.view(B, W), tree_mask, positions.view(B, W), retrieve_index, retrieve_next_token,
-                retrieve_next_sibling)
+        return EagleVerifyInput(flat_tokens.view(B, W), tree_mask, positions.view(B, W), retrieve_index,
+                                retrieve_next_token, retrieve_next_sibling)

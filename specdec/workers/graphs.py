@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..logprob_types import LogitsOutput
-from .base import RequestState, StepOutput
+from .base import StepOutput
 
 
 
@@ -70,8 +70,7 @@ class DecodeGraphs:
         w.prepare_decode()
         B = w.state.seq_lens.shape[0]
         bucket = next(b for b in self.buckets if b >= B)
-        s = w.sampling
-        key = (bucket, s.all_greedy, s.any_greedy, s.any_top_k, s.any_top_p, s.penalized, *w.step_shape)
+        key = (bucket, *w.sampling.flags, *w.step_shape)
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = self._new_entry(bucket)
@@ -89,7 +88,7 @@ class DecodeGraphs:
     # ---- static buffers ------------------------------------------------------------------------
     def _live_tensors(self) -> dict[str, torch.Tensor]:
         w = self.worker
-        live = {f"state.{k}": v for k, v in vars(w.state).items() if isinstance(v, torch.Tensor)}
+        live = {f"state.{k}": v for k, v in w.state.tensors().items()}
         live.update({f"sampling.{k}": getattr(w.sampling, k) for k in w.sampling.tensor_names})
         return live
 
@@ -146,7 +145,7 @@ class DecodeGraphs:
         """Run `decode_body` with the worker pointed at the entry's inputs; record its outputs."""
         w = self.worker
         live_state, live_sampling = w.state, w.sampling
-        static = RequestState()
+        static = type(w.state)()
         for name, t in entry.inputs.items():
             kind, attr = name.split(".", 1)
             setattr(static if kind == "state" else entry.sampling, attr, t)
@@ -155,7 +154,7 @@ class DecodeGraphs:
             entry.step = w.decode_body()
         finally:
             w.state, w.sampling = live_state, live_sampling
-        entry.outputs = {k: v for k, v in vars(static).items() if isinstance(v, torch.Tensor)}
+        entry.outputs = static.tensors()
 
     def _capture(self, entry: _Entry) -> None:
         """Warm up on a side stream (Triton compiles, cuBLAS allocates), then capture the body once.

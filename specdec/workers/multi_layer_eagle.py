@@ -5,7 +5,13 @@ import torch
 
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
-from .base import SpeculativeWorkerBase, StepOutput
+from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
+
+
+class ChainState(RequestState):
+    stream: torch.Tensor | None  # (B, stream_len) int64: tokens by position, the guesses rotated in past the bonus
+    hidden_ring: torch.Tensor | None  # (B, 2S+2, H): the target's last hidden states, by position mod 2S+2
+    draft_tokens: torch.Tensor | None  # (B, S) int64: the chain d_1..d_S after the bonus token
 
 
 class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
@@ -17,6 +23,8 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
     window that starts S-1 positions before the old committed length: whatever a rejected guess
     made stale is redone (SGLang keeps a pool of past hidden states for the same reason).
     """
+
+    state_type = ChainState
 
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         S = spec.num_steps
@@ -97,8 +105,9 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         B, W = st.seq_lens.shape[0], self.num_draft_tokens
         candidates = torch.cat([st.last_tokens[:, None], st.draft_tokens], dim=1)
         positions = st.seq_lens[:, None] + torch.arange(W, device=self.device)
-        return (candidates, self._chain_mask.expand(B, W, W), positions, self._chain_retrieve_index[:B],
-                self._chain_next_token[:B], self._chain_next_sibling[:B])
+        return EagleVerifyInput(candidates, self._chain_mask.expand(B, W, W), positions,
+                                self._chain_retrieve_index[:B], self._chain_next_token[:B],
+                                self._chain_next_sibling[:B])
 
     def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
         """Rotate the accepted tokens and target hidden states in, then rerun the S layers over the window."""

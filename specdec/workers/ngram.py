@@ -6,12 +6,24 @@ import torch
 
 from ..kv_cache import KVCache
 from ..ngram import NgramDraft, NgramIndex, continuation_tree, verify_input
-from .base import SpeculativeWorkerBase, StepOutput
+from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
 from .graphs import batch_buckets
 
 #: the state tensors of a step's verify input, built on the host by `prepare_decode`
 VERIFY_INPUT = ("ngram_candidates", "ngram_tree_mask", "ngram_positions", "ngram_retrieve_index",
                 "ngram_next_token", "ngram_next_sibling")
+
+
+class NgramState(RequestState):
+    ngram_tokens: torch.Tensor | None  # (B, S+1) int64: the last step's emitted tokens, not yet on the host
+    ngram_lens: torch.Tensor | None  # (B,): how many of them were emitted
+    # the step's verify tree, built on the host (`verify_input`), at the step's width W'
+    ngram_candidates: torch.Tensor | None  # (B, W') int64
+    ngram_tree_mask: torch.Tensor | None  # (B, W', W') bool
+    ngram_positions: torch.Tensor | None  # (B, W') int64
+    ngram_retrieve_index: torch.Tensor | None  # (B, W') int64
+    ngram_next_token: torch.Tensor | None  # (B, W') int64
+    ngram_next_sibling: torch.Tensor | None  # (B, W') int64
 
 
 def tree_capacity(depth: int, breadth: int) -> int:
@@ -25,6 +37,8 @@ class NgramWorker(SpeculativeWorkerBase):
     sequence, each request's proposal is matched and built into a verify tree, and the tree goes up in one
     transfer as state tensors. The body (verify, commit) reads only those, so it has fixed shapes (W nodes per
     request, proposals padded with nodes no link reaches) and replays as a CUDA graph like the other workers'."""
+
+    state_type = NgramState
 
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
@@ -120,9 +134,9 @@ class NgramWorker(SpeculativeWorkerBase):
     def step_shape(self) -> tuple:
         return (self.verify_width,)
 
-    def draft(self):
+    def draft(self) -> EagleVerifyInput:
         st = self.state
-        return tuple(getattr(st, name) for name in VERIFY_INPUT)
+        return EagleVerifyInput(*(getattr(st, name) for name in VERIFY_INPUT))
 
     def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
         """Nothing to run: the accepted tokens reach the index in the next step's prologue."""

@@ -85,7 +85,7 @@ class LogitShaping:
         """The one device-to-host transfer of a grammar step: the last step's emitted tokens (which advance the
         matchers first) and `tensors` ((B, W) int each, this step's tree), packed -> the tensors on the host."""
         st = self.state
-        pending = [st.grammar_tokens, st.grammar_lens[:, None]] if hasattr(st, "grammar_tokens") else []
+        pending = [st.grammar_tokens, st.grammar_lens[:, None]] if st.grammar_tokens is not None else []
         B = len(self.grammar.matchers)
         if not pending and not tensors:
             return []
@@ -94,7 +94,7 @@ class LogitShaping:
         if pending:  # once: a draft that masks its proposals may have advanced the matchers already this step
             T = pending[0].shape[1]
             self.grammar.advance(flat[:, :T].tolist(), flat[:, T].tolist())
-            del st.grammar_tokens, st.grammar_lens
+            st.grammar_tokens = st.grammar_lens = None
             pos = T + 1
         out = []
         for t in tensors:
