@@ -6,7 +6,6 @@ size, the query count and the cache's capacity: it is the same from one decode s
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -15,17 +14,16 @@ import triton.language as tl
 from specdec.checks import check_attention_args, check_plan, check_plan_args, check_rope_kv_args
 from specdec.contract import TreeAttentionPlan
 
+from .interpreter import INTERPRETED
+
 _IMPL = "fast"
 
 #: Keys per inner iteration (bf16 / fp16 on the tensor cores; IEEE fp32 tiles live in registers, so smaller).
-_BLOCK_N = 32
-_BLOCK_N_FP32 = 16
+BLOCK_N = 32
+BLOCK_N_FP32 = 16
 #: Programs a launch aims for before it splits the key range of each (request, KV head) over several
 #: programs (flash-decoding); a fixed nominal count, so the split depends on shapes only.
 _TARGET_PROGRAMS = 264
-#: Triton's CPU interpreter multiplies bf16 tiles wrongly (it has no bf16 matmul), so there every
-#: tile is upcast to fp32 first; compiled kernels use the tensor cores for bf16 / fp16.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 #: In-flight mask bits per packed word.
 _MASK_WORD_BITS = 32
 
@@ -152,7 +150,7 @@ def _num_splits(batch_heads: int, m_tiles: int, max_seq_len: int) -> int:
     shapes only, each split at least one key block long."""
     programs = batch_heads * m_tiles
     want = triton.cdiv(_TARGET_PROGRAMS, programs)
-    return max(1, min(want, triton.cdiv(max_seq_len, 4 * _BLOCK_N)))
+    return max(1, min(want, triton.cdiv(max_seq_len, 4 * BLOCK_N)))
 
 
 def plan_tree_attention(slots, cache_start, write_offset, tree_mask, attn_len, num_new, max_seq_len):
@@ -169,12 +167,14 @@ def _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset
     B, T, Hq, D = q.shape
     _, max_seq, Hkv, _ = k_cache.shape
     group = Hq // Hkv
-    fp32_dot = q.dtype == torch.float32 or _INTERPRETED
+    # Triton's CPU interpreter multiplies bf16 tiles wrongly (it has no bf16 matmul), so there every tile is
+    # upcast to fp32 first; compiled kernels use the tensor cores for bf16 / fp16
+    fp32_dot = q.dtype == torch.float32 or INTERPRETED
     block_m = min(32 if fp32_dot and D > 64 else 64, max(16, triton.next_power_of_2(T * group)))
     m_tiles = triton.cdiv(T * group, block_m)
     if num_splits is None:
         num_splits = _num_splits(B * Hkv, m_tiles, max_seq)
-    block_n = _BLOCK_N_FP32 if fp32_dot else _BLOCK_N
+    block_n = BLOCK_N_FP32 if fp32_dot else BLOCK_N
     split_len = triton.cdiv(triton.cdiv(max_seq, num_splits), block_n) * block_n
     device = q.device
     part_acc = torch.empty(B * Hq * T * num_splits, D, dtype=torch.float32, device=device)

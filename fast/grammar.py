@@ -19,9 +19,9 @@ BLOCK_V = 1024
 
 @triton.jit
 def apply_token_bitmask_kernel(logits_ptr, bitmask_ptr, out_ptr, V, num_words, stride_logits, stride_mask,
-                               BLOCK: tl.constexpr):
+                               BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    idx = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     in_vocab = idx < V
     x = tl.load(logits_ptr + row * stride_logits + idx, mask=in_vocab, other=0.0).to(tl.float32)
     word = tl.load(bitmask_ptr + row * stride_mask + idx // 32, mask=in_vocab, other=0)
@@ -38,7 +38,7 @@ def _launch_apply_token_bitmask(logits, bitmask, N, V):
     if N == 0:
         return out
     apply_token_bitmask_kernel[(N, triton.cdiv(V, BLOCK_V))](
-        logits, bitmask, out, V, bitmask.shape[1], logits.stride(0), bitmask.stride(0), BLOCK=BLOCK_V)
+        logits, bitmask, out, V, bitmask.shape[1], logits.stride(0), bitmask.stride(0), BLOCK_V=BLOCK_V)
     return out
 
 

@@ -7,17 +7,17 @@ import triton.language as tl
 from specdec.checks import check_commit_kv_args
 
 #: Elements of one (head, dim) row block copied per program and iteration.
-_BLOCK = 1024
+BLOCK_ROW = 1024
 
 
 @triton.jit
 def commit_kv_cache_kernel(kv_ptr, slots_ptr, seq_lens_ptr, accept_index_ptr,
                            stride_n, stride_batch, stride_seq, row_numel, num_slots, num_draft_tokens,
-                           BLOCK: tl.constexpr):
+                           BLOCK_ROW: tl.constexpr):
     b = tl.program_id(0)
     n = tl.program_id(1)
     chunk = tl.program_id(2)
-    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    offs = chunk * BLOCK_ROW + tl.arange(0, BLOCK_ROW)
     slot = tl.load(slots_ptr + b).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)
     base = kv_ptr + n.to(tl.int64) * stride_n + slot * stride_batch
@@ -40,10 +40,10 @@ def _launch_commit_kv_cache(kv, slots, seq_lens, accept_index, num_draft_tokens)
     N, _, _, Hkv, D = kv.shape
     B, S1 = accept_index.shape
     row_numel = Hkv * D
-    block = min(_BLOCK, triton.next_power_of_2(row_numel))
+    block = min(BLOCK_ROW, triton.next_power_of_2(row_numel))
     grid = (B, N, triton.cdiv(row_numel, block))
     commit_kv_cache_kernel[grid](kv, slots, seq_lens, accept_index.contiguous(), kv.stride(0), kv.stride(1),
-                                 kv.stride(2), row_numel, S1, num_draft_tokens, BLOCK=block)
+                                 kv.stride(2), row_numel, S1, num_draft_tokens, BLOCK_ROW=block)
 
 
 def commit_kv_cache(kv, slots, seq_lens, accept_index, num_draft_tokens):

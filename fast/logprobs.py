@@ -13,9 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.contract import PADDED_LOGPROB, PADDED_TOP_LOGPROB_IDX
 from specdec.logprob_packing import (
-    PADDED_LOGPROB,
-    PADDED_TOP_LOGPROB_IDX,
     accepted_rows,
     request_temperatures,
     requested_token_ids,
@@ -29,9 +28,9 @@ __all__ = ["PADDED_LOGPROB", "PADDED_TOP_LOGPROB_IDX", "TOP_K_CAP", "compute_spe
 #: computes the max and log-sum-exp, and ``torch.topk`` over the gathered rows' raw logits picks the ids.
 TOP_K_CAP = 32
 #: Vocabulary tile of one loop iteration: 8 fp32/bf16 values per thread at 4 warps (16-byte loads for bf16).
-_BLOCK_V = 1024
+BLOCK_V = 1024
 #: Requested token ids handled per iteration of the ids loop.
-_ID_BLOCK = 32
+BLOCK_IDS = 32
 #: A vocabulary split reads at least this many tiles, so splitting never leaves programs with almost no work.
 _MIN_TILES_PER_SPLIT = 4
 _MAX_SPLITS = 64
@@ -65,7 +64,7 @@ def _keys_of(x, cols):
 
 
 @triton.jit
-def _values_ids_of(keys):
+def values_ids_of(keys):
     """Inverse of ``_keys_of``: int64 keys [N] -> (fp32 values [N], int64 token ids [N])."""
     ordered = (keys >> 32).to(tl.int32)
     bits = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF)
@@ -97,7 +96,7 @@ def _logprob_of(x, shift, lse):
 
 
 @triton.jit
-def _scan_vocab(row_ptr, lo, hi, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr, KEYS: tl.constexpr,
+def scan_vocab(row_ptr, lo, hi, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr, KEYS: tl.constexpr,
                 TOP_K: tl.constexpr):
     """Columns [lo, hi) of one row -> (max m, sum of exp(x - shift), running top-k keys [KEYS]); shift is m,
     or 0 while every column so far is -inf."""
@@ -124,7 +123,7 @@ def _scan_vocab(row_ptr, lo, hi, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexp
 @triton.jit
 def _finish_row(r, row_ptr, valid, m, s, top, temp, tok, ids_ptr, num_ids, lp_ptr, stats_ptr, top_val_ptr,
                 top_idx_ptr, tid_val_ptr, SCALE: tl.constexpr, KEYS: tl.constexpr, TOP_K: tl.constexpr,
-                HAS_IDS: tl.constexpr, ID_BLOCK: tl.constexpr):
+                HAS_IDS: tl.constexpr, BLOCK_IDS: tl.constexpr):
     """Row r's (m, s, top keys) -> its chosen-token logprob, sorted top-k, requested-id logprobs and (shift, lse).
 
     The chosen token and the requested ids are single loads from the row, now that the lse is known."""
@@ -145,13 +144,13 @@ def _finish_row(r, row_ptr, valid, m, s, top, temp, tok, ids_ptr, num_ids, lp_pt
             best = tl.max(top, axis=0)
             ranked = tl.where(lanes == i, best, ranked)
             top = tl.where(top == best, _KEY_NONE, top)  # real keys are unique
-        vals, ids = _values_ids_of(ranked)
+        vals, ids = values_ids_of(ranked)
         tl.store(top_val_ptr + r * KEYS + lanes, tl.where(valid, _logprob_of(vals, shift, lse), _PAD_VAL))
         tl.store(top_idx_ptr + r * KEYS + lanes, tl.where(valid, ids, _PAD_IDX))
 
     if HAS_IDS:
-        for first in range(0, num_ids, ID_BLOCK):
-            slot = first + tl.arange(0, ID_BLOCK)
+        for first in range(0, num_ids, BLOCK_IDS):
+            slot = first + tl.arange(0, BLOCK_IDS)
             wanted = slot < num_ids
             readable = slot < tl.where(valid, num_ids, 0)  # a padded slot reads nothing
             tid = tl.load(ids_ptr + slot, mask=readable, other=0)
@@ -167,7 +166,7 @@ def compute_spec_v2_logprobs_kernel(
     logits_ptr, stride_row, predict_ptr, rows_ptr, valid_ptr, temp_ptr, ids_ptr, num_ids, slots_per_req, vocab,
     split_len, lp_ptr, stats_ptr, top_val_ptr, top_idx_ptr, tid_val_ptr, part_m_ptr, part_s_ptr, part_keys_ptr,
     SCALE: tl.constexpr, BLOCK_V: tl.constexpr, KEYS: tl.constexpr, TOP_K: tl.constexpr, HAS_IDS: tl.constexpr,
-    ID_BLOCK: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_IDS: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Grid (R, splits). Program (r, p) reads columns [p*split_len, (p+1)*split_len) of output row r's logits
     row once. With one split it also finishes the row; otherwise it writes its partial (max, sum, top-k keys)
@@ -184,7 +183,7 @@ def compute_spec_v2_logprobs_kernel(
     lo = split * split_len
     hi = tl.minimum(lo + split_len, vocab)
     hi = tl.where(valid, hi, lo)
-    m, s, top = _scan_vocab(row_ptr, lo, hi, temp, SCALE, BLOCK_V, KEYS, TOP_K)
+    m, s, top = scan_vocab(row_ptr, lo, hi, temp, SCALE, BLOCK_V, KEYS, TOP_K)
     if SPLIT:
         part = r * tl.num_programs(1) + split
         tl.store(part_m_ptr + part, m)
@@ -194,14 +193,14 @@ def compute_spec_v2_logprobs_kernel(
     else:
         tok = tl.load(predict_ptr + row, mask=valid, other=0)
         _finish_row(r, row_ptr, valid, m, s, top, temp, tok, ids_ptr + req * num_ids, num_ids, lp_ptr, stats_ptr,
-                    top_val_ptr, top_idx_ptr, tid_val_ptr, SCALE, KEYS, TOP_K, HAS_IDS, ID_BLOCK)
+                    top_val_ptr, top_idx_ptr, tid_val_ptr, SCALE, KEYS, TOP_K, HAS_IDS, BLOCK_IDS)
 
 
 @triton.jit
 def compute_spec_v2_logprobs_merge_kernel(
     logits_ptr, stride_row, predict_ptr, rows_ptr, valid_ptr, temp_ptr, ids_ptr, num_ids, slots_per_req,
     num_splits, lp_ptr, stats_ptr, top_val_ptr, top_idx_ptr, tid_val_ptr, part_m_ptr, part_s_ptr, part_keys_ptr,
-    SCALE: tl.constexpr, KEYS: tl.constexpr, TOP_K: tl.constexpr, HAS_IDS: tl.constexpr, ID_BLOCK: tl.constexpr,
+    SCALE: tl.constexpr, KEYS: tl.constexpr, TOP_K: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_IDS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
 ):
     """Grid (R,). Merges row r's ``num_splits`` partials (online-softmax rescale, top-k insertion) and finishes
@@ -236,7 +235,7 @@ def compute_spec_v2_logprobs_merge_kernel(
 
     tok = tl.load(predict_ptr + row, mask=valid, other=0)
     _finish_row(r, row_ptr, valid, m, s, top, temp, tok, ids_ptr + req * num_ids, num_ids, lp_ptr, stats_ptr,
-                top_val_ptr, top_idx_ptr, tid_val_ptr, SCALE, KEYS, TOP_K, HAS_IDS, ID_BLOCK)
+                top_val_ptr, top_idx_ptr, tid_val_ptr, SCALE, KEYS, TOP_K, HAS_IDS, BLOCK_IDS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -250,7 +249,7 @@ def _num_vocab_splits(num_rows: int, vocab: int, sm_count: int) -> int:
     """Programs per row: enough rows x splits for ``_PROGRAMS_PER_SM`` programs per SM, each split at least
     ``_MIN_TILES_PER_SPLIT`` full tiles, at most ``_MAX_SPLITS``; 1 once the rows alone are that many."""
     wanted = triton.cdiv(_PROGRAMS_PER_SM * sm_count, max(num_rows, 1))
-    by_work = max(1, triton.cdiv(vocab, _BLOCK_V) // _MIN_TILES_PER_SPLIT)
+    by_work = max(1, triton.cdiv(vocab, BLOCK_V) // _MIN_TILES_PER_SPLIT)
     return max(1, min(wanted, by_work, _MAX_SPLITS))
 
 
@@ -283,7 +282,7 @@ def compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temperatures, 
     else:
         splits = _num_vocab_splits(R, V, _sm_count(device))
     # The tile shrinks to the split for a small vocabulary (>= 16 lanes: V = 1 still gets a real tile).
-    block_v = min(_BLOCK_V, max(16, triton.next_power_of_2(triton.cdiv(V, splits))))
+    block_v = min(BLOCK_V, max(16, triton.next_power_of_2(triton.cdiv(V, splits))))
     split_len = triton.cdiv(triton.cdiv(V, splits), block_v) * block_v
     keys_alloc = max(keys, 1)  # a [1] placeholder keeps the kernels' signatures when no top-k is wanted
     scale = temperatures is not None
@@ -294,7 +293,7 @@ def compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temperatures, 
         slots_per_req=slots_per_req, lp_ptr=lp, stats_ptr=stats,
         top_val_ptr=top_val if keys else lp, top_idx_ptr=top_idx if keys else rows,
         tid_val_ptr=tid_val if ids is not None else lp,
-        SCALE=scale, KEYS=keys_alloc, TOP_K=keys > 0, HAS_IDS=ids is not None, ID_BLOCK=_ID_BLOCK,
+        SCALE=scale, KEYS=keys_alloc, TOP_K=keys > 0, HAS_IDS=ids is not None, BLOCK_IDS=BLOCK_IDS,
     )
     if splits == 1:
         compute_spec_v2_logprobs_kernel[(R, 1)](

@@ -22,10 +22,10 @@ BLOCK_V = 1024
 def apply_penalties_tree_kernel(logits_ptr, out_ptr, candidates_ptr, tree_mask_ptr, counts_ptr, prompt_ptr,
                                 output_lens_ptr, frequency_ptr, presence_ptr, repetition_ptr, min_new_ptr,
                                 stop_ptr, bias_ptr, R, W, V, stride_logits, HAS_TREE: tl.constexpr,
-                                BLOCK: tl.constexpr):
+                                BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     b = row // R
-    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    idx = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     in_vocab = idx < V
     x = tl.load(logits_ptr + row * stride_logits + idx, mask=in_vocab, other=0.0).to(tl.float32)
     req = b * V + idx
@@ -66,7 +66,7 @@ def _launch_apply_penalties_tree(logits, candidates, tree_mask, output_counts, p
         logits, out, candidates.contiguous(), mask, output_counts.contiguous(), prompt_mask.contiguous(),
         output_lens.contiguous(), frequency_penalties.float().contiguous(), presence_penalties.float().contiguous(),
         repetition_penalties.float().contiguous(), min_new_tokens.contiguous(), stop_mask.contiguous(),
-        logit_bias.float().contiguous(), R, W, V, logits.stride(0), HAS_TREE=has_tree, BLOCK=BLOCK_V)
+        logit_bias.float().contiguous(), R, W, V, logits.stride(0), HAS_TREE=has_tree, BLOCK_V=BLOCK_V)
     return out
 
 

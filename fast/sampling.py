@@ -31,8 +31,8 @@ from specdec.checks import check_renorm_prob_args, check_softmax_with_temperatur
 
 __all__ = ["softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob"]
 
-SOFTMAX_BLOCK = 1024
-FILTER_BLOCK = 512
+BLOCK_V = 1024
+FILTER_BLOCK_V = 512
 RADIX = 16
 # ceil(log_16(bits(+inf) + 1)): after this many passes the search interval holds one bit pattern.
 SEARCH_PASSES = 8
@@ -46,17 +46,17 @@ FILTER_NUM_WARPS = 8
 
 @triton.jit
 def softmax_with_temperature_kernel(logits_ptr, temperatures_ptr, probs_ptr, V, stride_logits,
-                                    BLOCK: tl.constexpr):
+                                    BLOCK_V: tl.constexpr):
     """One program per row: an online max / sum pass over V, then a pass that writes the row."""
     row = tl.program_id(0).to(tl.int64)
     logits_row = logits_ptr + row * stride_logits
     probs_row = probs_ptr + row * V
     temperature = tl.load(temperatures_ptr + row).to(tl.float32)
-    offsets = tl.arange(0, BLOCK)
+    offsets = tl.arange(0, BLOCK_V)
 
     running_max = tl.full([], float("-inf"), tl.float32)
     running_sum = tl.zeros([], tl.float32)
-    for start in range(0, V, BLOCK):
+    for start in range(0, V, BLOCK_V):
         idx = start + offsets
         # div_rn: the compiled default fp32 division is approximate, torch's is correctly rounded
         x = tl.math.div_rn(tl.load(logits_row + idx, mask=idx < V, other=float("-inf")).to(tl.float32),
@@ -68,7 +68,7 @@ def softmax_with_temperature_kernel(logits_ptr, temperatures_ptr, probs_ptr, V, 
         running_max = new_max
 
     shift = tl.where(running_max == float("-inf"), 0.0, running_max)
-    for start in range(0, V, BLOCK):
+    for start in range(0, V, BLOCK_V):
         idx = start + offsets
         mask = idx < V
         x = tl.math.div_rn(tl.load(logits_row + idx, mask=mask, other=float("-inf")).to(tl.float32), temperature)
@@ -82,7 +82,7 @@ def _launch_softmax_with_temperature(logits, temperatures):
     probs = torch.empty((N, V), dtype=torch.float32, device=logits.device)
     if N > 0:
         softmax_with_temperature_kernel[(N,)](logits, temperatures.contiguous(), probs, V, logits.stride(0),
-                                              BLOCK=SOFTMAX_BLOCK)
+                                              BLOCK_V=BLOCK_V)
     return probs
 
 
@@ -102,7 +102,7 @@ def softmax_with_temperature(logits, temperatures):
 
 
 @triton.jit
-def _search_threshold(probs_row, V, min_count, mass_above, BY_COUNT: tl.constexpr, BLOCK: tl.constexpr,
+def _search_threshold(probs_row, V, min_count, mass_above, BY_COUNT: tl.constexpr, BLOCK_V: tl.constexpr,
                       RADIX: tl.constexpr, PASSES: tl.constexpr):
     """-> (t, kept_mass): the largest fp32 t >= 0 whose predicate holds (0 when none does) and the
     blocked fp32 sum of the row's p >= t.
@@ -111,7 +111,7 @@ def _search_threshold(probs_row, V, min_count, mass_above, BY_COUNT: tl.constexp
     false as t grows. Invariant: the predicate holds at `lo` (or lo = 0) and fails at `hi`.
     """
     lanes = tl.arange(0, RADIX)
-    offsets = tl.arange(0, BLOCK)
+    offsets = tl.arange(0, BLOCK_V)
     lo = tl.zeros([], tl.int64)
     hi = tl.full([], 0x7F800001, tl.int64)  # one past bits(+inf)
     kept_mass = tl.zeros([], tl.float32)
@@ -122,7 +122,7 @@ def _search_threshold(probs_row, V, min_count, mass_above, BY_COUNT: tl.constexp
         pivots = tl.minimum(pivot_bits, 0x7F800000).to(tl.int32).to(tl.float32, bitcast=True)
         counts = tl.zeros((RADIX,), tl.int32)
         masses = tl.zeros((RADIX,), tl.float32)
-        for start in range(0, V, BLOCK):
+        for start in range(0, V, BLOCK_V):
             idx = start + offsets
             # padding reads -1, below every pivot (pivots are >= 0)
             p = tl.load(probs_row + idx, mask=idx < V, other=-1.0)
@@ -143,9 +143,9 @@ def _search_threshold(probs_row, V, min_count, mass_above, BY_COUNT: tl.constexp
 
 
 @triton.jit
-def _write_renormalised(probs_row, out_row, V, threshold, kept_mass, BLOCK: tl.constexpr):
-    offsets = tl.arange(0, BLOCK)
-    for start in range(0, V, BLOCK):
+def _write_renormalised(probs_row, out_row, V, threshold, kept_mass, BLOCK_V: tl.constexpr):
+    offsets = tl.arange(0, BLOCK_V)
+    for start in range(0, V, BLOCK_V):
         idx = start + offsets
         mask = idx < V
         p = tl.load(probs_row + idx, mask=mask, other=0.0)
@@ -153,19 +153,19 @@ def _write_renormalised(probs_row, out_row, V, threshold, kept_mass, BLOCK: tl.c
 
 
 @triton.jit
-def top_k_renorm_prob_kernel(probs_ptr, top_ks_ptr, out_ptr, V, stride_probs, BLOCK: tl.constexpr,
+def top_k_renorm_prob_kernel(probs_ptr, top_ks_ptr, out_ptr, V, stride_probs, BLOCK_V: tl.constexpr,
                              RADIX: tl.constexpr, PASSES: tl.constexpr):
     """One program per row: the k-th largest probability by radix search, then the renormalised row."""
     row = tl.program_id(0).to(tl.int64)
     probs_row = probs_ptr + row * stride_probs
     k = tl.load(top_ks_ptr + row).to(tl.int64)
     k = tl.minimum(tl.maximum(k, 1), V).to(tl.int32)
-    threshold, kept_mass = _search_threshold(probs_row, V, k, 0.0, True, BLOCK, RADIX, PASSES)
-    _write_renormalised(probs_row, out_ptr + row * V, V, threshold, kept_mass, BLOCK)
+    threshold, kept_mass = _search_threshold(probs_row, V, k, 0.0, True, BLOCK_V, RADIX, PASSES)
+    _write_renormalised(probs_row, out_ptr + row * V, V, threshold, kept_mass, BLOCK_V)
 
 
 @triton.jit
-def top_p_renorm_prob_kernel(probs_ptr, top_ps_ptr, out_ptr, V, stride_probs, BLOCK: tl.constexpr,
+def top_p_renorm_prob_kernel(probs_ptr, top_ps_ptr, out_ptr, V, stride_probs, BLOCK_V: tl.constexpr,
                              RADIX: tl.constexpr, PASSES: tl.constexpr):
     """One program per row: the top-p threshold by radix search, then the renormalised row."""
     row = tl.program_id(0).to(tl.int64)
@@ -174,8 +174,8 @@ def top_p_renorm_prob_kernel(probs_ptr, top_ps_ptr, out_ptr, V, stride_probs, BL
     # top_p >= 1 keeps every token: no mass exceeds +inf, so the threshold stays 0 even when the
     # row's total rounds above 1
     mass_above = tl.where(top_p >= 1.0, float("inf"), tl.maximum(top_p, 0.0))
-    threshold, kept_mass = _search_threshold(probs_row, V, 0, mass_above, False, BLOCK, RADIX, PASSES)
-    _write_renormalised(probs_row, out_ptr + row * V, V, threshold, kept_mass, BLOCK)
+    threshold, kept_mass = _search_threshold(probs_row, V, 0, mass_above, False, BLOCK_V, RADIX, PASSES)
+    _write_renormalised(probs_row, out_ptr + row * V, V, threshold, kept_mass, BLOCK_V)
 
 
 def _launch_filter(kernel, probs, params):
@@ -184,7 +184,7 @@ def _launch_filter(kernel, probs, params):
         probs = probs.contiguous()
     out = torch.empty((N, V), dtype=torch.float32, device=probs.device)
     if N > 0:
-        kernel[(N,)](probs, params.contiguous(), out, V, probs.stride(0), BLOCK=FILTER_BLOCK, RADIX=RADIX,
+        kernel[(N,)](probs, params.contiguous(), out, V, probs.stride(0), BLOCK_V=FILTER_BLOCK_V, RADIX=RADIX,
                      PASSES=SEARCH_PASSES, num_warps=FILTER_NUM_WARPS)
     return out
 

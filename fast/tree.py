@@ -45,11 +45,11 @@ def build_tree_kernel_efficient_kernel(
     K,
     P,
     W,
-    W_BLOCK: tl.constexpr,
+    BLOCK_W: tl.constexpr,
     DOUBLING_ROUNDS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    node = tl.arange(0, W_BLOCK)
+    node = tl.arange(0, BLOCK_W)
     in_tree = node < W
     is_draft = (node >= 1) & in_tree
 
@@ -64,8 +64,8 @@ def build_tree_kernel_efficient_kernel(
 
     # parent node = the first draft node whose candidate index is the parent candidate
     match = (sel[None, :] == parent_cand[:, None]) & is_draft[None, :]
-    first_match = tl.min(tl.where(match, node[None, :], W_BLOCK), axis=1)
-    found = first_match < W_BLOCK
+    first_match = tl.min(tl.where(match, node[None, :], BLOCK_W), axis=1)
+    found = first_match < BLOCK_W
     linked = is_draft & (is_root_child | found)
     parent = tl.where(is_draft & ~is_root_child & found, first_match, 0)  # detached -> root
 
@@ -91,10 +91,10 @@ def build_tree_kernel_efficient_kernel(
 
     # child[p, i]: node i is a linked child of node p; the first child is the smallest index
     child = (parent[None, :] == node[:, None]) & linked[None, :]
-    first_child = tl.min(tl.where(child, node[None, :], W_BLOCK), axis=1)
+    first_child = tl.min(tl.where(child, node[None, :], BLOCK_W), axis=1)
     tl.store(
         retrieve_next_token_ptr + b * W + node,
-        tl.where(first_child < W_BLOCK, first_child, -1).to(tl.int64),
+        tl.where(first_child < BLOCK_W, first_child, -1).to(tl.int64),
         mask=in_tree,
     )
     # sibling[i, j]: j > i shares i's parent, both linked
@@ -104,10 +104,10 @@ def build_tree_kernel_efficient_kernel(
         & linked[:, None]
         & (node[None, :] > node[:, None])
     )
-    next_sibling = tl.min(tl.where(sibling, node[None, :], W_BLOCK), axis=1)
+    next_sibling = tl.min(tl.where(sibling, node[None, :], BLOCK_W), axis=1)
     tl.store(
         retrieve_next_sibling_ptr + b * W + node,
-        tl.where(next_sibling < W_BLOCK, next_sibling, -1).to(tl.int64),
+        tl.where(next_sibling < BLOCK_W, next_sibling, -1).to(tl.int64),
         mask=in_tree,
     )
 
@@ -143,7 +143,7 @@ def _launch_build_tree(bonus_tokens, parent_list, top_scores_index, draft_tokens
             K,
             P,
             W,
-            W_BLOCK=w_block,
+            BLOCK_W=w_block,
             DOUBLING_ROUNDS=max(1, math.ceil(math.log2(W))),
             num_warps=4 if w_block <= 32 else 8,  # W x W tiles in registers: no spills up to W = 64
         )
@@ -172,7 +172,7 @@ def build_tree_kernel_efficient(
     row and position).
 
     One launch, one program per request. The program holds the request's W nodes as vectors of
-    ``W_BLOCK = max(16, next_power_of_two(W))`` lanes: the parent of each node is the first node
+    ``BLOCK_W = max(16, next_power_of_two(W))`` lanes: the parent of each node is the first node
     whose candidate index equals its parent candidate (a W x W comparison), the mask rows come from
     ceil(log2 W) pointer-doubling rounds (each a one-hot W x W matrix product, exact for 0/1 values),
     the depth is the row's popcount, and first-child / next-sibling links are W x W minima. Integer

@@ -59,18 +59,18 @@ def verify_tree_greedy_kernel(
     B,
     W,
     num_steps,
-    W_BLOCK: tl.constexpr,
-    S1_BLOCK: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_S1: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     base = b * W
-    node = tl.arange(0, W_BLOCK)
+    node = tl.arange(0, BLOCK_W)
     ri = tl.load(retrieve_index_ptr + base + node, mask=node < W, other=-1).to(tl.int64)
     ri_valid = (node < W) & (ri >= 0) & (ri < B * W)
     # the target's token at every node, read at the node's flat index like the reference
     target = tl.load(target_predict_ptr + ri, mask=ri_valid, other=0).to(tl.int64)
 
-    slot = tl.arange(0, S1_BLOCK)
+    slot = tl.arange(0, BLOCK_S1)
     cur_flat = tl.load(retrieve_index_ptr + base).to(tl.int64)
     accept_index = tl.where(slot == 0, cur_flat, -1)
     accepted = node == 0
@@ -128,8 +128,8 @@ def _launch_verify_tree_greedy(candidates, retrieve_index, retrieve_next_token, 
             B,
             W,
             num_steps,
-            W_BLOCK=triton.next_power_of_2(W),
-            S1_BLOCK=triton.next_power_of_2(num_steps + 1),
+            BLOCK_W=triton.next_power_of_2(W),
+            BLOCK_S1=triton.next_power_of_2(num_steps + 1),
             num_warps=1,
         )
     return predict, accept_index, accept_length
@@ -204,19 +204,19 @@ def tree_speculative_sampling_target_only_kernel(
     threshold_single,
     threshold_acc,
     inv_threshold_acc,
-    W_BLOCK: tl.constexpr,
-    S1_BLOCK: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_S1: tl.constexpr,
     BLOCK_V: tl.constexpr,
     DIVIDE_BY_RECIPROCAL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     base = b * W
-    node = tl.arange(0, W_BLOCK)
+    node = tl.arange(0, BLOCK_W)
     ri = tl.load(retrieve_index_ptr + base + node, mask=node < W, other=-1).to(tl.int64)
 
-    slot = tl.arange(0, S1_BLOCK)
+    slot = tl.arange(0, BLOCK_S1)
     accept_index = tl.where(slot == 0, tl.load(retrieve_index_ptr + base).to(tl.int64), -1)
-    predict = tl.full([W_BLOCK], -1, dtype=tl.int64)
+    predict = tl.full([BLOCK_W], -1, dtype=tl.int64)
     cur = tl.zeros([], dtype=tl.int64)
     child = tl.load(retrieve_next_token_ptr + base).to(tl.int64)
     depth = tl.zeros([], dtype=tl.int64)
@@ -331,8 +331,8 @@ def _launch_tree_speculative_sampling(candidates, retrieve_index, retrieve_next_
             float(threshold_single),
             float(threshold_acc),
             float(np.float32(1.0) / np.float32(threshold_acc)) if threshold_acc > 0 else float("inf"),
-            W_BLOCK=triton.next_power_of_2(W),
-            S1_BLOCK=triton.next_power_of_2(num_steps + 1),
+            BLOCK_W=triton.next_power_of_2(W),
+            BLOCK_S1=triton.next_power_of_2(num_steps + 1),
             BLOCK_V=min(block_v, triton.next_power_of_2(V)),
             DIVIDE_BY_RECIPROCAL=device.type == "cuda",
             num_warps=8,

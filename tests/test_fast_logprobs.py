@@ -220,11 +220,11 @@ def test_default_launch_with_an_empty_split_at_a_tiny_temperature():
 def test_split_heuristic():
     split = fast_logprobs._num_vocab_splits
     assert split(2, 151936, 132) > 8  # decode: two rows, a large vocabulary
-    assert split(2, 151936, 132) * 4 * fast_logprobs._BLOCK_V <= 151936 + 4 * fast_logprobs._BLOCK_V
+    assert split(2, 151936, 132) * 4 * fast_logprobs.BLOCK_V <= 151936 + 4 * fast_logprobs.BLOCK_V
     # 256 rows of Qwen's vocabulary (the fused pass's goal shape) on an H200's 132 SMs: one program per row
     # would be 2 per SM with one tile in flight each; several resident programs per SM keep several in flight
     goal = split(256, 151936, 132)
-    assert 256 * goal >= 4 * 132 and goal * 4 * fast_logprobs._BLOCK_V <= 151936
+    assert 256 * goal >= 4 * 132 and goal * 4 * fast_logprobs.BLOCK_V <= 151936
     assert split(8 * 132, 151936, 132) == 1  # the rows alone fill the GPU
     assert split(2, 48, 132) == 1  # nothing worth splitting
     assert 1 <= split(1, 2**18, 132) <= fast_logprobs._MAX_SPLITS
