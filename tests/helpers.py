@@ -1,6 +1,6 @@
 """Shared test utilities: the logprob tolerance, one statistical test, model constructions, the comparison of a
 run with its target-only baseline, and the sampling-losslessness check. The independent oracles and the tree
-builders used as test inputs are in tests/oracles.py."""
+builders used as test inputs are in tests/oracles/."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -217,3 +217,12 @@ def sampled_sequences_pvalue(outs, exact) -> float:
     cells = list(exact)
     p_other = max(0.0, 1.0 - sum(exact.values()))
     return chi_square_pvalue([counts[c] for c in cells] + [other], [exact[c] for c in cells] + [p_other])
+
+
+def assert_same_tensors(a, b):
+    """Two sequences of tensors equal element for element: dtype, shape and every value."""
+    assert len(a) == len(b)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert x.dtype == y.dtype, (k, x.dtype, y.dtype)
+        assert x.shape == y.shape, (k, x.shape, y.shape)
+        assert torch.equal(x, y), (k, x, y)

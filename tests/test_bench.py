@@ -184,3 +184,31 @@ def test_the_grammar_benchmark_rows():
     assert all(r.relative_tokens_per_s == 1.0 for r in rows if r.grammar == "none")
     fills = fill_rows(run, bundle, zoo.DEFAULT_NAME, 12)
     assert len(fills) == 3 and all(f.us_per_node > 0 and f.trees > 0 for f in fills)
+
+
+def test_one_plot_entry_point_draws_every_committed_schema(tmp_path):
+    """`specdec plot` over the newest committed penalties and grammar CSVs (the acceptance, kernel and e2e plots are
+    drawn by the tests above): a PNG beside each (the grammar-fill file drawn with its grammar run), and a CSV of a
+    schema with no plot is an error naming it."""
+    import shutil
+    from pathlib import Path
+
+    from PIL import Image
+
+    from specdec.cli import main
+    committed = sorted(Path("results").glob("*.csv"))
+    suites = {}
+    for f in committed:  # the newest file of each schema
+        suites[f.stem.rsplit("-", 2)[0]] = f
+    suites = {k: v for k, v in suites.items() if k in ("penalties", "grammar", "grammar-fill")}
+    assert len(suites) == 3
+    for f in suites.values():
+        shutil.copy(f, tmp_path / f.name)
+    assert main(["plot", "--results", str(tmp_path)]) == 0
+    drawn = {p.stem for p in tmp_path.glob("*.png")}
+    assert drawn == {f.stem for f in suites.values() if not f.stem.startswith("grammar-fill-")}
+    for png in tmp_path.glob("*.png"):
+        with Image.open(png) as im:
+            assert im.size[0] > 400 and im.size[1] > 200
+    (tmp_path / "odd-1.csv").write_text("suite,x\nodd,1\n")
+    assert main(["plot", str(tmp_path / "odd-1.csv")]) == 1  # the CLI's one-line error: no plot for suite 'odd'

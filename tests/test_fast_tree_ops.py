@@ -1,11 +1,11 @@
 """Equivalence of the fast tree ops (fast/tree.py, fast/verify.py) with the reference ones.
 
 Integer outputs are compared bit for bit through ``tests.equivalence.assert_equivalent``, on the random
-drafted trees of tests/oracles.py (the reference ladder's), malformed trees, chains and single requests. The sampling
+drafted trees of tests/oracles/ (the reference ladder's), malformed trees, chains and single requests. The sampling
 verify's accept decisions are compared exactly; its bonus token is compared exactly except when the
 final uniform lies within ``BONUS_CDF_EPSILON`` of a CDF boundary of the residual (decided here, in
 float64, independently of both ops), and the fast op's own law is tested exactly with the reference
-tests' chi-square machinery (the fixed tree's exact law in tests/oracles.py, the chi-square test in
+tests' chi-square machinery (the fixed tree's exact law in tests/oracles/, the chi-square test in
 tests/helpers.py).
 """
 

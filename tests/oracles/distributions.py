@@ -1,0 +1,85 @@
+"""The target distribution in float64 (temperature, top-k, top-p as Python loops over floats) and the exact law
+of sampled sequences by enumeration."""
+from __future__ import annotations
+
+
+import itertools
+import math
+
+import torch
+
+
+NEG_INF = float("-inf")
+
+
+def oracle_softmax(logits, temperature):
+    """float64 Python softmax(logits / temperature); -inf logits get probability 0."""
+    xs = [float(x) / temperature for x in logits]
+    m = max(xs)
+    ex = [math.exp(x - m) for x in xs]
+    z = sum(ex)
+    return [e / z for e in ex]
+
+
+def _renormalised(p, keep):
+    kept = [q if k else 0.0 for q, k in zip(p, keep)]
+    z = sum(kept)
+    return [q / z for q in kept]
+
+
+def oracle_top_k(p, k):
+    """Top-k by value, renormalised: v is kept iff fewer than k tokens are strictly more probable (ties share
+    one decision); k is clamped to [1, V] as the ops clamp it."""
+    k = min(max(k, 1), len(p))
+    return _renormalised(p, [sum(r > q for r in p) < k for q in p])
+
+
+def oracle_top_p(p, top_p):
+    """Top-p by value, renormalised: v is kept iff the mass strictly more probable than v is <= top_p (ties
+    share one decision; top_p >= 1 keeps all)."""
+    if top_p >= 1.0:
+        return _renormalised(p, [True] * len(p))
+    return _renormalised(p, [sum(r for r in p if r > q) <= top_p for q in p])
+
+
+def softmax_filtered(logits, temperature=1.0, top_k=-1, top_p=1.0) -> list[float]:
+    """The target distribution a request samples from: softmax(logits / T), then top-k (-1: off), then top-p
+    over the renormalised top-k probabilities (SGLang's verify order; top_p >= 1: off)."""
+    p = oracle_softmax(logits, temperature)
+    if top_k != -1:
+        p = oracle_top_k(p, top_k)
+    if top_p < 1.0:
+        p = oracle_top_p(p, top_p)
+    return p
+
+
+def exact_joint(target, prompt, n_tokens, temperature, top_k, top_p):
+    """Exact distribution of the first n_tokens sampled tokens, by enumeration over all sequences."""
+    V = target.config.vocab_size
+    probs = {}
+    for seq in itertools.product(range(V), repeat=n_tokens):
+        full = prompt + list(seq)
+        with torch.no_grad():
+            logits = target(torch.tensor([full[:-1]]), torch.arange(len(full) - 1)[None]).logits
+        p = 1.0
+        for j, tok in enumerate(seq):
+            p *= softmax_filtered(logits[0, len(prompt) - 1 + j].tolist(), temperature, top_k, top_p)[tok]
+            if p == 0.0:
+                break
+        probs[seq] = p
+    return probs
+
+
+def exact_joint_pruned(target, prompt, n_tokens, temperature, floor=1e-5):
+    """Exact probabilities of the first n_tokens sampled tokens for every sequence whose probability is at least
+    `floor` (sequences below it are grouped by the caller as one "other" cell), by batched enumeration."""
+    probs = {(): 1.0}
+    for _ in range(n_tokens):
+        seqs = list(probs)
+        ids = torch.tensor([prompt + list(s) for s in seqs])
+        with torch.no_grad():
+            logits = target(ids, torch.arange(ids.shape[1]).expand_as(ids)).logits
+        p_next = torch.softmax(logits[:, -1].double() / temperature, dim=-1)
+        probs = {s + (t,): probs[s] * float(p_next[i, t]) for i, s in enumerate(seqs)
+                 for t in torch.nonzero(p_next[i] * probs[s] >= floor).flatten().tolist()}
+    return probs
