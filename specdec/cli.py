@@ -161,6 +161,12 @@ def main(argv=None) -> int:
     report.add_argument("csv", help="an acceptance-*.csv of results/ (run with the transformers peers) or a "
                                     "penalties-*.csv")
     report.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
+    plot = sub.add_parser("plot", formatter_class=fmt,
+                          help="draw every CSV of a results directory (each schema its plot, beside the file) and "
+                               "its committed gpu-check runs")
+    plot.add_argument("csv", nargs="*", help="only these CSVs (default: every CSV of --results)")
+    plot.add_argument("--results", default="results", help="the results directory")
+    plot.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     bench = sub.add_parser("bench", formatter_class=fmt,
                            help="acceptance and tokens/s of every worker against target-only; "
                                 "writes a CSV to results/ and its plot",
@@ -253,6 +259,12 @@ def _run(args) -> int:
     if args.command == "report":
         from .bench.report import print_report
         return print_report(args.csv)
+    if args.command == "plot":
+        from .bench.plots import plot_all, plot_csv
+        written = [plot_csv(c) for c in args.csv] if args.csv else plot_all(args.results)
+        for png in filter(None, written):
+            print(f"wrote {png}")
+        return 0
     if args.command == "generate":
         from .generate_cli import run_generate
         return run_generate(args)

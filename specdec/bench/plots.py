@@ -295,3 +295,105 @@ def plot_gpu_check_e2e(out_dir, out_png):
     axes[0][0].legend(fontsize="small")
     fig.suptitle(f"{df['model'].iloc[0]} ({df['dtype'].iloc[0]}) on {df['device'].iloc[0]}", fontsize="medium")
     return _save(fig, out_png)
+
+
+def plot_penalties(df: pd.DataFrame, out_png):
+    """The penalties suite, one row of panels per penalty setting: per worker, how many requests left target-only's
+    output (exact penalties against SGLang's approximation), the accepted tokens per step (exact, SGLang's, exact
+    with draft penalties), and what exact penalties add to a step's CPU time."""
+    plt = _pyplot()
+
+    df = df[df["worker"] != "target-only"].copy()
+    df["how"] = df["penalty_mode"] + df["draft_penalties"].map(lambda d: " + draft penalties" if str(d) == "True"
+                                                               else "")
+    settings = [p for p in dict.fromkeys(df["penalty"]) if p != "none"]
+    panels = [("differing_request_fraction", "requests whose output left target-only's", (0, 1.05)),
+              ("mean_accept_len", "accepted tokens / verify step", None),
+              ("penalty_step_overhead", "exact penalties' share of a step's CPU time", None)]
+    fig, axes = plt.subplots(len(settings), len(panels), figsize=(5.2 * len(panels), 2.6 * len(settings) + 0.8),
+                             squeeze=False, sharey=True)
+    for r, setting in enumerate(settings):
+        sub = df[df["penalty"] == setting]
+        for c, (col, title, xlim) in enumerate(panels):
+            ax = axes[r][c]
+            pivot = sub.pivot_table(index="label", columns="how", values=col, aggfunc="mean", sort=False)
+            pivot.plot.barh(ax=ax, legend=(r == 0 and c == 0), width=0.8)
+            ax.set_title(f"{setting}: {title}", fontsize="small")
+            ax.set_ylabel("")
+            if xlim:
+                ax.set_xlim(*xlim)
+            if col == "penalty_step_overhead":
+                ax.axvline(0.0, color="k", lw=0.8)
+    if settings:
+        axes[0][0].legend(fontsize="x-small", loc="lower right")
+    first = df.iloc[0]
+    fig.suptitle(f"penalties under speculation, {first['model']}, B={first['batch_size']}, {first['device']}, commit "
+                 f"{first['commit']}", fontsize="medium")
+    return _save(fig, out_png)
+
+
+def plot_grammar(df: pd.DataFrame, out_png, fill: pd.DataFrame | None = None):
+    """The grammar suite: per worker, accepted tokens per step and tokens/s relative to the same worker without a
+    grammar, for no grammar, a JSON schema, and the schema with masked drafts; with the suite's fill file, the
+    host cost per tree node of each way of filling the per-node masks."""
+    plt = _pyplot()
+
+    df = df.copy()
+    df["case"] = df["grammar"].map(lambda g: "no grammar" if g == "none" else str(g)) + df["draft_grammar"].map(
+        lambda d: ", masked drafts" if str(d) == "True" else "")
+    panels = [("mean_accept_len", "accepted tokens / verify step"),
+              ("relative_tokens_per_s", "tokens/s ÷ the same worker without a grammar")]
+    cols = len(panels) + (fill is not None)
+    fig, axes = plt.subplots(1, cols, figsize=(5.6 * cols, 4.4), squeeze=False)
+    for ax, (col, title) in zip(axes[0], panels):
+        pivot = df.pivot_table(index="label", columns="case", values=col, aggfunc="mean", sort=False)
+        pivot.plot.barh(ax=ax, legend=ax is axes[0][0], width=0.8)
+        ax.set_title(title, fontsize="medium")
+        ax.set_ylabel("")
+        if col == "relative_tokens_per_s":
+            ax.axvline(1.0, color="k", lw=0.8)
+    axes[0][0].legend(fontsize="x-small", loc="lower right")
+    if fill is not None:
+        ax = axes[0][-1]
+        ax.barh(fill["method"], fill["us_per_node"])
+        ax.set_xlabel("µs per tree node (host)")
+        ax.set_title("filling the per-node masks", fontsize="medium")
+    first = df.iloc[0]
+    fig.suptitle(f"structured output under speculation, {first['model']}, {first['device']}, commit "
+                 f"{first['commit']}", fontsize="medium")
+    return _save(fig, out_png)
+
+
+#: each CSV schema's plot, by the file's `suite` column (grammar-fill files are drawn with their grammar run)
+SUITE_PLOTS = {"acceptance": plot_acceptance_and_speedup, "kernels": plot_kernels, "e2e": plot_e2e,
+               "penalties": plot_penalties, "grammar": plot_grammar}
+
+
+def plot_csv(path) -> Path | None:
+    """One results CSV -> its plot beside it (`<name>.png`), by its schema; None for a grammar-fill file (drawn
+    with its grammar run) or a file with no rows."""
+    path = Path(path)
+    if path.stem.startswith("grammar-fill-"):
+        return None
+    df = read_results(path)
+    if df.empty:
+        return None
+    suite = str(df["suite"].iloc[0])
+    if suite not in SUITE_PLOTS:
+        raise ValueError(f"{path}: no plot for suite {suite!r} (known: {', '.join(SUITE_PLOTS)})")
+    if suite == "grammar":
+        fill = path.with_name(path.name.replace("grammar-", "grammar-fill-", 1))
+        return plot_grammar(df, path.with_suffix(".png"), read_results(fill) if fill.is_file() else None)
+    return SUITE_PLOTS[suite](df, path.with_suffix(".png"))
+
+
+def plot_all(results_dir="results") -> list[Path]:
+    """Every CSV of `results_dir` and every committed gpu-check directory under it -> their plots (the one entry
+    point `specdec plot` runs)."""
+    written = [p for p in map(plot_csv, sorted(Path(results_dir).glob("*.csv"))) if p is not None]
+    for out_dir in gpu_check_dirs(results_dir):
+        if (out_dir / "kernels.csv").is_file():
+            written.append(plot_gpu_check_kernels(out_dir, out_dir / "kernels.png"))
+        if (out_dir / "e2e.csv").is_file():
+            written.append(plot_gpu_check_e2e(out_dir, out_dir / "e2e.png"))
+    return written
