@@ -12,6 +12,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (`-n auto`, the README's test command) each worker is one process per core: one torch thread
+# each, or the workers would oversubscribe the cores (the tests' models are small enough that one thread is fastest).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 
 def _map_tensors(x, fn):
     """x with every tensor t in it (also inside lists, tuples, dicts and objects) replaced by fn(t).

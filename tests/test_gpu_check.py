@@ -43,11 +43,13 @@ PIP_GUARD = textwrap.dedent('''
 
 
 def _untracked_and_ignored() -> set[str]:
-    """The checkout's untracked and ignored paths, bytecode aside (another process may compile the tree)."""
+    """The checkout's untracked and ignored paths, bytecode aside (another process may compile the tree), and the
+    caches other tests write beside a parallel run (hypothesis' database, pytest's and pytest-benchmark's)."""
     out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--ignored"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     return {line[3:] for line in out.splitlines() if line[:2] in ("??", "!!")
-            and "__pycache__" not in line and not line.endswith(".pyc")}
+            and "__pycache__" not in line and not line.endswith(".pyc")
+            and not line[3:].startswith((".hypothesis/", ".pytest_cache/", ".benchmarks/"))}
 
 
 def _rows(out: Path, name: str) -> list[dict]:
