@@ -162,6 +162,25 @@ def test_ngram_under_penalties_grammars_and_a_ragged_mixed_batch(small, prompts)
     assert len(outs[3].token_ids) == 12
 
 
+def test_a_grammar_batch_takes_no_round_trip_of_its_own(small, prompts):
+    """Under a grammar the matchers advance from the tokens NGRAM's prologue brought down, and the tree's masks are
+    filled before the tree goes up: the grammar's own transfer never runs, and the output is target-only's."""
+    tok = small.tokenizer
+    params = [SamplingParams(max_new_tokens=24, regex=r"(def|class) [a-z_]+\(self\):"),
+              SamplingParams(max_new_tokens=24)]
+    batch = [tok.encode("class A:\n    def f(self):\n        pass\n    "), prompts[1]]
+    engine = Engine(small.target, draft=NgramDraft(), spec=SpecConfig(4, 2, 8), max_seq_len=320, tokenizer=tok)
+    calls = []  # each call of the grammar's own transfer: (tensors asked for, pending tokens)
+    worker, transfer = engine.worker, engine.worker._grammar_to_host
+    worker._grammar_to_host = lambda *t: calls.append((len(t), worker.state.grammar_tokens is not None)) or transfer(*t)
+    outs = engine.generate(batch, params)
+    alone = Engine(small.target, max_seq_len=320, tokenizer=tok)
+    for out, prompt, p in zip(outs, batch, params):
+        assert_same_as_baseline([out], [alone.generate([prompt], p)[0]])
+    assert calls and not any(n or pending for n, pending in calls)  # only the prefill's, which moves nothing
+    assert max(outs[0].accept_lens) > 1
+
+
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 2, 6)], ids=str)
 def test_ngram_sampling_is_the_exact_distribution(spec):
     """A repetitive prompt, so that the index proposes: the joint law of three sampled tokens against enumeration."""

@@ -45,6 +45,7 @@ class NgramWorker(SpeculativeWorkerBase):
         self.breadth = min(spec.topk, draft.max_bfs_breadth)
         self.depth = min(spec.num_steps, draft.branch_length)
         self.verify_width = spec.num_draft_tokens
+        self._tree_bitmask = None  # a grammar batch's per-node masks, filled by the prologue
         room = tree_capacity(self.depth, self.breadth)
         if spec.num_draft_tokens - 1 > room:
             raise ValueError(
@@ -122,6 +123,24 @@ class NgramWorker(SpeculativeWorkerBase):
             host = verify_input(roots, trees, committed, self.verify_width)
             for name, tensor in zip(VERIFY_INPUT, host):
                 setattr(st, name, tensor.to(self.device, non_blocking=True))
+        if self.grammar is not None:
+            self._prepare_grammar(rows, T, host)
+
+    def _prepare_grammar(self, rows, T, host) -> None:
+        """A grammar batch's host work rides on the same transfers: the tokens that came down advance the matchers
+        (they are the grammar's pending tokens too), and the tree's per-node masks are filled from the tree still
+        on the host and go up beside it, so verify makes no round trip of its own."""
+        st = self.state
+        with self.phase("grammar"):
+            st.grammar_tokens = st.grammar_lens = None
+            self.grammar.advance([row[:T] for row in rows], [row[T] for row in rows])
+            candidates, _, _, _, next_token, next_sibling = host
+            self._tree_bitmask = self.grammar.fill_tree(candidates, next_token, next_sibling).to(
+                self.device, non_blocking=True)
+
+    def grammar_bitmask_tree(self, candidates, retrieve_next_token, retrieve_next_sibling):
+        """The masks `prepare_decode` filled from the host tree (None without a grammar)."""
+        return None if self.grammar is None else self._tree_bitmask
 
     def width_for(self, nodes: int) -> int:
         """The verify width of a step whose largest tree has `nodes` nodes (root included): the smallest of the
