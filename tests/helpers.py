@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.models import random_eagle_head, random_llama, random_mtp
+from specdec.models.bigram import bigram_target, near_bigram_target, perfect_eagle, perfect_mtp  # noqa: F401
 from tests.oracles import exact_joint
 
 # Max abs difference allowed between two computations of the same logprob (fp32 logits).
@@ -59,48 +59,6 @@ def chi_square_pvalue(counts, probs) -> float:
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
-def bigram_target(seed=0, vocab_size=64, hidden_size=32, num_hidden_layers=2, **kw):
-    """A Llama whose attention and MLP outputs are zeroed: its next-token distribution depends only
-    on the current token, so a draft can be made to predict it exactly."""
-    t = random_llama(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
-                     seed=seed, **kw)
-    with torch.no_grad():
-        for layer in t.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-    return t
-
-
-def perfect_eagle(target, seed=0):
-    """An EAGLE head that predicts exactly what a `bigram_target` will: fc passes the token
-    embedding through, the decoder layer adds nothing, the norm is the target's final norm.
-    Only right if the draft is fed the right token at the right step (tests the plumbing)."""
-    d = random_eagle_head(target, seed=seed)
-    H = target.config.hidden_size
-    with torch.no_grad():
-        d.fc.weight.zero_()
-        d.fc.weight[:, :H] = torch.eye(H)
-        d.layers[0].self_attn.o_proj.weight.zero_()
-        d.layers[0].mlp.down_proj.weight.zero_()
-        d.norm.weight.copy_(target.model.norm.weight)
-    return d
-
-
-def perfect_mtp(target, num_layers, chain_hidden_states, seed=0):
-    """MTP layers that predict exactly what a `bigram_target` will (see perfect_eagle)."""
-    d = random_mtp(target, num_layers, chain_hidden_states, seed=seed)
-    H = target.config.hidden_size
-    with torch.no_grad():
-        for layer in d.layers:
-            layer.eh_proj.weight.zero_()
-            layer.eh_proj.weight[:, :H] = torch.eye(H)
-            layer.enorm.weight.fill_(1.0)
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-            layer.shared_head.norm.weight.copy_(target.model.norm.weight)
-    return d
-
-
 def _ban_argmax(compute_logits):
     """Wrap a draft's logits function so that its best guess gets -inf: every proposal then differs from
     what a perfect draft (hence the bigram target's greedy choice) would say."""
@@ -122,18 +80,6 @@ def always_wrong_mtp(target, num_layers, chain_hidden_states, seed=0):
     d = perfect_mtp(target, num_layers, chain_hidden_states, seed)
     d.layer_logits = _ban_argmax(d.layer_logits)
     return d
-
-
-def near_bigram_target(seed=0, mix=0.3, vocab_size=64, hidden_size=32, num_hidden_layers=2, **kw):
-    """A random Llama whose attention and MLP outputs are scaled by `mix`: mostly bigram, so a
-    bigram-perfect draft is often but not always right, and the target still reads its context."""
-    t = random_llama(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
-                     seed=seed, **kw)
-    with torch.no_grad():
-        for layer in t.model.layers:
-            layer.self_attn.o_proj.weight.mul_(mix)
-            layer.mlp.down_proj.weight.mul_(mix)
-    return t
 
 
 def logprob_params(max_new=14, **kw):

@@ -77,17 +77,11 @@ def _blank_decode_fields() -> dict:
 
 # ---- graph_replay ----------------------------------------------------------------------------------------
 def _small_models(device):
-    """A small fp32 target and drafts: the tests' bigram-perfect drafts when the checkout's tests/ is
-    importable (so steps accept several tokens), random drafts otherwise."""
-    from ..models import random_eagle_head, random_llama, random_mtp
-    try:
-        from tests.helpers import near_bigram_target, perfect_eagle, perfect_mtp
-        target = near_bigram_target(seed=6, mix=0.4).to(device)
-        drafts = {"eagle": perfect_eagle(target), "mtp_chain": perfect_mtp(target, 3, True)}
-    except ImportError:
-        target = random_llama(seed=6, device=device)
-        drafts = {"eagle": random_eagle_head(target), "mtp_chain": random_mtp(target, 3, True)}
-    return target, drafts
+    """A small fp32 near-bigram target and its bigram-perfect drafts (`specdec.models.bigram`): steps accept
+    several tokens, and often not all of them."""
+    from ..models.bigram import near_bigram_target, perfect_eagle, perfect_mtp
+    target = near_bigram_target(seed=6, mix=0.4).to(device)
+    return target, {"eagle": perfect_eagle(target), "mtp_chain": perfect_mtp(target, 3, True)}
 
 
 def _cases(kinds) -> list:
