@@ -119,7 +119,9 @@ class DraftKind:
     spec_of_model: for a draft whose model fixes its shape (MTP), the shape it runs; otherwise the first
     demo shape is what `specdec generate` runs by default;
     zoo: how the zoo trains, evaluates and describes it (None: the zoo ships none);
-    untrained: "module:factory" of a draft that needs no weights (NGRAM), which every zoo bundle then offers."""
+    untrained: "module:factory" of a draft that needs no weights (NGRAM), which every zoo bundle then offers;
+    random_draft: "module:factory" called as factory(target, **random_draft_config) -> an untrained draft of this
+    kind sized for `target` (the speed runs on a random target: the e2e suite, the GPU one-shot)."""
 
     name: str
     label: str
@@ -130,6 +132,8 @@ class DraftKind:
     model_config: Mapping[str, object] = field(default_factory=dict)
     loader: str | None = None
     untrained: str | None = None
+    random_draft: str | None = None
+    random_draft_config: Mapping[str, object] = field(default_factory=dict)
     demo_specs: tuple[SpecConfig, ...] = ()
     e2e_specs: tuple[SpecConfig, ...] = ()
     spec_of_model: Callable[[object], SpecConfig] | None = None
@@ -171,6 +175,13 @@ class DraftKind:
         """A fresh draft of this kind that needs no weights, or None when the kind needs trained ones."""
         return self._resolve("untrained", self.untrained)() if self.untrained else None
 
+    def new_random_draft(self, target):
+        """An untrained draft of this kind for `target` (random weights; NGRAM's needs none), or None when the kind
+        names no factory."""
+        if self.random_draft is None:
+            return None
+        return self._resolve("random_draft", self.random_draft)(target, **self.random_draft_config)
+
     def worker_label(self, spec: SpecConfig) -> str:
         return f"{self.label} {self.shape_label(spec)}"
 
@@ -190,7 +201,7 @@ def register(kind: DraftKind) -> DraftKind:
     if kind.name in DRAFT_KINDS:
         raise ValueError(f"draft kind {kind.name!r} is already registered")
     paths = [("model", kind.model), ("worker", kind.worker)]
-    paths += [(what, getattr(kind, what)) for what in ("loader", "untrained") if getattr(kind, what)]
+    paths += [(what, getattr(kind, what)) for what in ("loader", "untrained", "random_draft") if getattr(kind, what)]
     if kind.zoo is not None:
         paths += [("zoo.trainer", kind.zoo.trainer), ("zoo.evaluator", kind.zoo.evaluator)]
     for what, path in paths:
@@ -244,7 +255,7 @@ _EVALUATE = "specdec.zoo.train.evaluate"
 register(DraftKind(
     name="eagle", label="EAGLE", model="specdec.models.eagle:EagleDraftHead",
     worker="specdec.workers.eagle:EagleWorkerV2", kv_margin=tree_kv_margin, shape_label=tree_shape_label,
-    demo_specs=(TREE, CHAIN), e2e_specs=(TREE, CHAIN),
+    demo_specs=(TREE, CHAIN), e2e_specs=(TREE, CHAIN), random_draft="specdec.models.eagle:random_eagle_head",
     zoo=ZooStage(f"{_TRAIN}:train_eagle", f"{_EVALUATE}:evaluate_eagle",
                  dict(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "w_reg": 1.0, "w_cls": 1.0}),
                  "EAGLE head (1 decoder layer, shared embedding/LM head)")))
@@ -252,6 +263,8 @@ register(DraftKind(
     name="eagle3", label="EAGLE-3", model="specdec.models.eagle3:Eagle3DraftHead",
     worker="specdec.workers.eagle:EagleWorkerV2", kv_margin=tree_kv_margin, shape_label=tree_shape_label,
     demo_specs=(TREE, CHAIN), e2e_specs=(TREE,),
+    # random: the 32k draft vocabulary of the public Llama-3 EAGLE-3 heads (the whole vocabulary when smaller)
+    random_draft="specdec.models.eagle3:random_eagle3_head", random_draft_config={"draft_vocab_size": 32000},
     # the EAGLE head's budget (steps, tokens, unrolled passes), so that the two heads compare fairly;
     # per-feature norms before fc and a normed output hidden: the recipe of current EAGLE-3 trainers
     zoo=ZooStage(f"{_TRAIN}:train_eagle3", f"{_EVALUATE}:evaluate_eagle",
@@ -263,25 +276,28 @@ _MTP = register(DraftKind(
     name="mtp", label="MTP MiMo", model="specdec.models.mtp:MTPDraftModel",
     model_config={"chain_hidden_states": False}, worker="specdec.workers.multi_layer_eagle:MultiLayerEagleWorkerV2",
     kv_margin=chain_window_kv_margin, shape_label=steps_shape_label, demo_specs=(SpecConfig(3),),
-    e2e_specs=(SpecConfig(3),), spec_of_model=one_step_per_layer,
+    e2e_specs=(SpecConfig(3),), spec_of_model=one_step_per_layer, random_draft="specdec.models.mtp:random_mtp",
+    random_draft_config={"num_layers": 3},
     zoo=ZooStage(f"{_TRAIN}:train_mtp", f"{_EVALUATE}:evaluate_mtp",
                  dict(steps=750, warmup=50, lr=2e-3, extra={"num_layers": 3}),
                  "{num_hidden_layers} MTP layers, MiMo style")))
 # the same layers in Step-3.5 style: layer k reads layer k-1's output hidden
 register(dataclasses.replace(
     _MTP, name="mtp_chain", label="MTP Step-3.5", model_config={"chain_hidden_states": True}, e2e_specs=(),
+    random_draft_config={"num_layers": 3, "chain_hidden_states": True},
     zoo=dataclasses.replace(_MTP.zoo, trainer=f"{_TRAIN}:train_mtp_chain",
                             card_text="{num_hidden_layers} MTP layers, Step-3.5 style (chained hidden)")))
 # no model: a host n-gram index over each request's prompt and output proposes a tree (SGLang's NGRAM)
 register(DraftKind(
     name="ngram", label="NGRAM", model="specdec.ngram:NgramDraft", worker="specdec.workers.ngram:NgramWorker",
     kv_margin=verify_only_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
-    untrained="specdec.ngram:NgramDraft"))
+    untrained="specdec.ngram:NgramDraft", random_draft="specdec.ngram:ngram_draft_for"))
 # a small causal LM of the target's vocabulary drafting from its own tokens and KV cache (SGLang's STANDALONE)
 register(DraftKind(
     name="draft_lm", label="STANDALONE", model="specdec.models.llama:LlamaForCausalLM",
     loader="specdec.models.llama:load_draft_lm", worker="specdec.workers.standalone:StandaloneWorker",
     kv_margin=draft_lm_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
+    random_draft="specdec.models.llama:random_draft_lm",
     # one decoder layer at hidden 64: on the deep pair a draft step then costs under a tenth of a target step
     # (`specdec.bench.draft_step_cost`: 0.099; two layers measured 0.14). A forward's fixed cost dominates at these
     # widths, so on the small pair no 1-2-layer LM fits a tenth (one layer: 0.21; its EAGLE head: 0.29)

@@ -118,6 +118,11 @@ class NgramIndex:
         return []
 
 
+def ngram_draft_for(target) -> NgramDraft:
+    """The NGRAM draft a speed run on `target` uses: SGLang's defaults (no model: any target)."""
+    return NgramDraft()
+
+
 def continuation_tree(continuations: list[list[int]], max_nodes: int, breadth: int) -> list[tuple[int, int]]:
     """Continuations -> up to `max_nodes` nodes (token, parent) of their trie, breadth first (parent 0 is the root,
     node i >= 1 is the i-th of the list, so parents precede children); each node's children by descending count

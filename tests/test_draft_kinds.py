@@ -180,3 +180,20 @@ def test_a_bundle_reads_its_drafts_by_kind(small):
     with pytest.raises(AttributeError, match="'Bundle' object has no attribute 'medusa'"):
         bare.medusa  # noqa: B018
     assert draft_kinds.resolve("specdec.workers.eagle:EagleWorkerV2") is EagleWorkerV2
+
+
+def test_every_kind_of_the_e2e_runs_has_a_random_draft_and_it_is_lossless():
+    """The speed runs on a random target take each kind's draft from its record (`random_draft`): every kind the e2e
+    suite runs names one, and each decodes as target-only does on a random target of another vocabulary."""
+    from specdec.models import random_llama
+    target = random_llama(vocab_size=300, hidden_size=64, num_hidden_layers=2, seed=4)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    base = Engine(target, max_seq_len=64).generate([prompt], SamplingParams(max_new_tokens=8))[0].token_ids
+    for kind in DRAFT_KINDS.values():
+        if not kind.e2e_specs:
+            continue
+        draft = kind.new_random_draft(target)
+        assert draft is not None and kind_of(draft) is kind, kind.name
+        out = Engine(target, draft, kind.e2e_specs[0], max_seq_len=64).generate([prompt], SamplingParams(
+            max_new_tokens=8))[0]
+        assert out.token_ids == base, kind.name

@@ -166,7 +166,8 @@ def _replay_case(case, B, mode, smoke, device, models, engines, run, w) -> None:
 def _e2e_models(device, smoke: bool):
     import torch
 
-    from ..models import random_eagle_head, random_llama, random_mtp
+    from ..draft_kinds import DRAFT_KINDS
+    from ..models import random_llama
     from .e2e import random_1b_target
     t0 = time.perf_counter()
     if smoke:
@@ -177,15 +178,19 @@ def _e2e_models(device, smoke: bool):
         # Llama-3.2-1B's shapes with an untied 128,256 x 2,048 head: 1.5B parameters, drawn on the GPU
         target = random_1b_target(device, torch.bfloat16)
         label = "random-llama-1.5b"
-    drafts = {"eagle": random_eagle_head(target), "mtp": random_mtp(target, 3)}
+    drafts = {kind: DRAFT_KINDS[kind].new_random_draft(target) for kind in E2E_KINDS}
     params_m = sum(p.numel() for p in target.parameters()) / 1e6
     print(f"{label}: {params_m:.0f}M parameters built in {time.perf_counter() - t0:.1f} s", flush=True)
     return label, target, drafts, params_m
 
 
+#: the draft kinds of the e2e part, each with a random draft (`DraftKind.random_draft`)
+E2E_KINDS = ("eagle", "mtp")
+
+
 def e2e_cases() -> list:
     """target-only, the EAGLE tree and MTP MiMo (no chain: the tree is the EAGLE headline)."""
-    return [c for c in _cases({"eagle", "mtp"}) if c.kind != "eagle" or c.spec.topk > 1]
+    return [c for c in _cases(set(E2E_KINDS)) if c.kind != "eagle" or c.spec.topk > 1]
 
 
 def e2e_plan(smoke: bool) -> list[tuple]:

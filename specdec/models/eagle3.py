@@ -229,7 +229,9 @@ def eagle3_config_like(target, draft_vocab_size: int | None = None, feature_laye
 def random_eagle3_head(target, draft_vocab_size: int | None = None, feature_layers=None, seed=0, std=None,
                        **config) -> Eagle3DraftHead:
     """A random EAGLE-3 head (`config`: eagle3_config_like's norms and overrides); its draft vocabulary is a
-    seeded random subset of the target's."""
+    seeded random subset of the target's, of draft_vocab_size ids (at most the target's vocabulary)."""
+    if draft_vocab_size is not None:
+        draft_vocab_size = min(draft_vocab_size, target.config.vocab_size)
     head = Eagle3DraftHead(eagle3_config_like(target, draft_vocab_size, feature_layers, **config), target)
     randomize_(head, seed, std if std is not None else target.config.hidden_size ** -0.5)
     g = torch.Generator().manual_seed(seed + 1)

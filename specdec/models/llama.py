@@ -289,6 +289,18 @@ def load_draft_lm(path, target, device=None, dtype=None) -> LlamaForCausalLM:
     return LlamaForCausalLM.from_pretrained(path, device=device or target.device, dtype=dtype or target.dtype)
 
 
+def random_draft_lm(target, num_hidden_layers: int = 1, seed: int = 0) -> LlamaForCausalLM:
+    """A random causal LM to draft for `target` (STANDALONE) in speed runs: the target's vocabulary, rotary base and
+    context, `num_hidden_layers` layers at an eighth of its width (at least 64), on its device and in its dtype."""
+    c = target.config
+    hidden = max(64, c.hidden_size // 8)
+    heads = max(1, hidden // 64)
+    return random_llama(vocab_size=c.vocab_size, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+                        num_hidden_layers=num_hidden_layers, num_attention_heads=heads, num_key_value_heads=heads,
+                        rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings, seed=seed,
+                        dtype=target.dtype, device=target.device).eval()
+
+
 def random_llama(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=None, tie_word_embeddings=False, seed=0, dtype=torch.float32, device="cpu",
                  init_std=None, **kw) -> LlamaForCausalLM:
