@@ -96,13 +96,14 @@ def random_1b_target(device, dtype=torch.bfloat16):
 def random_1b_model(num_prompts: int, prompt_len: int, device, dtype=torch.bfloat16) -> E2EModel:
     """`random_1b_target` with random drafts."""
     from ..models import random_eagle3_head, random_eagle_head, random_mtp
+    from ..models.dflash import random_dflash
 
     target = random_1b_target(device, dtype)
     gen = torch.Generator().manual_seed(1)
     prompts = torch.randint(128256, (num_prompts, prompt_len), generator=gen).tolist()
     # an EAGLE-3 head with the 32k draft vocabulary of the public Llama-3 heads, SGLang's default features
     drafts = {"eagle": random_eagle_head(target), "eagle3": random_eagle3_head(target, draft_vocab_size=32000),
-              "mtp": random_mtp(target, 3)}
+              "mtp": random_mtp(target, 3), "dflash": random_dflash(target, 2, 8)}
     return E2EModel("random-llama-1.2b", target, drafts, prompts)
 
 

@@ -183,15 +183,17 @@ def _e2e_models(device, smoke: bool):
         # Llama-3.2-1B's shapes with an untied 128,256 x 2,048 head: 1.5B parameters, drawn on the GPU
         target = random_1b_target(device, torch.bfloat16)
         label = "random-llama-1.5b"
-    drafts = {"eagle": random_eagle_head(target), "mtp": random_mtp(target, 3)}
+    from ..models.dflash import random_dflash
+    # a random DFlash drafter of block 8 (two layers at the target's width): its cost, not its acceptance
+    drafts = {"eagle": random_eagle_head(target), "mtp": random_mtp(target, 3), "dflash": random_dflash(target, 2, 8)}
     params_m = sum(p.numel() for p in target.parameters()) / 1e6
     print(f"{label}: {params_m:.0f}M parameters built in {time.perf_counter() - t0:.1f} s", flush=True)
     return label, target, drafts, params_m
 
 
 def e2e_cases() -> list:
-    """target-only, the EAGLE tree and MTP MiMo (no chain: the tree is the EAGLE headline)."""
-    return [c for c in _cases({"eagle", "mtp"}) if c.kind != "eagle" or c.spec.topk > 1]
+    """target-only, the EAGLE tree, MTP MiMo and the DFlash block (no chain: the tree is the EAGLE headline)."""
+    return [c for c in _cases({"eagle", "mtp", "dflash"}) if c.kind != "eagle" or c.spec.topk > 1]
 
 
 def e2e_plan(smoke: bool) -> list[tuple]:

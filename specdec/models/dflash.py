@@ -224,13 +224,15 @@ class DFlashDraftModel(DraftModelBase):
 def dflash_config_like(target, num_layers: int, block_size: int, target_layer_ids=None, mask_token_id: int = 0,
                        **overrides) -> DFlashConfig:
     """A DFlash drafter's config with the target's decoder shape (`draft_config_like`, `overrides` on top),
-    z-lab's default context layers unless given."""
+    z-lab's default context layers (`build_target_layer_ids`, clipped to 0..L-2) unless given."""
     base = draft_config_like(target, num_layers, **overrides)
     kw = {f: getattr(base, f) for f in DraftConfig.__dataclass_fields__}
     kw["model_type"] = "qwen3"
     L = target.config.num_hidden_layers
+    if target_layer_ids is None:  # z-lab's rule, clipped to the layers a shallow target has
+        target_layer_ids = sorted({min(max(i, 0), max(L - 2, 0)) for i in build_target_layer_ids(L, num_layers)})
     return DFlashConfig(**kw, block_size=block_size, mask_token_id=mask_token_id, num_target_layers=L,
-                        target_layer_ids=list(target_layer_ids or build_target_layer_ids(L, num_layers)))
+                        target_layer_ids=list(target_layer_ids))
 
 
 def random_dflash(target, num_layers: int = 1, block_size: int = 4, target_layer_ids=None, mask_token_id: int = 0,

@@ -416,6 +416,7 @@ def dflash_loss(target, model, batch: torch.Tensor, blocks: int, gamma: float, a
     loss and the top-1 agreement at positions 1 and bs-1."""
     B, T = batch.shape
     bs = model.block_size
+    blocks = min(blocks, T - bs)
     z, feats = _target_features(target, batch, amp, model.feature_layers)
     anchors = torch.stack([torch.randperm(T - bs, generator=gen)[:blocks] + 1 for _ in range(B)]).sort(1).values
     positions, mask = dflash_blocks(T, anchors, bs)
@@ -466,8 +467,12 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print):
     _freeze(target)
     torch.manual_seed(seed + 60)
     shape = {k: int(ex[k]) for k in ("intermediate_size",) if k in ex}
-    layer_ids = ex.get("target_layer_ids") or build_target_layer_ids(target.config.num_hidden_layers,
-                                                                      int(ex.get("num_context_layers", L)))
+    T = target.config.num_hidden_layers
+    if T < 2:
+        raise ValueError(f"a DFlash drafter reads the outputs of target layers 0..L-2: a {T}-layer target has none")
+    # z-lab's rule, clipped to the layers a shallow target has
+    layer_ids = ex.get("target_layer_ids") or sorted({min(max(i, 0), T - 2) for i in build_target_layer_ids(
+        T, int(ex.get("num_context_layers", L)))})
     model = DFlashDraftModel(dflash_config_like(target, L, bs, layer_ids, ByteTokenizer.bos_token_id, **shape), target)
     init_weights_(model, L, seed + 60)
     model.train()
