@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import torch
@@ -475,7 +476,11 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print):
         T, int(ex.get("num_context_layers", L)))})
     model = DFlashDraftModel(dflash_config_like(target, L, bs, layer_ids, ByteTokenizer.bos_token_id, **shape), target)
     init_weights_(model, L, seed + 60)
+    if ex.get("norm_from_target", False):  # the output norm starts as the target's, whose LM head reads it
+        with torch.no_grad():
+            model.norm.weight.copy_(target.model.norm.weight)
     model.train()
+    cpu0 = time.process_time()
     windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len, seed + 61)
     gen = torch.Generator().manual_seed(seed + 63)
     blocks, gamma = int(ex.get("blocks_per_window", 24)), float(ex.get("gamma", 4.0))
@@ -483,6 +488,7 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print):
                       lambda b: dflash_loss(target, model, b, blocks, gamma, opts.amp, gen), windows, seed + 62,
                       None, log)
     model.eval()
+    stats["train_cpu_seconds"] = round(time.process_time() - cpu0, 1)  # wall time counts other processes' load
     stats["target_layer_ids"] = list(model.config.target_layer_ids)
     cost_prompts = int(ex.get("cost_prompts", 4))
     if cost_prompts:
