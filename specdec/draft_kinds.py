@@ -314,7 +314,7 @@ register(DraftKind(
     worker="specdec.workers.dflash:DFlashWorker", kv_margin=block_kv_margin, shape_label=block_shape_label,
     demo_specs=(SpecConfig(7),), e2e_specs=(SpecConfig(7),), spec_of_model=trained_block,
     zoo=ZooStage(f"{_TRAIN}:train_dflash", f"{_EVALUATE}:evaluate_dflash",
-                 dict(steps=800, batch_size=8, seq_len=256, warmup=50, lr=3e-3,
+                 dict(steps=450, batch_size=8, seq_len=256, warmup=40, lr=3e-3,
                       extra={"num_layers": 2, "num_context_layers": 3, "block_size": 8, "blocks_per_window": 128,
                              "gamma": 4.0, "norm_from_target": True}),
                  "DFlash block drafter ({num_hidden_layers} layers, block {block_size}, context from target layers "
