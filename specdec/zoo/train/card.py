@@ -36,7 +36,7 @@ def shape_summary(cfg) -> dict:
     d = {k: getattr(cfg, k) for k in keys}
     if hasattr(cfg, "chain_hidden_states"):
         d["chain_hidden_states"] = cfg.chain_hidden_states
-    for extra in ("draft_vocab_size", "feature_layers"):  # EAGLE-3 heads
+    for extra in ("draft_vocab_size", "feature_layers", "block_size", "target_layer_ids"):  # EAGLE-3, DFlash
         if hasattr(cfg, extra):
             d[extra] = getattr(cfg, extra)
     return d
