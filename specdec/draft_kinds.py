@@ -63,6 +63,22 @@ def draft_lm_kv_margin(spec: SpecConfig) -> int:
     return tree_kv_margin(spec) + 1
 
 
+def block_kv_margin(spec: SpecConfig) -> int:
+    """DFlashWorker writes the block's W = S + 1 slots past the committed length (the drafter's block and the
+    target's verify alike); its context write after verify stays below them."""
+    return spec.num_draft_tokens
+
+
+def block_shape_label(spec: SpecConfig) -> str:
+    """`block 8`: a DFlash block of the last verified token and S mask tokens."""
+    return f"block {spec.num_steps + 1}"
+
+
+def trained_block(draft) -> SpecConfig:
+    """The chain a DFlash drafter runs by default: its trained block (S = block_size - 1)."""
+    return SpecConfig(draft.config.block_size - 1)
+
+
 def tree_shape_label(spec: SpecConfig) -> str:
     """`chain S3` for K = 1, `tree S5 K4 W16` otherwise."""
     if spec.topk == 1:
@@ -306,3 +322,18 @@ register(DraftKind(
                       extra={"num_layers": 1, "hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 2,
                              "num_key_value_heads": 1}),
                  "STANDALONE draft LM (its own embedding and LM head, distilled from the target)")))
+# a block drafter: one forward over [last verified token, mask tokens] attending to the target's features (z-lab's
+# DFlash), verified as a chain. Two decoder layers at the target's width, block 8: on the deep pair one block forward
+# costs about two EAGLE draft forwards (`specdec.bench.draft_step_cost`, see the model card)
+register(DraftKind(
+    name="dflash", label="DFlash", model="specdec.models.dflash:DFlashDraftModel",
+    worker="specdec.workers.dflash:DFlashWorker", kv_margin=block_kv_margin, shape_label=block_shape_label,
+    demo_specs=(SpecConfig(7),), e2e_specs=(SpecConfig(7),), spec_of_model=trained_block,
+    # random: two layers at the target's width, block 8 (its cost, not its acceptance)
+    random_draft="specdec.models.dflash:random_dflash", random_draft_config={"num_layers": 2, "block_size": 8},
+    zoo=ZooStage(f"{_TRAIN}:train_dflash", f"{_EVALUATE}:evaluate_dflash",
+                 dict(steps=450, batch_size=8, seq_len=256, warmup=40, lr=3e-3,
+                      extra={"num_layers": 2, "num_context_layers": 3, "block_size": 8, "blocks_per_window": 128,
+                             "gamma": 4.0, "norm_from_target": True}),
+                 "DFlash block drafter ({num_hidden_layers} layers, block {block_size}, context from target layers "
+                 "{target_layer_ids})")))

@@ -50,7 +50,7 @@ def test_version_and_zoo_list(capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert [line.split(":")[0] for line in lines] == zoo.names()
-    assert all(": draft_lm, eagle, eagle3, mtp, mtp_chain, target (" in line and "ByteTokenizer" in line
+    assert all(": dflash, draft_lm, eagle, eagle3, mtp, mtp_chain, target (" in line and "ByteTokenizer" in line
                for line in lines)
 
 

@@ -265,15 +265,15 @@ def test_ttt_mask_shape_and_rows():
 def test_main_end_to_end_tiny(tmp_path):
     argv = ["--out", str(tmp_path), "--name", "tiny", "--target-steps", "2", "--eagle-steps", "1", "--mtp-steps",
             "1", "--mtp-chain-steps", "1", "--eagle3-steps", "1", "--eagle3-vocab", "200", "--draft-lm-steps", "1",
-            "--draft-lm-cost-prompts", "0",
-            "--layers", "1", "--hidden", "32", "--intermediate", "64",
+            "--draft-lm-cost-prompts", "0", "--dflash-steps", "1", "--dflash-cost-prompts", "0",
+            "--layers", "2", "--hidden", "32", "--intermediate", "64",
             "--heads", "2", "--kv-heads", "1", "--seq-len", "32", "--batch-size", "2", "--threads",
             str(torch.get_num_threads()), "--eval-windows", "2", "--eval-len", "32",
             "--model-card", str(tmp_path / "card.md")]
     assert zt.main(argv) == 0
     b = zoo._load_dir(tmp_path / "tiny", "tiny")
     assert b.card["command"].startswith("specdec zoo train --out")
-    assert set(b.card["heldout"]) == {"target", "eagle", "eagle3", "mtp", "mtp_chain", "draft_lm"}
+    assert set(b.card["heldout"]) == {"target", "eagle", "eagle3", "mtp", "mtp_chain", "draft_lm", "dflash"}
     assert b.target.dtype == torch.float32 and b.eagle3.config.draft_vocab_size == 200
     sd = load_file(str(tmp_path / "tiny" / "target" / "model.safetensors"))
     assert all(v.dtype == torch.float16 for v in sd.values())

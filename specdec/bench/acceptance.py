@@ -246,7 +246,8 @@ def main_bench(args) -> int:
 
 
 def draft_step_cost(target, eagle_head, prompts, max_new_tokens=32, num_steps=5, repeats=3) -> dict:
-    """The cost of one draft forward of `eagle_head` against one target-only decode step, at B = 1, in process
+    """The cost of one draft forward of `eagle_head` (or of a DFlash drafter's block forward, at its trained block)
+    against one target-only decode step, at B = 1, in process
     CPU seconds at the current thread count (median over `repeats`): the draft forwards are those of an
     EAGLE chain of `num_steps` (S - 1 per step inside the draft phase, with their top-K and tree bookkeeping,
     so the figure errs high); the target-only step is the difference of a long and a short decode, so the
@@ -255,7 +256,10 @@ def draft_step_cost(target, eagle_head, prompts, max_new_tokens=32, num_steps=5,
     params = SamplingParams(max_new_tokens=max_new_tokens)
     max_len = max(len(p) for p in prompts) + max_new_tokens + 64
     base = Engine(target, max_batch=1, max_seq_len=max_len, impl="reference")
-    chain = Engine(target, eagle_head, SpecConfig(num_steps, 1), max_batch=1, max_seq_len=max_len, impl="reference")
+    # a block drafter (DFlash) drafts its trained block in one forward per step; an EAGLE chain S - 1 forwards
+    block = getattr(eagle_head, "block_size", None)
+    spec, forwards = (SpecConfig(num_steps, 1), num_steps - 1) if block is None else (SpecConfig(block - 1), 1)
+    chain = Engine(target, eagle_head, spec, max_batch=1, max_seq_len=max_len, impl="reference")
     base.generate(prompts[:1], SamplingParams(max_new_tokens=4))
     chain.generate(prompts[:1], SamplingParams(max_new_tokens=4))
     def cpu_and_steps(n_tokens):
@@ -276,7 +280,7 @@ def draft_step_cost(target, eagle_head, prompts, max_new_tokens=32, num_steps=5,
         for p in prompts:
             chain.generate([p], params)
             steps += chain.last_stats.num_decode_steps
-        draft_forward.append(chain.worker.timer.totals().get("draft", 0.0) / steps / (num_steps - 1))
+        draft_forward.append(chain.worker.timer.totals().get("draft", 0.0) / steps / forwards)
         chain.worker.timer = None
     t, d = median_of(target_step), median_of(draft_forward)
     return dict(threads=torch.get_num_threads(), target_only_step_ms=round(t * 1e3, 4),

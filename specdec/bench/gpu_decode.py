@@ -185,11 +185,11 @@ def _e2e_models(device, smoke: bool):
 
 
 #: the draft kinds of the e2e part, each with a random draft (`DraftKind.random_draft`)
-E2E_KINDS = ("eagle", "mtp")
+E2E_KINDS = ("eagle", "mtp", "dflash")
 
 
 def e2e_cases() -> list:
-    """target-only, the EAGLE tree and MTP MiMo (no chain: the tree is the EAGLE headline)."""
+    """target-only, the EAGLE tree, MTP MiMo and the DFlash block (no chain: the tree is the EAGLE headline)."""
     return [c for c in _cases(set(E2E_KINDS)) if c.kind != "eagle" or c.spec.topk > 1]
 
 

@@ -41,11 +41,9 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         self.stream_len = max_seq_len + 2 * S + 2
         W = S + 1
         # The chain's tree is the same every step: built once for the largest batch, sliced to B.
-        self._chain_mask = torch.ones(W, W, dtype=torch.bool, device=self.device).tril()
-        self._chain_retrieve_index = torch.arange(max_batch * W, device=self.device).view(max_batch, W)
-        next_token = torch.cat([torch.arange(1, W), torch.tensor([-1])]).to(self.device)
-        self._chain_next_token = next_token.expand(max_batch, W).contiguous()
-        self._chain_next_sibling = torch.full((max_batch, W), -1, dtype=torch.int64, device=self.device)
+        (chain_mask, self._chain_retrieve_index, self._chain_next_token,
+         self._chain_next_sibling) = self.chain_verify_input(max_batch, W)
+        self._chain_mask = chain_mask[0]
 
     # ---- stages ------------------------------------------------------------------------------
     def _write_ring(self, positions, hidden):

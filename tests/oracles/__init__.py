@@ -7,6 +7,7 @@ draft test inputs through ``select_top_k_tokens`` + ``organize_draft_results`` w
 path and score themselves (`trees`); `logprob_cases` draws the logprob helper's random batches; `penalties` and
 `grammars` decode plainly with penalties applied by hand and with masks from fresh xgrammar matchers.
 """
+from .dflash import dflash_logits_from_tensors
 from .distributions import (NEG_INF, exact_joint, exact_joint_pruned, oracle_softmax, oracle_top_k,
                             oracle_top_p, softmax_filtered)
 from .grammars import exact_joint_grammar, grammar_allowed, grammar_greedy_decode, grammar_stops
@@ -18,6 +19,7 @@ from .trees import (FAST_GRID, FIXED_DRAFT_TOKENS, FIXED_PARENT, FIXED_PARENT_LI
                     target_probs_for, tree_shapes, tree_structure, valid_build_args, valid_verify_inputs)
 
 __all__ = [
+    "dflash_logits_from_tensors",
     "NEG_INF", "exact_joint", "exact_joint_pruned", "oracle_softmax", "oracle_top_k", "oracle_top_p",
     "softmax_filtered", "exact_joint_grammar", "grammar_allowed", "grammar_greedy_decode", "grammar_stops",
     "random_logprob_case", "exact_joint_penalised", "penalised_greedy_decode", "penalised_row64", "FAST_GRID",

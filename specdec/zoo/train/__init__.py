@@ -21,6 +21,9 @@ Then a stage per draft kind the zoo ships (`specdec.draft_kinds`, `ZooStage`; ea
 6. draft_lm - a standalone draft LM (SGLang's STANDALONE): a 1-layer Llama of the byte vocabulary sharing no
               weight with the target, distilled from the target's distribution; its step cost against the
               target's is measured after training.
+7. dflash   - a DFlash block drafter (z-lab's): a few decoder layers over the target's features from several
+              layers and a block of mask tokens after a random anchor, every block position distilled from the
+              target's distribution, weighted decaying by position; its block forward's cost is measured after.
 
 The target is stored in float16, the drafts' matrices in int8 with per-row scales (`save_stored`); the
 loader dequantizes to fp32. Held-out metrics in the card are measured on the stored weights, in fp32,
@@ -45,21 +48,23 @@ from __future__ import annotations
 from .card import (MODEL_CARD, card_path, read_card, render_model_card, render_model_cards, shape_summary,
                    why_this_shape, write_card)
 from .cli import main
-from .evaluate import evaluate_bundle, evaluate_draft_lm, evaluate_eagle, evaluate_mtp, evaluate_target
+from .evaluate import (evaluate_bundle, evaluate_dflash, evaluate_draft_lm, evaluate_eagle, evaluate_mtp,
+                       evaluate_target)
 from .hparams import DRAFTS, STAGES, StageOpts, TargetShape, Windows, default_opts
 from .loop import init_weights_, lr_at, make_optimizer, num_params
 from .pipeline import train_all
-from .stages import (DRAFT_LM_SHAPE, draft_lm_loss, draft_lm_step_cost, draft_vocabulary, eagle3_loss, eagle_loss,
-                     eagle_unrolled, mtp_forward, mtp_loss, new_draft_lm, new_eagle3_head, soft_ce, target_loss,
-                     train_draft_lm, train_eagle, train_eagle3, train_mtp, train_mtp_chain, train_target, ttt_mask,
-                     zoo_feature_layers)
+from .stages import (DRAFT_LM_SHAPE, dflash_blocks, dflash_loss, dflash_step_cost, draft_lm_loss, draft_lm_step_cost,
+                     draft_vocabulary, eagle3_loss, eagle_loss, eagle_unrolled, mtp_forward, mtp_loss, new_draft_lm,
+                     new_eagle3_head, soft_ce, target_loss, train_dflash, train_draft_lm, train_eagle, train_eagle3,
+                     train_mtp, train_mtp_chain, train_target, ttt_mask, zoo_feature_layers)
 from .storage import DRAFT_STORAGE, STORE_DTYPE, save_stored
 
 __all__ = ["DRAFTS", "DRAFT_LM_SHAPE", "DRAFT_STORAGE", "MODEL_CARD", "STAGES", "STORE_DTYPE", "StageOpts",
-           "TargetShape", "Windows", "card_path", "default_opts", "draft_lm_loss", "draft_lm_step_cost",
-           "draft_vocabulary", "eagle3_loss", "eagle_loss", "eagle_unrolled", "evaluate_bundle", "evaluate_draft_lm",
-           "evaluate_eagle", "evaluate_mtp", "evaluate_target", "init_weights_", "lr_at", "main", "make_optimizer",
-           "mtp_forward", "mtp_loss", "new_draft_lm", "new_eagle3_head", "num_params", "read_card",
-           "render_model_card", "render_model_cards", "save_stored", "shape_summary", "soft_ce", "target_loss",
-           "train_all", "train_draft_lm", "train_eagle", "train_eagle3", "train_mtp", "train_mtp_chain",
-           "train_target", "ttt_mask", "why_this_shape", "write_card", "zoo_feature_layers"]
+           "TargetShape", "Windows", "card_path", "default_opts", "dflash_blocks", "dflash_loss", "dflash_step_cost",
+           "draft_lm_loss", "draft_lm_step_cost", "draft_vocabulary", "eagle3_loss", "eagle_loss", "eagle_unrolled",
+           "evaluate_bundle", "evaluate_dflash", "evaluate_draft_lm", "evaluate_eagle", "evaluate_mtp",
+           "evaluate_target", "init_weights_", "lr_at", "main", "make_optimizer", "mtp_forward", "mtp_loss",
+           "new_draft_lm", "new_eagle3_head", "num_params", "read_card", "render_model_card", "render_model_cards",
+           "save_stored", "shape_summary", "soft_ce", "target_loss", "train_all", "train_dflash", "train_draft_lm",
+           "train_eagle", "train_eagle3", "train_mtp", "train_mtp_chain", "train_target", "ttt_mask", "why_this_shape",
+           "write_card", "zoo_feature_layers"]

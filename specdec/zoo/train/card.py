@@ -36,7 +36,7 @@ def shape_summary(cfg) -> dict:
     d = {k: getattr(cfg, k) for k in keys}
     if hasattr(cfg, "chain_hidden_states"):
         d["chain_hidden_states"] = cfg.chain_hidden_states
-    for extra in ("draft_vocab_size", "feature_layers"):  # EAGLE-3 heads
+    for extra in ("draft_vocab_size", "feature_layers", "block_size", "target_layer_ids"):  # EAGLE-3, DFlash
         if hasattr(cfg, extra):
             d[extra] = getattr(cfg, extra)
     return d
@@ -149,6 +149,7 @@ def render_model_card(card: dict) -> str:
               "Retrain (writes the weights and this card's data into the package):", "",
               "```", card.get("command") or "specdec zoo train", "```", ""]
     lines += _draft_lm_training_note(card)
+    lines += _dflash_note(card)
     return "\n".join(lines)
 
 
@@ -182,4 +183,34 @@ def _draft_lm_training_note(card: dict) -> list[str]:
             "target's next-byte distribution on windows of the train stream (distillation, teacher-forced)."
             + measured + " It was added to this pair by one stage, which reads the stored target and leaves the "
             "other weights as they are:", "", "```", t.get("command") or "specdec zoo train --stage draft_lm", "```",
+            ""]
+
+
+def _dflash_note(card: dict) -> list[str]:
+    """What the DFlash drafter's held-out rows measure (`evaluate_dflash`), how it was trained, what its block forward
+    costs (`train_dflash`'s stats) and the command that added it."""
+    t, ho = card.get("training", {}).get("dflash"), card.get("heldout", {}).get("dflash")
+    if t is None:
+        return []
+    cost = t.get("step_cost")
+    measured = (f" One block forward (block {t.get('block_size')}) costs {cost['draft_forward_in_target_only_steps']} "
+                f"of a target-only decode step ({cost['draft_forward_ms']} ms against {cost['target_only_step_ms']} "
+                f"ms; B = 1, {cost['threads']} thread, process CPU time, `specdec.bench.draft_step_cost`, measured "
+                f"after training, load average {cost.get('load_average_1min')} on {cost.get('cpu_count')} cores)."
+                if cost else "")
+    accept = ""
+    if ho:
+        prefix = [r.get("accept_prefix") for r in ho.values()]
+        if all(p is not None for p in prefix):
+            accept = (" On the held-out text its blocks would be accepted up to position j (all of positions 1..j "
+                      "agreeing with the target's argmax) at " + ", ".join(f"{p:.3f}" for p in prefix) +
+                      f" for j = 1..{len(prefix)}: {1 + sum(prefix):.2f} tokens per step, teacher-forced.")
+    return ["The DFlash drafter (`dflash`, z-lab's block drafter) reads the frozen target's features (the outputs of "
+            f"target layers {t.get('target_layer_ids')}) and drafts a block of {t.get('block_size')} in one forward: "
+            "the last verified byte, then mask tokens (BOS). It was trained on "
+            f"{t.get('blocks_per_window')} random anchors per window, every block position matching the target's "
+            f"distribution, weighted exp(-(j-1)/{t.get('gamma')}) by block position j (the paper's decay); rows "
+            "pos1..pos7 of the table above are those positions, anchored every 4 bytes of the held-out windows."
+            + accept + measured + " It was added to this pair by one stage, which reads the stored target and leaves "
+            "the other weights as they are:", "", "```", t.get("command") or "specdec zoo train --stage dflash", "```",
             ""]

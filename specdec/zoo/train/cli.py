@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     p.add_argument("--draft-lm-cost-prompts", type=int, default=d["draft_lm"].extra.get("cost_prompts", 4),
                    help="held-out prompts over which the draft LM's step cost is measured against the target's "
                         "after its training, for the card (0: not measured; default: %(default)s)")
+    p.add_argument("--dflash-cost-prompts", type=int, default=d["dflash"].extra.get("cost_prompts", 4),
+                   help="held-out prompts over which the DFlash drafter's block forward is timed against the target's "
+                        "step after its training, for the card (0: not measured; default: %(default)s)")
     p.add_argument("--eval-windows", type=int, default=32, help="held-out windows for the card's metrics")
     p.add_argument("--eval-len", type=int, default=512, help="length of those windows")
     p.add_argument("--model-card", default=None,
@@ -72,6 +75,7 @@ def main(argv=None) -> int:
                 f"got {a.eagle3_vocab}")
     opts["eagle3"].extra["draft_vocab_size"] = a.eagle3_vocab
     opts["draft_lm"].extra["cost_prompts"] = a.draft_lm_cost_prompts
+    opts["dflash"].extra["cost_prompts"] = a.dflash_cost_prompts
     shape = TargetShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                         num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate)
     stages = STAGES if a.stage == "all" else () if a.stage == "eval" else (a.stage,)

@@ -14,7 +14,7 @@ from ...models.eagle3 import Eagle3DraftHead
 from ...models.layers import AttentionMetadata
 from .. import corpus
 from .loop import _positions
-from .stages import _draft_vocab_targets, eagle_unrolled, mtp_forward, ttt_mask
+from .stages import _draft_vocab_targets, dflash_blocks, eagle_unrolled, mtp_forward, ttt_mask
 
 def _heldout(n: int, length: int, seed: int = 4321) -> torch.Tensor:
     return torch.from_numpy(corpus.heldout_windows(n, length, seed=seed))
@@ -154,6 +154,44 @@ def evaluate_draft_lm(target, lm, windows: torch.Tensor, depths: int = 5, *, seq
     return {f"depth{j + 1}": {"ce_true_nats": round(float(s[0] / s[1]), 4),
                               "ce_target_nats": round(float(s[2] / s[4]), 4),
                               "top1_agreement": round(float(s[3] / s[4]), 4)} for j, s in enumerate(totals)}
+
+
+@torch.no_grad()
+def evaluate_dflash(target, model, windows: torch.Tensor, *, seq_len: int | None = None, stride: int = 4,
+                    chunk: int = 8) -> dict:
+    """windows: (N, T) (with seq_len: their first seq_len bytes) -> per block position j = 1..bs-1, over blocks
+    anchored every `stride` bytes (the block x_p then mask tokens over the context x_0..x_{p-1}, teacher-forced
+    on the held-out text): cross-entropy against the true byte x_{p+j}, against the target's distribution, top-1
+    agreement with the target's argmax, and `accept_prefix`, the fraction of blocks whose positions 1..j all agree
+    (what a chain verify would accept on that text)."""
+    if seq_len is not None:
+        windows = windows[:, :seq_len]
+    T, bs = windows.shape[1], model.block_size
+    anchors = torch.arange(1, T - bs + 1, stride)
+    n = len(anchors)
+    sums = torch.zeros(4, bs - 1, dtype=torch.float64)
+    count = 0
+    for w in windows.split(chunk):
+        B = w.shape[0]
+        out = target(w, _positions(B, T), features=model.feature_layers)
+        positions, mask = dflash_blocks(T, anchors[None].expand(B, n), bs)
+        ids = w.gather(1, positions)
+        ids.view(B, n, bs)[:, :, 1:] = model.mask_token_id
+        lp = torch.log_softmax(model.compute_logits(model.forward_dense(out.features, _positions(B, T), ids,
+                                                                        positions, mask)), -1)
+        lp = lp.view(B, n, bs, -1)[:, :, 1:]
+        z = out.logits.gather(1, (positions - 1).clamp_min(0)[:, :, None].expand(-1, -1, out.logits.shape[-1]))
+        z = z.view(B, n, bs, -1)[:, :, 1:]
+        true = w.gather(1, positions).view(B, n, bs)[:, :, 1:]
+        agree = (lp.argmax(-1) == z.argmax(-1)).double()
+        sums += torch.stack([-lp.gather(-1, true[..., None])[..., 0].double().sum((0, 1)),
+                             -(torch.softmax(z, -1) * lp).sum(-1).double().sum((0, 1)), agree.sum((0, 1)),
+                             agree.cumprod(-1).sum((0, 1))])
+        count += B * n
+    r = sums / count
+    return {f"pos{j + 1}": {"ce_true_nats": round(float(r[0, j]), 4), "ce_target_nats": round(float(r[1, j]), 4),
+                            "top1_agreement": round(float(r[2, j]), 4), "accept_prefix": round(float(r[3, j]), 4)}
+            for j in range(bs - 1)}
 
 
 def evaluate_bundle(bundle, n_windows: int = 32, seq_len: int = 512, seed: int = 4321) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import torch
@@ -386,3 +387,111 @@ def train_draft_lm(target, opts: StageOpts, seed: int = 0, log=print):
         stats["step_cost"] = draft_lm_step_cost(target, lm, cost_prompts)
         log(f"[draft_lm] step cost {json.dumps(stats['step_cost'])}")
     return lm, stats
+
+
+# ----------------------------------------------------------------------------------------------
+# DFlash block drafter: a block of mask tokens after an anchor, attending to the target's features
+# ----------------------------------------------------------------------------------------------
+
+#: the DFlash drafter's keys in its stage's `opts.extra`
+DFLASH_SHAPE = ("num_layers", "block_size")
+
+
+def dflash_blocks(T: int, anchors: torch.Tensor, block_size: int, device="cpu"):
+    """anchors: (B, N) int64 block starts in [1, T - block_size] -> (positions (B, N * bs) of the block tokens,
+    mask (B, N * bs, T + N * bs) bool): block m's queries see the context keys at positions < its anchor and every
+    key of block m (non-causal), as one inference step sees the committed context and its block."""
+    B, N = anchors.shape
+    j = torch.arange(block_size, device=device)
+    positions = (anchors[:, :, None] + j).reshape(B, N * block_size)
+    block_of = torch.arange(N, device=device).repeat_interleave(block_size)
+    ctx = torch.arange(T, device=device)[None, None, :] < anchors.repeat_interleave(block_size, dim=1)[:, :, None]
+    own = (block_of[:, None] == block_of[None, :])[None].expand(B, -1, -1)
+    return positions, torch.cat([ctx, own], dim=2)
+
+
+def dflash_loss(target, model, batch: torch.Tensor, blocks: int, gamma: float, amp: bool, gen: torch.Generator):
+    """batch: (B, T) -> (loss, parts). `blocks` random anchors p per window; the block is x_p then mask tokens at
+    p..p+bs-1 over the context features of x_0..x_{p-1}; block position j >= 1 matches the target's distribution
+    for x_{p+j} (at position p+j-1), weighted exp(-(j-1)/gamma) (the DFlash paper's decay); parts: the weighted
+    loss and the top-1 agreement at positions 1 and bs-1."""
+    B, T = batch.shape
+    bs = model.block_size
+    blocks = min(blocks, T - bs)
+    z, feats = _target_features(target, batch, amp, model.feature_layers)
+    anchors = torch.stack([torch.randperm(T - bs, generator=gen)[:blocks] + 1 for _ in range(B)]).sort(1).values
+    positions, mask = dflash_blocks(T, anchors, bs)
+    ids = batch.gather(1, positions)
+    ids.view(B, blocks, bs)[:, :, 1:] = model.mask_token_id
+    with _autocast(amp):
+        hidden = model.forward_dense(feats, _positions(B, T), ids, positions, mask)
+        logits = model.compute_logits(hidden).view(B, blocks, bs, -1)[:, :, 1:]
+    label_pos = (positions.view(B, blocks, bs)[:, :, 1:] - 1).reshape(B, -1)
+    zl = z.gather(1, label_pos[:, :, None].expand(-1, -1, z.shape[-1])).view(B, blocks, bs - 1, -1)
+    lp = torch.log_softmax(logits.float(), -1)
+    ce = -(torch.softmax(zl, -1) * lp).sum(-1)  # (B, blocks, bs - 1)
+    w = torch.exp(-torch.arange(bs - 1, dtype=torch.float32) / gamma)
+    loss = (ce.mean((0, 1)) * w).sum() / w.sum()
+    agree = (logits.detach().argmax(-1) == zl.argmax(-1)).float().mean((0, 1))
+    return loss, {"ce": float(loss.detach()), "agree1": float(agree[0]), f"agree{bs - 1}": float(agree[-1])}
+
+
+def dflash_step_cost(target, model, num_prompts: int = 4) -> dict:
+    """One block forward (the `draft` phase of a DFlash step at its trained block) against one EAGLE draft forward
+    of the same pair's stored EAGLE head, each measured as the card measures drafts (`specdec.bench.
+    draft_step_cost`: B = 1, process CPU time, held-out prompts of 64 bytes), at one thread."""
+    from ...bench.acceptance import draft_step_cost
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cost = draft_step_cost(target, model, corpus.heldout_prompts(num_prompts, 64, seed=0))
+    finally:
+        torch.set_num_threads(threads)
+    return {"threads": cost["threads"], "target_only_step_ms": cost["target_only_step_ms"],
+            "draft_forward_ms": cost["eagle_draft_forward_ms"],
+            "draft_forward_in_target_only_steps": cost["draft_forward_in_target_only_steps"],
+            "load_average_1min": round(os.getloadavg()[0], 2), "cpu_count": os.cpu_count()}
+
+
+def train_dflash(target, opts: StageOpts, seed: int = 0, log=print):
+    """-> (trained DFlashDraftModel fp32, stats). opts.extra: num_layers, block_size, blocks_per_window (anchors
+    per window), gamma (the loss's decay by block position), target_layer_ids (default z-lab's
+    `build_target_layer_ids` for num_context_layers layers, the drafter's layer count unless given),
+    cost_prompts (prompts for the measured block cost, 0: not measured). The target is frozen; its embedding and
+    LM head are the drafter's; the mask token is the BOS id (never inside a window)."""
+    from ...models.dflash import DFlashDraftModel, build_target_layer_ids, dflash_config_like
+    from ..tokenizer import ByteTokenizer
+
+    ex = opts.extra
+    L, bs = int(ex.get("num_layers", 2)), int(ex.get("block_size", 8))
+    _freeze(target)
+    torch.manual_seed(seed + 60)
+    shape = {k: int(ex[k]) for k in ("intermediate_size",) if k in ex}
+    T = target.config.num_hidden_layers
+    if T < 2:
+        raise ValueError(f"a DFlash drafter reads the outputs of target layers 0..L-2: a {T}-layer target has none")
+    # z-lab's rule, clipped to the layers a shallow target has
+    layer_ids = ex.get("target_layer_ids") or sorted({min(max(i, 0), T - 2) for i in build_target_layer_ids(
+        T, int(ex.get("num_context_layers", L)))})
+    model = DFlashDraftModel(dflash_config_like(target, L, bs, layer_ids, ByteTokenizer.bos_token_id, **shape), target)
+    init_weights_(model, L, seed + 60)
+    if ex.get("norm_from_target", False):  # the output norm starts as the target's, whose LM head reads it
+        with torch.no_grad():
+            model.norm.weight.copy_(target.model.norm.weight)
+    model.train()
+    cpu0 = time.process_time()
+    windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len, seed + 61)
+    gen = torch.Generator().manual_seed(seed + 63)
+    blocks, gamma = int(ex.get("blocks_per_window", 24)), float(ex.get("gamma", 4.0))
+    stats = _run_loop("dflash", opts, model.named_parameters(),
+                      lambda b: dflash_loss(target, model, b, blocks, gamma, opts.amp, gen), windows, seed + 62,
+                      None, log)
+    model.eval()
+    stats["train_cpu_seconds"] = round(time.process_time() - cpu0, 1)  # wall time counts other processes' load
+    stats["target_layer_ids"] = list(model.config.target_layer_ids)
+    cost_prompts = int(ex.get("cost_prompts", 4))
+    if cost_prompts:
+        stats["step_cost"] = dflash_step_cost(target, model, cost_prompts)
+        log(f"[dflash] block cost {json.dumps(stats['step_cost'])}")
+    return model, stats

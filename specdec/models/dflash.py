@@ -1,0 +1,244 @@
+"""DFlash block drafter (z-lab's `DFlashDraftModel`): one forward drafts a whole block.
+
+Layout and names as z-lab's checkpoints store them (config.json: a Qwen3 decoder config with `block_size`,
+`num_target_layers` and `dflash_config` = {`target_layer_ids`, `mask_token_id`}; tensors `fc.weight`,
+`hidden_norm.weight`, `norm.weight`, `layers.{i}.*` of Qwen3 decoder layers, q/k norms included; no embedding,
+no LM head: the target's are shared):
+
+- the context is the target's features: the outputs of `target_layer_ids` (id i is the residual stream entering
+  target layer i + 1, as EAGLE-3 reads it), concatenated in the listed order, projected by `fc` and normed by
+  `hidden_norm` once, the same for every layer;
+- the block is the last verified token then mask tokens (`mask_token_id`), embedded with the target's embedding;
+  its hidden states run through the decoder layers. Each layer's queries are the block's; its keys and values are
+  the context's (`k_proj`/`v_proj` of the projected features, k normed, rotated at the context positions)
+  followed by the block's own; attention is non-causal within the block;
+- `norm` then the target's LM head turn the block's outputs into proposals: the output at block position j >= 1
+  proposes the token at that position.
+
+At inference the context's keys and values live in a KV cache (`write_context`), the block is written past them as
+in-flight slots and attends to all of them (`forward` with a tree mask of ones). `forward_dense` is the same
+computation with an explicit mask over [context; blocks], what the trainer runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checks import check_int
+from .draft_common import DraftConfig, DraftModelBase, draft_config_like, randomize_
+from .io import load_strict, read_config, read_state_dict
+from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, apply_rope, rope_cos_sin
+from .linear import Linear
+from .outputs import ModelOutput
+
+
+@dataclass
+class DFlashConfig(DraftConfig):
+    """A Qwen3 decoder config plus z-lab's DFlash fields: the trained block size, the target layers whose outputs
+    are the context features (z-lab's ids: id i is the output of target layer i), the mask token, and the number
+    of target layers the drafter was trained on (None: not recorded)."""
+
+    block_size: int = 16
+    target_layer_ids: list = field(default_factory=list)
+    mask_token_id: int = 0
+    num_target_layers: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.block_size = check_int("config field block_size", self.block_size, 2)
+        if not isinstance(self.target_layer_ids, (list, tuple)) or not self.target_layer_ids:
+            raise ValueError(f"config field dflash_config.target_layer_ids must be a non-empty list of layer ids, "
+                             f"got {self.target_layer_ids!r}")
+        self.target_layer_ids = [check_int(f"config field dflash_config.target_layer_ids[{j}]", i, 0)
+                                 for j, i in enumerate(self.target_layer_ids)]
+        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+            raise ValueError(f"config field dflash_config.target_layer_ids lists a layer twice: "
+                             f"{self.target_layer_ids}")
+        self.mask_token_id = check_int("config field dflash_config.mask_token_id", self.mask_token_id, 0,
+                                       self.vocab_size - 1)
+        if self.num_target_layers is not None:
+            self.num_target_layers = check_int("config field num_target_layers", self.num_target_layers, 1)
+        if self.model_type != "qwen3":
+            raise ValueError(f"config field model_type={self.model_type!r}: a DFlash drafter's layers are Qwen3's "
+                             f"(q and k norms)")
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default context layers: the middle layer for a one-layer drafter, else `num_draft_layers` ids spread
+    evenly from 1 to L - 3 (rounded)."""
+    L = check_int("num_target_layers", num_target_layers, 1)
+    n = check_int("num_draft_layers", num_draft_layers, 1)
+    if n == 1:
+        return [L // 2]
+    span = (L - 3) - 1
+    return [int(round(1 + i * span / (n - 1))) for i in range(n)]
+
+
+def _qkv(attn, x):
+    """A layer's attention projections of x (B, T, H) -> q (B, T, Hq, D), k, v (B, T, Hkv, D), q and k normed."""
+    B, T, _ = x.shape
+    Hq, Hkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    q, k, v = attn.qkv_proj(x).view(B, T, Hq + 2 * Hkv, D).split([Hq, Hkv, Hkv], dim=2)
+    return attn.q_norm(q), attn.k_norm(k), v
+
+
+class DFlashDraftModel(DraftModelBase):
+    """A DFlash drafter on `target` (see the module docstring). `feature_layers` is what the worker asks the
+    target's forward for (the inputs of layers id + 1); `block_size` the trained block; `mask_token_id` the token
+    that fills the block after the last verified one."""
+
+    architecture = "DFlashDraftModel"
+
+    def __init__(self, config: DFlashConfig, target):
+        super().__init__(config, target)
+        L = target.config.num_hidden_layers
+        if config.num_target_layers is not None and config.num_target_layers != L:
+            raise ValueError(f"DFlash drafter num_target_layers={config.num_target_layers} does not match the "
+                             f"target's num_hidden_layers={L}")
+        bad = [i for i in config.target_layer_ids if i > L - 2]
+        if bad:
+            raise ValueError(f"DFlash drafter target_layer_ids {bad} do not fit the target's {L} layers: ids "
+                             f"0..{L - 2} (the last layer's output is read normed by transformers and is not "
+                             f"implemented)")
+        H, nf = config.hidden_size, len(config.target_layer_ids)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.fc = Linear(nf * H, H, bias=False)
+        self.hidden_norm = RMSNorm(H, config.rms_norm_eps)
+        self.norm = RMSNorm(H, config.rms_norm_eps)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target layers whose input residual streams are the features, in the checkpoint's order."""
+        return tuple(i + 1 for i in self.config.target_layer_ids)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    def _rope(self, positions):
+        c = self.config
+        return rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_scaling)
+
+    def project_context(self, features):
+        """features: (..., F * H), the target's -> (..., H): hidden_norm(fc(features)), what every layer's
+        context keys and values are projected from."""
+        return self.hidden_norm(self.fc(features.to(self.dtype)))
+
+    def compute_logits(self, hidden):
+        """hidden: (..., H), the drafter's (normed) output -> logits (..., V) fp32 through the target's LM head."""
+        return self.target.compute_logits(hidden)
+
+    # ---- inference: a KV cache of the context, the block as in-flight slots -----------------------------
+    @torch.no_grad()
+    def write_context(self, features, positions, cache, meta: AttentionMetadata) -> None:
+        """features: (B, T, F * H) the target's at `positions` (B, T) int64 -> every layer's context keys and
+        values written at cache slots meta.cache_start + t (meta.write_offset + t); no attention runs."""
+        ctx = self.project_context(features)
+        cos, sin = self._rope(positions)
+        for i, layer in enumerate(self.layers):
+            q, k, v = _qkv(layer.self_attn, ctx)
+            k_cache, v_cache = cache.layer(i)
+            plan = meta.plan(ctx.shape[1], k_cache.shape[1])
+            meta.ops.apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, meta.slots, meta.cache_start,
+                                             meta.write_offset, plan=plan)
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, cache, meta: AttentionMetadata, return_logits=True) -> ModelOutput:
+        """The block. input_ids, positions: (B, T) int64 (the last verified token then mask tokens); meta: the
+        block's slots past the committed context, its tree mask all ones (non-causal) -> ModelOutput: logits
+        (B, T, V) fp32 (None unless return_logits), hidden (B, T, H) normed (what the LM head reads)."""
+        x = self.target.embed(input_ids).to(self.dtype)
+        cos, sin = self._rope(positions)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.layer(i), meta)
+        hidden = self.norm(x)
+        return ModelOutput(self.compute_logits(hidden) if return_logits else None, hidden)
+
+    # ---- training: the same computation with an explicit mask -------------------------------------------
+    def forward_dense(self, features, ctx_positions, input_ids, positions, mask):
+        """features: (B, Tc, F * H) at ctx_positions (B, Tc); input_ids, positions: (B, Tb) (any number of
+        blocks side by side); mask: (B or 1, Tb, Tc + Tb) bool, which context and block keys each block query
+        sees -> hidden (B, Tb, H) normed. Gradients flow (the trainer's path)."""
+        ctx = self.project_context(features)
+        x = self.target.embed(input_ids).to(self.dtype)
+        cos_c, sin_c = self._rope(ctx_positions)
+        cos_b, sin_b = self._rope(positions)
+        for layer in self.layers:
+            attn = layer.self_attn
+            q, kb, vb = _qkv(attn, layer.input_layernorm(x))
+            _, kc, vc = _qkv(attn, ctx)
+            q, kb, kc = apply_rope(q, cos_b, sin_b), apply_rope(kb, cos_b, sin_b), apply_rope(kc, cos_c, sin_c)
+            k, v = torch.cat([kc, kb], dim=1), torch.cat([vc, vb], dim=1)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 attn_mask=mask[:, None], scale=attn.head_dim ** -0.5,
+                                                 enable_gqa=attn.num_heads != attn.num_kv_heads).transpose(1, 2)
+            x = x + attn.o_proj(out.reshape(*x.shape[:2], -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+    # ---- checkpoints (z-lab's layout) ---------------------------------------------------------------------
+    def checkpoint(self) -> tuple[dict, dict]:
+        d, sd = super().checkpoint()
+        d["dflash_config"] = {"target_layer_ids": list(d.pop("target_layer_ids")),
+                              "mask_token_id": d.pop("mask_token_id")}
+        d["num_target_layers"] = self.target.config.num_hidden_layers
+        return d, sd
+
+    @classmethod
+    def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None):
+        """A DFlash checkpoint directory in z-lab's layout (architectures ["DFlashDraftModel"]). Without
+        `dflash_config.target_layer_ids` the layers are z-lab's default (`build_target_layer_ids`); the decoder is
+        Qwen3's whatever `model_type` says (z-lab's layers always norm q and k). A missing or extra tensor, a
+        hidden size, vocabulary or layer ids that do not fit `target`: a ValueError naming it."""
+        raw = read_config(path)
+        archs = raw.get("architectures")
+        if archs != [cls.architecture]:
+            raise ValueError(f"{path}: architectures={archs!r}, expected [{cls.architecture!r}]")
+        dflash = raw.get("dflash_config") or {}
+        if not isinstance(dflash, dict):
+            raise ValueError(f"{path}/config.json: dflash_config must be an object, got {dflash!r}")
+        if "block_size" not in raw:
+            raise ValueError(f"{path}/config.json: no block_size (the block the drafter was trained on)")
+        layers = dflash.get("target_layer_ids")
+        if layers is None:
+            layers = build_target_layer_ids(raw.get("num_target_layers") or target.config.num_hidden_layers,
+                                            raw.get("num_hidden_layers", 1))
+        fields = {k: v for k, v in raw.items() if k not in ("dflash_config", "architectures")}
+        fields.update(model_type="qwen3", target_layer_ids=layers, mask_token_id=dflash.get("mask_token_id", 0))
+        if "mask_token_id" not in dflash:
+            raise ValueError(f"{path}/config.json: dflash_config has no mask_token_id")
+        config = DFlashConfig.from_dict(fields, where=f"{path}/config.json")
+        model = cls(config, target)
+        sd = {k.removeprefix("model."): v for k, v in read_state_dict(path).items()}
+        load_strict(model, sd, path)
+        return model.to(device=device or target.device, dtype=dtype or target.dtype).eval()
+
+
+def dflash_config_like(target, num_layers: int, block_size: int, target_layer_ids=None, mask_token_id: int = 0,
+                       **overrides) -> DFlashConfig:
+    """A DFlash drafter's config with the target's decoder shape (`draft_config_like`, `overrides` on top),
+    z-lab's default context layers (`build_target_layer_ids`, clipped to 0..L-2) unless given."""
+    base = draft_config_like(target, num_layers, **overrides)
+    kw = {f: getattr(base, f) for f in DraftConfig.__dataclass_fields__}
+    kw["model_type"] = "qwen3"
+    L = target.config.num_hidden_layers
+    if target_layer_ids is None:  # z-lab's rule, clipped to the layers a shallow target has
+        target_layer_ids = sorted({min(max(i, 0), max(L - 2, 0)) for i in build_target_layer_ids(L, num_layers)})
+    return DFlashConfig(**kw, block_size=block_size, mask_token_id=mask_token_id, num_target_layers=L,
+                        target_layer_ids=list(target_layer_ids))
+
+
+def random_dflash(target, num_layers: int = 1, block_size: int = 4, target_layer_ids=None, mask_token_id: int = 0,
+                  seed: int = 0, std=None, **overrides) -> DFlashDraftModel:
+    """A random DFlash drafter on `target` (tests, the GPU one-shot)."""
+    model = DFlashDraftModel(dflash_config_like(target, num_layers, block_size, target_layer_ids, mask_token_id,
+                                                **overrides), target)
+    randomize_(model, seed, std if std is not None else target.config.hidden_size ** -0.5)
+    return model.to(device=target.device, dtype=target.dtype).eval()
