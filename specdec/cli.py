@@ -173,14 +173,18 @@ def main(argv=None) -> int:
                            description="Benchmarks that write one CSV per run to --out (schemas: results/README.md) "
                                        "and its plot; `specdec report` prints an acceptance CSV as the README's "
                                        "table.")
-    bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e", "penalties"],
+    bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e", "penalties",
+                                                                       "draft-cost"],
                        help="acceptance: every worker against target-only on the shipped models; "
                             "kernels: every op of the decode step, reference / fast / torch.compile, against "
                             "the copy bandwidth (the full B x S+1 x V sweep on CUDA, a corner of it on CPU); "
                             "e2e: every worker, reference / fast / fast + CUDA graphs, tokens/s and the phases "
                             "of a step, on the shipped model and (CUDA) a random 1.2B Llama; penalties: per "
                             "penalty setting, how often SGLang's approximation leaves target-only's output, "
-                            "acceptance under it and under exact penalties, and what exact penalties cost a step")
+                            "acceptance under it and under exact penalties, and what exact penalties cost a step; "
+                            "draft-cost: each shipped draft's step against a target step (the kinds whose model "
+                            "card states it), written onto the pair's card and MODEL_CARD.md (--model, "
+                            "--num-prompts: the card used 4)")
     bench.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     bench.add_argument("--batch-sizes", type=positive_int_list, default=None,
                        help="comma-separated batch sizes (default: 1,4 for acceptance, 1,8,32 for e2e)")
@@ -214,8 +218,9 @@ def main(argv=None) -> int:
             print("usage: specdec zoo list | specdec zoo train [options]  (see `specdec zoo train --help`)",
                   file=sys.stderr)
             return 2
+        from .bench.draft_cost import record_trained_step_costs
         from .zoo.train import main as train_main
-        return train_main(rest[1:]) or 0
+        return train_main(rest[1:], after_training=record_trained_step_costs) or 0
     args = parser.parse_args(argv)
     if args.threads < 0:
         parser.error(f"--threads must be >= 0, got {args.threads}")
@@ -278,6 +283,9 @@ def _run(args) -> int:
         if args.suite == "penalties":
             from .bench.penalties import main_penalties
             return main_penalties(args) or 0
+        if args.suite == "draft-cost":
+            from .bench.draft_cost import main_draft_cost
+            return main_draft_cost(args) or 0
         from .bench.acceptance import main_bench
         return main_bench(args) or 0
     if args.command == "demo":

@@ -104,12 +104,15 @@ class ZooStage:
     evaluator: "module:function" called (target, draft, windows (N, seq_len + 3), seq_len=) -> the card's
     held-out metrics, {step name: {"ce_true_nats", "ce_target_nats", "top1_agreement"}};
     opts: the stage's default settings, `StageOpts` fields;
-    card_text: the model card's description of the draft, `{field}` read from its entry of card.json's models."""
+    card_text: the model card's description of the draft, `{field}` read from its entry of card.json's models;
+    card_cost: whether the card states what one of its draft steps costs against a target step (measured after
+    training by `specdec.bench.draft_cost.record_step_costs`, a bench step: it decodes through the engine)."""
 
     trainer: str
     evaluator: str
     opts: Mapping[str, object]
     card_text: str
+    card_cost: bool = False
 
     def train(self, target, opts, seed: int, log):
         return resolve(self.trainer)(target, opts, seed=seed, log=log)
@@ -321,7 +324,7 @@ register(DraftKind(
                  dict(steps=600, batch_size=4, warmup=50, lr=3e-3,
                       extra={"num_layers": 1, "hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 2,
                              "num_key_value_heads": 1}),
-                 "STANDALONE draft LM (its own embedding and LM head, distilled from the target)")))
+                 "STANDALONE draft LM (its own embedding and LM head, distilled from the target)", card_cost=True)))
 # a block drafter: one forward over [last verified token, mask tokens] attending to the target's features (z-lab's
 # DFlash), verified as a chain. Two decoder layers at the target's width, block 8: on the deep pair one block forward
 # costs about two EAGLE draft forwards (`specdec.bench.draft_step_cost`, see the model card)
@@ -336,4 +339,4 @@ register(DraftKind(
                       extra={"num_layers": 2, "num_context_layers": 3, "block_size": 8, "blocks_per_window": 128,
                              "gamma": 4.0, "norm_from_target": True}),
                  "DFlash block drafter ({num_hidden_layers} layers, block {block_size}, context from target layers "
-                 "{target_layer_ids})")))
+                 "{target_layer_ids})", card_cost=True)))

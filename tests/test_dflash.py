@@ -57,7 +57,7 @@ def test_each_block_is_zlabs_forward_over_the_committed_sequence(small):
 
     def recording():
         out = inner()
-        seen.append((list(w.slot_list), w.state.seq_lens.tolist(), out[0].tolist()))
+        seen.append((list(w.slot_list), w.state.seq_lens.tolist(), out.candidates.tolist()))
         return out
 
     w.draft = recording

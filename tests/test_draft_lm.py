@@ -71,7 +71,7 @@ def test_the_stage_trains_stores_and_loads_a_draft_lm(tmp_path):
     target = _tiny_target()
     shape = {"num_layers": 1, "hidden_size": 16, "intermediate_size": 24, "num_attention_heads": 1,
              "num_key_value_heads": 1}
-    opts = zt.StageOpts(steps=3, batch_size=2, seq_len=32, warmup=1, extra=dict(shape, cost_prompts=0))
+    opts = zt.StageOpts(steps=3, batch_size=2, seq_len=32, warmup=1, extra=shape)
     lm, stats = zt.train_draft_lm(target, opts, seed=0, log=lambda s: None)
     assert stats["steps"] == 3 and math.isfinite(stats["final_train_loss_ema"]) and "step_cost" not in stats
     assert all(p.grad is not None for p in lm.parameters())

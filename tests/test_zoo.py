@@ -265,13 +265,18 @@ def test_ttt_mask_shape_and_rows():
 def test_main_end_to_end_tiny(tmp_path):
     argv = ["--out", str(tmp_path), "--name", "tiny", "--target-steps", "2", "--eagle-steps", "1", "--mtp-steps",
             "1", "--mtp-chain-steps", "1", "--eagle3-steps", "1", "--eagle3-vocab", "200", "--draft-lm-steps", "1",
-            "--draft-lm-cost-prompts", "0", "--dflash-steps", "1", "--dflash-cost-prompts", "0",
+            "--dflash-steps", "1", "--cost-prompts", "1",
             "--layers", "2", "--hidden", "32", "--intermediate", "64",
             "--heads", "2", "--kv-heads", "1", "--seq-len", "32", "--batch-size", "2", "--threads",
             str(torch.get_num_threads()), "--eval-windows", "2", "--eval-len", "32",
             "--model-card", str(tmp_path / "card.md")]
-    assert zt.main(argv) == 0
-    b = zoo._load_dir(tmp_path / "tiny", "tiny")
+    from specdec.bench.draft_cost import record_trained_step_costs
+    assert zt.main(argv, after_training=record_trained_step_costs) == 0
+    b = zoo.load_dir(tmp_path / "tiny", "tiny")
+    for kind in ("draft_lm", "dflash"):  # the card states their step cost, measured after training by the bench step
+        cost = b.card["training"][kind]["step_cost"]
+        assert cost["target_only_step_ms"] > 0 and cost["draft_forward_in_target_only_steps"] > 0, kind
+    assert "step_cost" not in b.card["training"]["eagle"]
     assert b.card["command"].startswith("specdec zoo train --out")
     assert set(b.card["heldout"]) == {"target", "eagle", "eagle3", "mtp", "mtp_chain", "draft_lm", "dflash"}
     assert b.target.dtype == torch.float32 and b.eagle3.config.draft_vocab_size == 200

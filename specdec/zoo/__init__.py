@@ -26,7 +26,8 @@ DEFAULT_NAME = "stdlib-byte-6l"
 #: to the target; `specdec demo` and `specdec bench` run it when it ships
 DEEP_NAME = "stdlib-byte-24l"
 
-__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "load", "names", "speed_pair", "zoo_kinds"]
+__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "load", "load_dir", "names", "speed_pair",
+           "zoo_kinds"]
 
 
 @dataclass
@@ -69,7 +70,9 @@ def speed_pair() -> str:
     return DEEP_NAME if DEEP_NAME in names() and complete else DEFAULT_NAME
 
 
-def _load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:
+def load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:
+    """A pair's directory (its target/, one directory per trained draft kind, card.json) -> its Bundle, as `load`
+    reads the shipped ones; for a pair trained elsewhere (`specdec zoo train --out`)."""
     from ..models import LlamaForCausalLM
 
     root = Path(root)
@@ -88,4 +91,4 @@ def load(name: str = DEFAULT_NAME, device="cpu", dtype: torch.dtype = torch.floa
     available = names()
     if name not in available:
         raise ValueError(f"unknown zoo checkpoint {name!r}; available: {available}")
-    return _load_dir(WEIGHTS_DIR / name, name, device=device, dtype=dtype)
+    return load_dir(WEIGHTS_DIR / name, name, device=device, dtype=dtype)

@@ -53,15 +53,15 @@ from .evaluate import (evaluate_bundle, evaluate_dflash, evaluate_draft_lm, eval
 from .hparams import DRAFTS, STAGES, StageOpts, TargetShape, Windows, default_opts
 from .loop import init_weights_, lr_at, make_optimizer, num_params
 from .pipeline import train_all
-from .stages import (DRAFT_LM_SHAPE, dflash_blocks, dflash_loss, dflash_step_cost, draft_lm_loss, draft_lm_step_cost,
+from .stages import (DRAFT_LM_SHAPE, dflash_blocks, dflash_loss, draft_lm_loss,
                      draft_vocabulary, eagle3_loss, eagle_loss, eagle_unrolled, mtp_forward, mtp_loss, new_draft_lm,
                      new_eagle3_head, soft_ce, target_loss, train_dflash, train_draft_lm, train_eagle, train_eagle3,
                      train_mtp, train_mtp_chain, train_target, ttt_mask, zoo_feature_layers)
 from .storage import DRAFT_STORAGE, STORE_DTYPE, save_stored
 
 __all__ = ["DRAFTS", "DRAFT_LM_SHAPE", "DRAFT_STORAGE", "MODEL_CARD", "STAGES", "STORE_DTYPE", "StageOpts",
-           "TargetShape", "Windows", "card_path", "default_opts", "dflash_blocks", "dflash_loss", "dflash_step_cost",
-           "draft_lm_loss", "draft_lm_step_cost", "draft_vocabulary", "eagle3_loss", "eagle_loss", "eagle_unrolled",
+           "TargetShape", "Windows", "card_path", "default_opts", "dflash_blocks", "dflash_loss",
+           "draft_lm_loss", "draft_vocabulary", "eagle3_loss", "eagle_loss", "eagle_unrolled",
            "evaluate_bundle", "evaluate_dflash", "evaluate_draft_lm", "evaluate_eagle", "evaluate_mtp",
            "evaluate_target", "init_weights_", "lr_at", "main", "make_optimizer", "mtp_forward", "mtp_loss",
            "new_draft_lm", "new_eagle3_head", "num_params", "read_card", "render_model_card", "render_model_cards",

@@ -15,7 +15,10 @@ from .card import MODEL_CARD, read_card, render_model_card, render_model_cards
 from .hparams import STAGES, TargetShape, default_opts
 from .pipeline import train_all
 
-def main(argv=None) -> int:
+def main(argv=None, after_training=None) -> int:
+    """`specdec zoo train`. after_training(out, name, stages, cost_prompts), when given, runs after the stages
+    trained and before the model card is written (`specdec zoo train` measures the drafts' step costs there, a bench
+    step the trainer does not import)."""
     """`specdec zoo train`: argparse front end of `train_all`."""
     d = default_opts()
     p = argparse.ArgumentParser(prog="specdec zoo train", description="Train the zoo's checkpoints on the "
@@ -48,12 +51,11 @@ def main(argv=None) -> int:
                    help="unrolled training-time-test passes of the EAGLE and EAGLE-3 heads (default: %(default)s)")
     p.add_argument("--eagle3-vocab", type=int, default=d["eagle3"].extra["draft_vocab_size"],
                    help="the EAGLE-3 head's draft vocabulary: this many most frequent ids (default: %(default)s)")
-    p.add_argument("--draft-lm-cost-prompts", type=int, default=d["draft_lm"].extra.get("cost_prompts", 4),
-                   help="held-out prompts over which the draft LM's step cost is measured against the target's "
-                        "after its training, for the card (0: not measured; default: %(default)s)")
-    p.add_argument("--dflash-cost-prompts", type=int, default=d["dflash"].extra.get("cost_prompts", 4),
-                   help="held-out prompts over which the DFlash drafter's block forward is timed against the target's "
-                        "step after its training, for the card (0: not measured; default: %(default)s)")
+    p.add_argument("--cost-prompts", type=int, default=4,
+                   help="held-out prompts over which `specdec zoo train` measures, after training, the step cost of "
+                        "each trained draft whose card states one (the draft LM, DFlash) against the target's "
+                        "(0: not measured; `python -m specdec.zoo.train` never measures: run `specdec bench --suite "
+                        "draft-cost`; default: %(default)s)")
     p.add_argument("--eval-windows", type=int, default=32, help="held-out windows for the card's metrics")
     p.add_argument("--eval-len", type=int, default=512, help="length of those windows")
     p.add_argument("--model-card", default=None,
@@ -74,8 +76,6 @@ def main(argv=None) -> int:
         p.error(f"--eagle3-vocab must be in [1, {ByteTokenizer.vocab_size}] (the byte vocabulary), "
                 f"got {a.eagle3_vocab}")
     opts["eagle3"].extra["draft_vocab_size"] = a.eagle3_vocab
-    opts["draft_lm"].extra["cost_prompts"] = a.draft_lm_cost_prompts
-    opts["dflash"].extra["cost_prompts"] = a.dflash_cost_prompts
     shape = TargetShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                         num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate)
     stages = STAGES if a.stage == "all" else () if a.stage == "eval" else (a.stage,)
@@ -83,6 +83,9 @@ def main(argv=None) -> int:
     card = train_all(a.out, a.name, a.seed, stages, shape, opts, command.strip(),
                      log=lambda s: tqdm.write(s, file=sys.stderr), eval_windows=a.eval_windows,
                      eval_len=a.eval_len)
+    if after_training is not None and a.cost_prompts:
+        after_training(a.out, a.name, stages, a.cost_prompts)
+        card = read_card(Path(a.out), a.name)
     md = a.model_card
     if md is None and Path(a.out).resolve() == WEIGHTS_DIR:
         md = str(MODEL_CARD)

@@ -30,7 +30,7 @@ def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=S
     """Train `stages` in order and write out/name/target/, a directory per draft kind (out/name/eagle/, ...) and
     out/name/card.json. A stage after `target` loads the existing target from out/name/target.
     -> the card (dict)."""
-    from .. import _load_dir
+    from .. import load_dir
 
     out = Path(out)
     shape = shape or TargetShape()
@@ -73,7 +73,7 @@ def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=S
         card["training"][stage] = stats
         write_card(out, name, card)
         log(f"== {stage} done in {stats['train_seconds']:.0f}s")
-    bundle = _load_dir(root, name)
+    bundle = load_dir(root, name)
     log("== evaluating the stored weights on held-out windows")
     card["heldout"] = evaluate_bundle(bundle, eval_windows, eval_len)
     card["heldout_eval"] = {"windows": eval_windows, "length": eval_len, "seed": 4321}

@@ -2,8 +2,6 @@
 in two styles; a standalone draft LM), each trained by `train_<stage>` through the shared loop."""
 from __future__ import annotations
 
-import json
-import os
 import time
 
 import numpy as np
@@ -351,29 +349,10 @@ def draft_lm_loss(target, lm, batch: torch.Tensor, amp: bool):
     return ce, {"ce": float(ce.detach()), "agree": float(agree)}
 
 
-def draft_lm_step_cost(target, lm, num_prompts: int = 4) -> dict:
-    """What one draft-LM step costs against one target-only decode step, the way the card measures the deep pair's
-    EAGLE draft (`specdec.bench.draft_step_cost`: B = 1, process CPU time, a chain of 5 on held-out prompts of 64
-    bytes), at one thread whatever the training's."""
-    from ...bench.acceptance import draft_step_cost
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cost = draft_step_cost(target, lm, corpus.heldout_prompts(num_prompts, 64, seed=0))
-    finally:
-        torch.set_num_threads(threads)
-    # the machine's load when measured: other processes slow both steps alike, so the ratio is what carries
-    return {"threads": cost["threads"], "target_only_step_ms": cost["target_only_step_ms"],
-            "draft_forward_ms": cost["eagle_draft_forward_ms"],
-            "draft_forward_in_target_only_steps": cost["draft_forward_in_target_only_steps"],
-            "load_average_1min": round(os.getloadavg()[0], 2), "cpu_count": os.cpu_count()}
-
-
 def train_draft_lm(target, opts: StageOpts, seed: int = 0, log=print):
     """-> (trained draft LM, a LlamaForCausalLM fp32, stats). Shaped by opts.extra (`DRAFT_LM_SHAPE`), distilled
-    from the frozen target on windows of opts.seq_len bytes; stats add its measured step cost (`step_cost`,
-    `draft_lm_step_cost` over opts.extra['cost_prompts'] prompts, 4 by default; 0: not measured)."""
+    from the frozen target on windows of opts.seq_len bytes. Its step cost is measured after training, by the bench
+    (`specdec.bench.draft_cost`)."""
     _freeze(target)
     torch.manual_seed(seed + 50)
     lm = new_draft_lm(target, opts.extra, seed + 50)
@@ -382,10 +361,6 @@ def train_draft_lm(target, opts: StageOpts, seed: int = 0, log=print):
     stats = _run_loop("draft_lm", opts, lm.named_parameters(), lambda b: draft_lm_loss(target, lm, b, opts.amp),
                       windows, seed + 52, None, log)
     lm.eval()
-    cost_prompts = int(opts.extra.get("cost_prompts", 4))
-    if cost_prompts:
-        stats["step_cost"] = draft_lm_step_cost(target, lm, cost_prompts)
-        log(f"[draft_lm] step cost {json.dumps(stats['step_cost'])}")
     return lm, stats
 
 
@@ -436,32 +411,14 @@ def dflash_loss(target, model, batch: torch.Tensor, blocks: int, gamma: float, a
     return loss, {"ce": float(loss.detach()), "agree1": float(agree[0]), f"agree{bs - 1}": float(agree[-1])}
 
 
-def dflash_step_cost(target, model, num_prompts: int = 4) -> dict:
-    """One block forward (the `draft` phase of a DFlash step at its trained block) against one EAGLE draft forward
-    of the same pair's stored EAGLE head, each measured as the card measures drafts (`specdec.bench.
-    draft_step_cost`: B = 1, process CPU time, held-out prompts of 64 bytes), at one thread."""
-    from ...bench.acceptance import draft_step_cost
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cost = draft_step_cost(target, model, corpus.heldout_prompts(num_prompts, 64, seed=0))
-    finally:
-        torch.set_num_threads(threads)
-    return {"threads": cost["threads"], "target_only_step_ms": cost["target_only_step_ms"],
-            "draft_forward_ms": cost["eagle_draft_forward_ms"],
-            "draft_forward_in_target_only_steps": cost["draft_forward_in_target_only_steps"],
-            "load_average_1min": round(os.getloadavg()[0], 2), "cpu_count": os.cpu_count()}
-
-
 def train_dflash(target, opts: StageOpts, seed: int = 0, log=print):
     """-> (trained DFlashDraftModel fp32, stats). opts.extra: num_layers, block_size, blocks_per_window (anchors
     per window), gamma (the loss's decay by block position), target_layer_ids (default z-lab's
-    `build_target_layer_ids` for num_context_layers layers, the drafter's layer count unless given),
-    cost_prompts (prompts for the measured block cost, 0: not measured). The target is frozen; its embedding and
-    LM head are the drafter's; the mask token is the BOS id (never inside a window)."""
+    `build_target_layer_ids` for num_context_layers layers, the drafter's layer count unless given). The target is
+    frozen; its embedding and LM head are the drafter's; the mask token is the BOS id (never inside a window). Its
+    block cost is measured after training, by the bench (`specdec.bench.draft_cost`)."""
     from ...models.dflash import DFlashDraftModel, build_target_layer_ids, dflash_config_like
-    from ..tokenizer import ByteTokenizer
+    from ...tokenizer import ByteTokenizer
 
     ex = opts.extra
     L, bs = int(ex.get("num_layers", 2)), int(ex.get("block_size", 8))
@@ -490,8 +447,4 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print):
     model.eval()
     stats["train_cpu_seconds"] = round(time.process_time() - cpu0, 1)  # wall time counts other processes' load
     stats["target_layer_ids"] = list(model.config.target_layer_ids)
-    cost_prompts = int(ex.get("cost_prompts", 4))
-    if cost_prompts:
-        stats["step_cost"] = dflash_step_cost(target, model, cost_prompts)
-        log(f"[dflash] block cost {json.dumps(stats['step_cost'])}")
     return model, stats
