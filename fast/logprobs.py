@@ -239,13 +239,13 @@ def compute_spec_v2_logprobs_merge_kernel(
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
+def device_sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return _NOMINAL_SM_COUNT
 
 
-def _num_vocab_splits(num_rows: int, vocab: int, sm_count: int) -> int:
+def num_vocab_splits(num_rows: int, vocab: int, sm_count: int) -> int:
     """Programs per row: enough rows x splits for ``_PROGRAMS_PER_SM`` programs per SM, each split at least
     ``_MIN_TILES_PER_SPLIT`` full tiles, at most ``_MAX_SPLITS``; 1 once the rows alone are that many."""
     wanted = triton.cdiv(_PROGRAMS_PER_SM * sm_count, max(num_rows, 1))
@@ -280,7 +280,7 @@ def compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temperatures, 
     if _num_splits is not None:
         splits = _num_splits
     else:
-        splits = _num_vocab_splits(R, V, _sm_count(device))
+        splits = num_vocab_splits(R, V, device_sm_count(device))
     # The tile shrinks to the split for a small vocabulary (>= 16 lanes: V = 1 still gets a real tile).
     block_v = min(BLOCK_V, max(16, triton.next_power_of_2(triton.cdiv(V, splits))))
     split_len = triton.cdiv(triton.cdiv(V, splits), block_v) * block_v

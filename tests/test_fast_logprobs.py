@@ -208,7 +208,7 @@ def test_default_launch_with_an_empty_split_at_a_tiny_temperature():
     columns, the last one empty (as 2 rows of V = 151,936 get 37, some empty); temperature 0.01 puts the
     row maximum near -100."""
     V = 24577
-    assert (fast_logprobs._num_vocab_splits(2, V, fast_logprobs._NOMINAL_SM_COUNT) - 1) * 5 * 1024 >= V
+    assert (fast_logprobs.num_vocab_splits(2, V, fast_logprobs._NOMINAL_SM_COUNT) - 1) * 5 * 1024 >= V
     g = torch.Generator().manual_seed(13)
     logits = -1.0 - torch.rand(2, V, generator=g)
     predict = torch.tensor([5, V - 1])
@@ -220,7 +220,7 @@ def test_default_launch_with_an_empty_split_at_a_tiny_temperature():
 
 
 def test_split_heuristic():
-    split = fast_logprobs._num_vocab_splits
+    split = fast_logprobs.num_vocab_splits
     assert split(2, 151936, 132) > 8  # decode: two rows, a large vocabulary
     assert split(2, 151936, 132) * 4 * fast_logprobs.BLOCK_V <= 151936 + 4 * fast_logprobs.BLOCK_V
     # 256 rows of Qwen's vocabulary (the fused pass's goal shape) on an H200's 132 SMs: one program per row

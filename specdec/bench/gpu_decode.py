@@ -15,7 +15,7 @@ import functools
 import time
 from pathlib import Path
 
-from .gpu_parts import _device, _run, _write_error
+from .gpu_parts import gpu_device, gpu_run, error_writer
 from .gpu_rows import E2E, DecodeRow, writer
 from .gpu_runner import Config, lazy, run_configs
 
@@ -99,9 +99,9 @@ def _replay_params(mode: str, B: int):
 
 
 def run_graph_replay(out: Path, smoke: bool) -> None:
-    device = _device(smoke)
+    device = gpu_device(smoke)
     w = writer(out, E2E)
-    run = functools.lru_cache(None)(lambda: _run(device))
+    run = functools.lru_cache(None)(lambda: gpu_run(device))
     models = lazy(lambda: _small_models(device))
     engines = {}
     # smoke: mixed batches only (greedy and sampled requests side by side)
@@ -116,7 +116,7 @@ def run_graph_replay(out: Path, smoke: bool) -> None:
                 configs.append(Config(f"{case.label} B={B} {mode}",
                                       functools.partial(_replay_case, case, B, mode, smoke, device, models, engines,
                                                         run, w), E2E, fields, headline=True))
-    run_configs("graph_replay", configs, _write_error(out))
+    run_configs("graph_replay", configs, error_writer(out))
 
 
 def _replay_case(case, B, mode, smoke, device, models, engines, run, w) -> None:
@@ -209,9 +209,9 @@ def e2e_plan(smoke: bool) -> list[tuple]:
 
 
 def run_e2e(out: Path, smoke: bool) -> None:
-    device = _device(smoke)
+    device = gpu_device(smoke)
     w = writer(out, E2E)
-    run = functools.lru_cache(None)(lambda: _run(device))
+    run = functools.lru_cache(None)(lambda: gpu_run(device))
     models = lazy(lambda: _e2e_models(device, smoke))
     state = dict(engines={}, reference={}, fast_eager={})
     configs = []
@@ -220,7 +220,7 @@ def run_e2e(out: Path, smoke: bool) -> None:
         configs.append(Config(f"{case.label} {impl}{' + graphs' if graphs else ''} B={B}",
                               functools.partial(_e2e_case, B, case, impl, graphs, smoke, device, models, state, run,
                                                 w), E2E, fields, headline=B != 8 and (impl == "reference" or graphs)))
-    run_configs("e2e", configs, _write_error(out))
+    run_configs("e2e", configs, error_writer(out))
 
 
 def _e2e_case(B, case, impl, graphs, smoke, device, models, state, run, w) -> None:

@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .gpu_parts import _device, _graph_timer, _op_timer, _run, _write_error, copy_ceiling
+from .gpu_parts import gpu_device, graph_timer_name, op_timer_name, gpu_run, error_writer, copy_ceiling
 from .gpu_rows import KERNELS, GpuKernelRow, writer
 from .gpu_runner import Config, last_line, run_configs
 
@@ -35,10 +35,10 @@ SMOKE_OPS = ("softmax_topk", "build_tree_kernel_efficient", "tree_attention", "a
 
 
 def run_decode_ops(out: Path, smoke: bool) -> None:
-    device = _device(smoke)
+    device = gpu_device(smoke)
     shape = SMOKE_SHAPE if smoke else GPU_SHAPE
     w = writer(out, KERNELS)
-    run = functools.lru_cache(None)(lambda: _run(device))
+    run = functools.lru_cache(None)(lambda: gpu_run(device))
     copy = functools.lru_cache(None)(lambda: copy_ceiling(out, device, smoke))
     configs = []
     for B in shape["sizes"]:
@@ -47,24 +47,24 @@ def run_decode_ops(out: Path, smoke: bool) -> None:
             configs.append(Config(f"{op} B={B}", functools.partial(_measure_op, op, B, shape, device, run, copy, w,
                                                                    2 if smoke else 20, not smoke),
                                   KERNELS, fields, headline=B == shape["sizes"][0]))
-    run_configs("decode_ops", configs, _write_error(out))
+    run_configs("decode_ops", configs, error_writer(out))
 
 
 def op_case(op: str, B: int, shape: dict, device, gen):
     """The `kernels.OpCase` of `op` at batch size B."""
     from .common import DTYPES
-    from .kernels import _commit_case, _penalty_case, _sampling_cases, _tree_cases
+    from .kernels import commit_case, penalty_case, sampling_cases, tree_cases
 
     V, T, dtype = shape["V"], shape["T"], DTYPES[shape["dtype"]]
     if op in ("build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only"):
-        return next(c for c in _tree_cases(B, V, device, gen) if c.op == op)
+        return next(c for c in tree_cases(B, V, device, gen) if c.op == op)
     if op in ("softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob"):
-        return next(c for c in _sampling_cases(B, T, V, dtype, device, gen) if c.op == op)
+        return next(c for c in sampling_cases(B, T, V, dtype, device, gen) if c.op == op)
     if op == "apply_penalties_tree":
-        return _penalty_case(B, T, V, dtype, device, gen)
+        return penalty_case(B, T, V, dtype, device, gen)
     if op == "commit_kv_cache":
         small = {} if device.type == "cuda" else dict(layers=2, kv_heads=2, head_dim=16, max_seq=32)
-        return _commit_case(B, T, dtype, device, gen, **small)
+        return commit_case(B, T, dtype, device, gen, **small)
     if op == "apply_token_bitmask":
         return bitmask_case(B * 16, V, dtype, device, gen)
     if op == "tree_attention":
@@ -142,12 +142,13 @@ def _measure_op(op: str, B: int, shape: dict, device, run, copy, w, repeats: int
                 raise
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # raises when it did not: the configuration fails, the part restarts
-            w.write(_op_row(run(), case, impl, _graph_timer(device), None, copy(), None, "", last_line(e)))
+            w.write(_op_row(run(), case, impl, graph_timer_name(device), None, copy(), None, "", last_line(e)))
             continue
         med = statistics.median(times)
         median[impl] = med
         ref = median.get("reference_graph" if graphed else "reference") if impl.startswith("fast") else None
-        w.write(_op_row(run(), case, impl, _graph_timer(device) if graphed else _op_timer(device), times, copy(),
+        timer = graph_timer_name(device) if graphed else op_timer_name(device)
+        w.write(_op_row(run(), case, impl, timer, times, copy(),
                         ref, f"{'reference_graph/fast_graph' if graphed else 'reference/fast'}" if ref else "", ""))
     print(f"{op} B={B} [{time.perf_counter() - t0:.1f} s]", flush=True)
 

@@ -32,27 +32,27 @@ LOGPROB_ATOL_VS_FLOAT64 = 1e-3
 GOAL_ROWS, GOAL_VOCAB = 256, 151936
 
 
-def _run(device):
+def gpu_run(device):
     from .common import Run
     return Run("gpu-check", device, run_id=os.environ.get(RUN_ID_ENV))
 
 
-def _device(smoke: bool):
+def gpu_device(smoke: bool):
     import torch
     return torch.device("cpu" if smoke else "cuda")
 
 
-def _graph_timer(device) -> str:
+def graph_timer_name(device) -> str:
     """What `kernels.time_rotated` measures on `device`."""
     return "cuda_graph" if device.type == "cuda" else "process_cpu_time"
 
 
-def _op_timer(device) -> str:
+def op_timer_name(device) -> str:
     """What `common.time_calls` measures on `device`."""
     return "cuda_event" if device.type == "cuda" else "process_cpu_time"
 
 
-def _write_error(out: Path):
+def error_writer(out: Path):
     """error_row(config, message) for `run_configs`: the configuration's naming fields, status error."""
     def write(config: Config, message: str) -> None:
         from .gpu_rows import driver_prefix, write_error_row
@@ -73,7 +73,7 @@ def run_environment(out: Path, smoke: bool) -> None:
             env_w.write(EnvironmentRow(key, str(value)))
 
     def versions():
-        info = {k: str(v) for k, v in _run(device).prefix().items()}
+        info = {k: str(v) for k, v in gpu_run(device).prefix().items()}
         import numpy
         info.update(python=platform.python_version(), platform=platform.platform(), numpy=numpy.__version__,
                     cuda_runtime=str(torch.version.cuda), cpu_count=os.cpu_count(), smoke=smoke)
@@ -100,7 +100,7 @@ def run_environment(out: Path, smoke: bool) -> None:
             put(dict(driver="unknown (no nvidia-smi)"))
 
     kernels_w = writer(out, KERNELS)
-    run = functools.lru_cache(None)(lambda: _run(_device(smoke)))
+    run = functools.lru_cache(None)(lambda: gpu_run(gpu_device(smoke)))
     configs = [Config("versions", versions, ENVIRONMENT, dict(key="error.versions"), headline=True),
                Config("gpu", gpu, ENVIRONMENT, dict(key="error.gpu"), headline=True),
                Config("driver", driver, ENVIRONMENT, dict(key="error.driver")),
@@ -108,7 +108,7 @@ def run_environment(out: Path, smoke: bool) -> None:
                       dict(part="environment", check="ceiling", op="device_copy", impl="ceiling"), headline=True),
                Config("matmul_ceiling", lambda: kernels_w.write(_matmul_ceiling(run(), smoke)), KERNELS,
                       dict(part="environment", check="ceiling", op="matmul", impl="ceiling"))]
-    run_configs("environment", configs, _write_error(out))
+    run_configs("environment", configs, error_writer(out))
 
 
 def _ceiling_row(run, timer, op, dtype, times, nbytes, rows=0, **extra) -> GpuKernelRow:
@@ -131,7 +131,7 @@ def _copy_ceiling(run, smoke: bool) -> GpuKernelRow:
     import torch
 
     from .kernels import COPY_CEILING_BYTES, time_rotated
-    device = _device(smoke)
+    device = gpu_device(smoke)
     if device.type == "cuda":
         chunks = 4
         n = COPY_CEILING_BYTES // chunks // 4
@@ -146,7 +146,7 @@ def _copy_ceiling(run, smoke: bool) -> GpuKernelRow:
         src, dst = torch.randn(n), torch.empty(n)
         times = time_calls(lambda: dst.copy_(src), device, 5)
         nbytes = 2 * n * 4
-    row = _ceiling_row(run, _graph_timer(device), "device_copy", "float32", times, nbytes)
+    row = _ceiling_row(run, graph_timer_name(device), "device_copy", "float32", times, nbytes)
     print(f"copy: {row.gbps:.1f} GB/s, {nbytes / 2 / 2**30:.2f} GiB copied per round", flush=True)
     return row
 
@@ -156,7 +156,7 @@ def _matmul_ceiling(run, smoke: bool) -> GpuKernelRow:
 
     from .common import dtype_name
     from .kernels import time_rotated
-    device = _device(smoke)
+    device = gpu_device(smoke)
     n, dtype = (256, torch.float32) if smoke else (8192, torch.bfloat16)
     gen = torch.Generator(device=device).manual_seed(0)
     pairs = [(torch.randn(n, n, generator=gen, device=device).to(dtype),
@@ -165,7 +165,7 @@ def _matmul_ceiling(run, smoke: bool) -> GpuKernelRow:
     times = time_rotated([lambda a=a, b=b: torch.mm(a, b, out=dst) for a, b in pairs], device, 3 if smoke else 10)
     tflops = 2 * n**3 / statistics.median(times) / 1e6
     print(f"matmul {n}^3: {tflops:.3g} TFLOP/s", flush=True)
-    return _ceiling_row(run, _graph_timer(device), "matmul", dtype_name(dtype), times, 3 * n * n * dtype.itemsize,
+    return _ceiling_row(run, graph_timer_name(device), "matmul", dtype_name(dtype), times, 3 * n * n * dtype.itemsize,
                         rows=n, tflops=tflops)
 
 
@@ -226,9 +226,9 @@ def logprob_shapes(smoke: bool) -> list[LogprobShape]:
 
 
 def run_logprob_kernels(out: Path, smoke: bool) -> None:
-    device = _device(smoke)
+    device = gpu_device(smoke)
     w = writer(out, KERNELS)
-    run = functools.lru_cache(None)(lambda: _run(device))
+    run = functools.lru_cache(None)(lambda: gpu_run(device))
     copy = functools.lru_cache(None)(lambda: copy_ceiling(out, device, smoke))
     repeats = 2 if smoke else 20
     configs = []
@@ -238,7 +238,7 @@ def run_logprob_kernels(out: Path, smoke: bool) -> None:
                       temperature="" if shape.temperature is None else shape.temperature)
         configs.append(Config(shape.key, functools.partial(_measure_logprobs, shape, device, run, copy, w, repeats),
                               KERNELS, fields, headline=shape.check == "headline"))
-    run_configs("logprob_kernels", configs, _write_error(out))
+    run_configs("logprob_kernels", configs, error_writer(out))
 
 
 def _measure_logprobs(shape: LogprobShape, device, run, copy, w, repeats: int) -> None:
@@ -246,7 +246,7 @@ def _measure_logprobs(shape: LogprobShape, device, run, copy, w, repeats: int) -
 
     import fast
     import reference
-    from fast.logprobs import _num_vocab_splits, _sm_count
+    from fast.logprobs import device_sm_count, num_vocab_splits
 
     from ..logprob_types import LogitsOutput
     from .common import DTYPES, time_calls
@@ -269,10 +269,10 @@ def _measure_logprobs(shape: LogprobShape, device, run, copy, w, repeats: int) -
     want_lp = want.gather(1, predict[rows].long()[:, None])[:, 0]
     want_top = want.topk(shape.top_k, -1).values if shape.top_k else None
     del want
-    sm = _sm_count(device)
-    auto = _num_vocab_splits(shape.rows, shape.vocab, sm)
+    sm = device_sm_count(device)
+    auto = num_vocab_splits(shape.rows, shape.vocab, sm)
     copies = rotation_copies(device, case.bytes)
-    graph_timer, op_timer = _graph_timer(device), _op_timer(device)
+    graph_timer, op_timer = graph_timer_name(device), op_timer_name(device)
     median = {}
 
     def op_calls(ops):

@@ -108,7 +108,7 @@ def logprob_launches(logits, predict, accept, temps, top_k, copies: int, num_spl
                               _num_splits=num_splits) for x in inputs]
 
 
-def _sampling_cases(B, T, V, dtype, device, gen) -> list[OpCase]:
+def sampling_cases(B, T, V, dtype, device, gen) -> list[OpCase]:
     """The target distribution of a verify: softmax(logits / T), then the top-k and top-p filters."""
     N = B * T
     logits = torch.randn(N, V, generator=gen, device=device).to(dtype) * 3
@@ -127,7 +127,7 @@ def _sampling_cases(B, T, V, dtype, device, gen) -> list[OpCase]:
     ]
 
 
-def _tree_cases(B, V, device, gen) -> list[OpCase]:
+def tree_cases(B, V, device, gen) -> list[OpCase]:
     """Tree build and both verifies for the EAGLE tree (S, K, W) = (5, 4, 16), drafted by the reference."""
     import reference
 
@@ -165,7 +165,7 @@ def _tree_cases(B, V, device, gen) -> list[OpCase]:
     ]
 
 
-def _penalty_case(B, T, V, dtype, device, gen) -> OpCase:
+def penalty_case(B, T, V, dtype, device, gen) -> OpCase:
     """`apply_penalties_tree` on a chain of T nodes per request, every penalty on: the logits are read and the
     penalised fp32 rows written once, each request's counts, masks and bias read once."""
     logits = torch.randn(B * T, V, generator=gen, device=device).to(dtype)
@@ -184,7 +184,7 @@ def _penalty_case(B, T, V, dtype, device, gen) -> OpCase:
                   lambda ops: ops.apply_penalties_tree(logits, candidates, tree_mask, **per_request))
 
 
-def _commit_case(B, T, dtype, device, gen, layers=32, kv_heads=8, head_dim=128, max_seq=512) -> OpCase:
+def commit_case(B, T, dtype, device, gen, layers=32, kv_heads=8, head_dim=128, max_seq=512) -> OpCase:
     """A Llama-8B-shaped cache (32 layers, 8 KV heads of 128): every accepted node but the root moves."""
     W = 2 * T
     kv = torch.zeros(2 * layers, B, max_seq, kv_heads, head_dim, dtype=dtype, device=device)
@@ -306,12 +306,12 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
             for T in num_slots[:1]:
                 for V in vocab_sizes[-1:]:
                     for dtype in dtypes:
-                        yield from _sampling_cases(B, T, V, dtype, device, gen)
+                        yield from sampling_cases(B, T, V, dtype, device, gen)
             for T in num_slots:
-                yield _penalty_case(B, T, vocab_sizes[-1], dtypes[0], device, gen)
-            yield from _tree_cases(B, vocab_sizes[-1], device, gen)
+                yield penalty_case(B, T, vocab_sizes[-1], dtypes[0], device, gen)
+            yield from tree_cases(B, vocab_sizes[-1], device, gen)
             for T in num_slots:
-                yield _commit_case(B, T, dtypes[0], device, gen)
+                yield commit_case(B, T, dtypes[0], device, gen)
 
     # on CUDA one ceiling for the run, far past L2; on a CPU the copy of each case's own bytes
     copy_gbps = {None: copy_bandwidth(device)} if device.type == "cuda" else {}
