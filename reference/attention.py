@@ -14,7 +14,9 @@ def plan_tree_attention(slots, cache_start, write_offset, tree_mask, attn_len, n
     """slots, cache_start: (B,) int64; write_offset, attn_len, num_new (T), max_seq_len: int; tree_mask:
     (B, T, write_offset + T) bool or None -> TreeAttentionPlan, shared by every layer of one forward.
 
-    Holds the (B, 1, T, attn_len) visibility mask of `tree_attention`, and flat cache-row indices
+    Holds the (B, 1, T, attn_len) visibility mask of `tree_attention` in the additive form attention takes
+    (0 where visible, -inf elsewhere; fp32: a boolean mask would be converted again by every layer's call,
+    three ops each, to the same values), and flat cache-row indices
     (row = slot * max_seq_len + position, for caches whose (slot, position) dims merge into one):
     where each new token's key goes, and which row each of the attn_len keys is read from. A key
     past the request's cache_start + write_offset + T is read from the request's last in-flight row
@@ -24,13 +26,14 @@ def plan_tree_attention(slots, cache_start, write_offset, tree_mask, attn_len, n
     B = check_plan_args(slots, cache_start, write_offset, tree_mask, attn_len, num_new, max_seq_len)
     T, device = num_new, slots.device
     visible = build_attention_mask(cache_start, T, write_offset, tree_mask, attn_len)[:, None]
+    bias = torch.zeros(visible.shape, dtype=torch.float32, device=device).masked_fill_(~visible, float("-inf"))
     end = cache_start + (write_offset + T)
     row0 = slots * max_seq_len
     key_pos = torch.minimum(torch.arange(attn_len, device=device)[None, :], (end - 1)[:, None])
     key_rows = (row0[:, None] + key_pos).reshape(-1)
     write_rows = (row0 + cache_start + write_offset)[:, None] + torch.arange(T, device=device)
     return TreeAttentionPlan(_IMPL, B, T, write_offset, attn_len, max_seq_len,
-                             dict(visible=visible, key_rows=key_rows, write_rows=write_rows.reshape(-1)))
+                             dict(mask_bias=bias, key_rows=key_rows, write_rows=write_rows.reshape(-1)))
 
 
 def _cache_rows(cache):
@@ -125,7 +128,7 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     k, v = (_cast(_gather_rows(cache, rows).view(B, attn_len, *cache.shape[2:]).transpose(1, 2), torch.float32)
             for cache in (k_cache, v_cache))
     out = F.scaled_dot_product_attention(_cast(q, torch.float32).transpose(1, 2), k, v,
-                                         attn_mask=plan.tensors["visible"], scale=scale, enable_gqa=Hq != k.shape[1])
+                                         attn_mask=plan.tensors["mask_bias"], scale=scale, enable_gqa=Hq != k.shape[1])
     return _cast(out.transpose(1, 2), q.dtype)
 
 

@@ -255,6 +255,52 @@ def test_a_bad_eagle3_vocabulary_is_refused_before_any_training(capsys):
     assert exit_.value.code == 2 and "--eagle3-vocab must be in [1, 258]" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("Hq, Hkv", [(4, 2), (2, 2)])
+def test_ttt_ops_attend_as_a_per_position_loop(Hq, Hkv):
+    """The unrolled passes' attention (`TTT_OPS`), written against a loop over query positions: the pass-j
+    query at t attends to pass 0's keys at s <= t - j, then to pass i's key at s = t - j + i for 1 <= i <= j
+    where that position exists (the keys `ttt_mask` marks), one softmax over them; a KV head serves
+    Hq // Hkv query heads in order."""
+    g = torch.Generator().manual_seed(0)
+    B, T, D, passes = 2, 7, 8, 4
+    ks = [torch.randn(B, T, Hkv, D, generator=g) for _ in range(passes)]
+    vs = [torch.randn(B, T, Hkv, D, generator=g) for _ in range(passes)]
+    q = torch.randn(B, T, Hq, D, generator=g)
+    for j in range(passes):
+        kc, vc = zt.stages._PassKV(T), zt.stages._PassKV(T)
+        kc.passes, vc.passes = ks[:j + 1], vs[:j + 1]
+        got = zt.stages.TTT_OPS.tree_attention(q, kc, vc, None, None, 0, None, T, 0.3)
+        mask = zt.ttt_mask(T, j)
+        for b in range(B):
+            for t in range(T):
+                keys = [(0, s) for s in range(0, t - j + 1)] + [(i, t - j + i) for i in range(1, j + 1)
+                                                                if t - j + i >= 0]
+                assert sorted(i * T + s for i, s in keys) == torch.nonzero(mask[t]).flatten().tolist()
+                for h in range(Hq):
+                    kv = h // (Hq // Hkv)
+                    k = torch.stack([ks[i][b, s, kv] for i, s in keys])
+                    v = torch.stack([vs[i][b, s, kv] for i, s in keys])
+                    w = torch.softmax(0.3 * (k @ q[b, t, h]), dim=0)
+                    torch.testing.assert_close(got[b, t, h], w @ v, atol=1e-5, rtol=1e-5)
+
+
+def test_the_eagle3_pass_weights_are_the_paper_s_normalised():
+    """Pass j's weight 0.8 ** j over their sum (decay 1: the mean); `eagle3_loss` is that weighted sum of the
+    passes' cross-entropies it reports."""
+    assert zt.pass_weights(3, 0.8) == pytest.approx([1 / 2.44, 0.8 / 2.44, 0.64 / 2.44])
+    assert zt.pass_weights(4) == pytest.approx([0.25] * 4)
+    with pytest.raises(ValueError):
+        zt.pass_weights(0, 0.8)
+    torch.manual_seed(0)
+    tgt = random_llama(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2)
+    head = random_eagle3_head(tgt, feature_layers=[1, 2, 3], seed=3)
+    batch = torch.randint(0, 40, (2, 12))
+    loss, parts = zt.eagle3_loss(tgt, head, batch, 3, False, 0.5)
+    ce = [parts[f"ce{j}"] for j in (1, 2, 3)]
+    assert float(loss.detach()) == pytest.approx((ce[0] + 0.5 * ce[1] + 0.25 * ce[2]) / 1.75, rel=1e-5)
+
+
 def test_ttt_mask_shape_and_rows():
     m = zt.ttt_mask(6, 2)
     assert m.shape == (6, 18)

@@ -13,8 +13,9 @@ Then a stage per draft kind the zoo ships (`specdec.draft_kinds`, `ZooStage`; ea
               with "training-time test" unrolling: pass j feeds the head its own output hidden of pass
               j-1 (as draft step j does at inference) and attends to exactly the keys that draft step j
               sees (the real-hidden prefix, then one key per earlier draft step), see `ttt_mask`.
-3. eagle3   - an EAGLE-3 head: features from three target layers, its own LM head over the most
-              frequent ids, cross-entropy only, with the EAGLE head's unrolling and budget.
+3. eagle3   - an EAGLE-3 head as the paper trains it: features from three target layers (low, middle,
+              high), its own LM head over the whole vocabulary, cross-entropy only, training-time-test
+              passes weighted 0.8 ** j, with the EAGLE head's budget (steps, tokens, unrolled passes).
 4. mtp      - S MTP layers, MiMo style (every layer reads the target's hidden states), distilled from
               the target's distribution S+1 positions ahead.
 5. mtp_chain- the same in Step-3.5 style (layer k reads layer k-1's output), trained jointly.
@@ -53,18 +54,18 @@ from .evaluate import (evaluate_bundle, evaluate_dflash, evaluate_draft_lm, eval
 from .hparams import DRAFTS, STAGES, StageOpts, TargetShape, Windows, default_opts
 from .loop import init_weights_, lr_at, make_optimizer, num_params
 from .pipeline import train_all
-from .stages import (DRAFT_LM_SHAPE, dflash_blocks, dflash_loss, draft_lm_loss,
-                     draft_vocabulary, eagle3_loss, eagle_loss, eagle_unrolled, mtp_forward, mtp_loss, new_draft_lm,
-                     new_eagle3_head, soft_ce, target_loss, train_dflash, train_draft_lm, train_eagle, train_eagle3,
-                     train_mtp, train_mtp_chain, train_target, ttt_mask, zoo_feature_layers)
+from .stages import (DRAFT_LM_SHAPE, dflash_blocks, dflash_loss, draft_lm_loss, draft_vocabulary, eagle3_loss,
+                     eagle_loss, eagle_unrolled, mtp_forward, mtp_loss, new_draft_lm, new_eagle3_head, pass_weights,
+                     soft_ce, target_loss, train_dflash, train_draft_lm, train_eagle, train_eagle3, train_mtp,
+                     train_mtp_chain, train_target, ttt_mask, zoo_feature_layers)
 from .storage import DRAFT_STORAGE, STORE_DTYPE, save_stored
 
 __all__ = ["DRAFTS", "DRAFT_LM_SHAPE", "DRAFT_STORAGE", "MODEL_CARD", "STAGES", "STORE_DTYPE", "StageOpts",
-           "TargetShape", "Windows", "card_path", "default_opts", "dflash_blocks", "dflash_loss",
-           "draft_lm_loss", "draft_vocabulary", "eagle3_loss", "eagle_loss", "eagle_unrolled",
-           "evaluate_bundle", "evaluate_dflash", "evaluate_draft_lm", "evaluate_eagle", "evaluate_mtp",
-           "evaluate_target", "init_weights_", "lr_at", "main", "make_optimizer", "mtp_forward", "mtp_loss",
-           "new_draft_lm", "new_eagle3_head", "num_params", "read_card", "render_model_card", "render_model_cards",
-           "save_stored", "shape_summary", "soft_ce", "target_loss", "train_all", "train_dflash", "train_draft_lm",
-           "train_eagle", "train_eagle3", "train_mtp", "train_mtp_chain", "train_target", "ttt_mask", "why_this_shape",
-           "write_card", "zoo_feature_layers"]
+           "TargetShape", "Windows", "card_path", "default_opts", "dflash_blocks", "dflash_loss", "draft_lm_loss",
+           "draft_vocabulary", "eagle3_loss", "eagle_loss", "eagle_unrolled", "evaluate_bundle", "evaluate_dflash",
+           "evaluate_draft_lm", "evaluate_eagle", "evaluate_mtp", "evaluate_target", "init_weights_", "lr_at", "main",
+           "make_optimizer", "mtp_forward", "mtp_loss", "new_draft_lm", "new_eagle3_head", "num_params",
+           "pass_weights", "read_card", "render_model_card", "render_model_cards", "save_stored", "shape_summary",
+           "soft_ce", "target_loss", "train_all", "train_dflash", "train_draft_lm", "train_eagle", "train_eagle3",
+           "train_mtp", "train_mtp_chain", "train_target", "ttt_mask", "why_this_shape", "write_card",
+           "zoo_feature_layers"]

@@ -126,23 +126,16 @@ def render_model_card(card: dict) -> str:
               "the fraction of positions where the draft's argmax equals the target's; the speculative "
               "workers' acceptance is measured separately (`specdec bench`)." % tr.get("eagle", {}).get("unroll", "?"),
               "",
-              "The EAGLE-3 head is scored over its draft vocabulary (%s ids, %.4f %% of the train bytes): "
-              "cross-entropy against the target's distribution restricted to it and renormalised, against the "
-              "true byte where the byte is in it; its agreement counts every position, so a target argmax "
-              "outside its vocabulary is a miss." % (tr.get("eagle3", {}).get("draft_vocab_size", "?"),
-                                                    100 * tr.get("eagle3", {}).get("draft_vocab_train_coverage", 0)),
-              ""]
+              _eagle3_scoring_note(card), ""]
     lines += _draft_lm_heldout_note(card)
     lines += ["## Training", "",
               "AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), linear warm-up then cosine decay to 10 %, "
               "gradient clipping at 1.0, random windows of the train stream. The target minimises next-byte "
               "cross-entropy. The drafts are trained on the frozen target: the EAGLE head with smooth-L1 "
               "regression onto the target's next hidden state plus cross-entropy against the target's "
-              "distribution through the shared LM head, unrolled as at inference (training-time test); the "
-              "EAGLE-3 head with the EAGLE head's budget (steps, tokens per step, unrolled passes) and "
-              "cross-entropy only, against the target's distribution over its draft vocabulary, at the positions "
-              "where the target's argmax is in it (one RMSNorm per feature before fc, the normed output hidden fed "
-              "back, its LM head and final norm initialised from the target's); the MTP layers with "
+              "distribution through the shared LM head, unrolled as at inference (training-time test); "
+              + _eagle3_recipe(tr.get("eagle3", {}), tr.get("eagle", {}),
+                                                card.get("tokenizer", {}).get("vocab_size")) + "; the MTP layers with "
               "cross-entropy against the target's distribution, all layers jointly.", "",
               f"Seed {card.get('seed')}; created {card.get('created')}; torch "
               f"{card.get('environment', {}).get('torch')}.", "",
@@ -151,6 +144,41 @@ def render_model_card(card: dict) -> str:
     lines += _draft_lm_training_note(card)
     lines += _dflash_note(card)
     return "\n".join(lines)
+
+
+def _eagle3_scoring_note(card: dict) -> str:
+    """How the EAGLE-3 head's held-out rows are scored: as the EAGLE head's when its LM head covers the whole
+    vocabulary, else over its draft vocabulary (`evaluate_eagle`)."""
+    t = card.get("training", {}).get("eagle3", {})
+    vocab = card.get("tokenizer", {}).get("vocab_size")
+    if t.get("draft_vocab_size") == vocab:
+        return (f"The EAGLE-3 head's LM head covers the whole vocabulary ({vocab} ids), so it is scored as the EAGLE "
+                f"head is.")
+    return ("The EAGLE-3 head is scored over its draft vocabulary (%s ids, %.4f %% of the train bytes): "
+            "cross-entropy against the target's distribution restricted to it and renormalised, against the "
+            "true byte where the byte is in it; its agreement counts every position, so a target argmax "
+            "outside its vocabulary is a miss." % (t.get("draft_vocab_size", "?"),
+                                                  100 * t.get("draft_vocab_train_coverage", 0)))
+
+
+def _eagle3_recipe(t: dict, eagle: dict, vocab_size) -> str:
+    """The EAGLE-3 head's training, as its stage's stats record it (`train_eagle3`)."""
+    passes, decay = t.get("unroll", "?"), t.get("pass_weight_decay", 1.0)
+    weights = ("the passes' losses averaged" if decay == 1.0 else
+               f"pass j's loss weighted {decay} ** j (normalised to sum to 1), as the EAGLE-3 paper's trainer does")
+    budget = "steps, tokens per step" + (", unrolled passes" if passes == eagle.get("unroll") else "")
+    vocab = ("over the whole vocabulary" if t.get("draft_vocab_size") == vocab_size else
+             f"over its draft vocabulary of the {t.get('draft_vocab_size')} most frequent ids, at the positions "
+             f"where the target's argmax is in it")
+    norms = [text for key, text in (("norm_before_fc", "one RMSNorm over the concatenated features before fc"),
+                                    ("fc_norm", "one RMSNorm per feature before fc"),
+                                    ("norm_output", "the normed output hidden fed back")) if t.get(key)]
+    arch = ("; ".join(norms) if norms else
+            "fc on the raw concatenated features and the pre-norm output hidden fed back, as the paper")
+    return (f"the EAGLE-3 head with the EAGLE head's budget ({budget}) and cross-entropy only, against the "
+            f"target's distribution {vocab}, with {passes} training-time-test passes (each feeding the head its own "
+            f"output hidden state of the pass before, attending as draft steps do at inference), {weights} ({arch}; "
+            f"its LM head and final norm initialised from the target's)")
 
 
 # The draft LM's notes are rendered only for a card that has one, so the cards of pairs without it read as before.

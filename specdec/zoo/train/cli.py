@@ -48,9 +48,13 @@ def main(argv=None, after_training=None) -> int:
     p.add_argument("--heads", type=int, default=TargetShape.num_attention_heads)
     p.add_argument("--kv-heads", type=int, default=TargetShape.num_key_value_heads)
     p.add_argument("--eagle-unroll", type=int, default=d["eagle"].extra["unroll"],
-                   help="unrolled training-time-test passes of the EAGLE and EAGLE-3 heads (default: %(default)s)")
-    p.add_argument("--eagle3-vocab", type=int, default=d["eagle3"].extra["draft_vocab_size"],
-                   help="the EAGLE-3 head's draft vocabulary: this many most frequent ids (default: %(default)s)")
+                   help="unrolled training-time-test passes of the EAGLE head (default: %(default)s)")
+    p.add_argument("--eagle3-unroll", type=int, default=d["eagle3"].extra["unroll"],
+                   help="unrolled training-time-test passes of the EAGLE-3 head (default: %(default)s)")
+    p.add_argument("--eagle3-vocab", type=int,
+                   default=d["eagle3"].extra.get("draft_vocab_size", ByteTokenizer.vocab_size),
+                   help="the EAGLE-3 head's draft vocabulary: this many most frequent ids (default: %(default)s, "
+                        "the whole vocabulary)")
     p.add_argument("--cost-prompts", type=int, default=4,
                    help="held-out prompts over which `specdec zoo train` measures, after training, the step cost of "
                         "each trained draft whose card states one (the draft LM, DFlash) against the target's "
@@ -71,7 +75,8 @@ def main(argv=None, after_training=None) -> int:
         o.seq_len = o.seq_len if a.seq_len is None else a.seq_len
         o.amp = not a.no_amp
         o.warmup = min(o.warmup, max(1, o.steps // 10))
-    opts["eagle"].extra["unroll"] = opts["eagle3"].extra["unroll"] = a.eagle_unroll
+    opts["eagle"].extra["unroll"] = a.eagle_unroll
+    opts["eagle3"].extra["unroll"] = a.eagle3_unroll
     if not 1 <= a.eagle3_vocab <= ByteTokenizer.vocab_size:  # checked before hours of earlier stages
         p.error(f"--eagle3-vocab must be in [1, {ByteTokenizer.vocab_size}] (the byte vocabulary), "
                 f"got {a.eagle3_vocab}")

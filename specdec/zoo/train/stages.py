@@ -8,12 +8,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import reference
-
 from ...models import EagleDraftHead, LlamaConfig, LlamaForCausalLM, MTPDraftModel
 from ...models.draft_common import draft_config_like
 from ...models.eagle3 import Eagle3DraftHead, default_feature_layers, eagle3_config_like
-from ...models.layers import AttentionMetadata, rope_cos_sin
+from ...models.layers import AttentionMetadata, apply_rope, rope_cos_sin
 from .. import corpus
 from .hparams import StageOpts, TargetShape, Windows
 from .loop import _autocast, _freeze, _positions, _run_loop, init_weights_
@@ -78,37 +76,82 @@ def ttt_mask(T: int, j: int, device="cpu") -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
+class _PassKV:
+    """One layer's keys (or values) of the unrolled passes so far: pass i's (B, T, Hkv, D) tensor at
+    `passes[i]`; what `TTT_OPS` writes and reads in place of a KV cache."""
+
+    def __init__(self, T: int):
+        self.passes = []
+        self.shape = (None, T)  # the layer asks only for the length (its ops' plan key)
+
+
+class TTT_OPS:
+    """The attention ops of the unrolled passes (`eagle_unrolled`), in the layout `ttt_mask` draws: the pass-j
+    query at t sees pass 0's keys at s <= t - j (one causal block, shifted by j) and one key of each earlier
+    pass i >= 1, at s = t - j + i (a diagonal): T + j keys per query instead of the (j + 1) T of the dense mask,
+    so a pass costs about what pass 0 does. Differentiable; called through the layers' cached path with a
+    `_PassKV` pair as the cache."""
+
+    @staticmethod
+    def plan_tree_attention(*args):
+        return None
+
+    @staticmethod
+    def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, *args, plan=None):
+        k_cache.passes.append(apply_rope(k, cos, sin))
+        v_cache.passes.append(v)
+        return apply_rope(q, cos, sin)
+
+    @staticmethod
+    def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len, scale, plan=None):
+        B, T, Hq, D = q.shape
+        ks, vs = k_cache.passes, v_cache.passes
+        j = len(ks) - 1
+        groups = Hq // ks[0].shape[2]
+
+        def heads(x):  # (B, T, Hkv, D) -> (B, Hq, T, D), each query head beside its KV head
+            return x.transpose(1, 2).repeat_interleave(groups, dim=1)
+
+        def shifted(x, d):  # row t holds x's row t - d (zeros before 0)
+            return torch.cat([x.new_zeros(x.shape[0], x.shape[1], d, x.shape[3]), x[:, :, :T - d]], dim=2)
+
+        qh = q.transpose(1, 2)
+        t = torch.arange(T, device=q.device)
+        scores = [(qh @ heads(ks[0]).transpose(-1, -2) * scale).masked_fill(t[None, :] > t[:, None] - j, -torch.inf)]
+        diag_v = []
+        for i in range(1, j + 1):  # pass i's key at s = t - (j - i)
+            d = j - i
+            kd = shifted(heads(ks[i]), d)
+            scores.append(((qh * kd).sum(-1, keepdim=True) * scale).masked_fill((t < d)[:, None], -torch.inf))
+            diag_v.append(shifted(heads(vs[i]), d))
+        w = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(qh.dtype)
+        out = w[..., :T] @ heads(vs[0])
+        for i, vd in enumerate(diag_v):
+            out = out + w[..., T + i:T + i + 1] * vd
+        return out.transpose(1, 2)
+
+
 def eagle_unrolled(head, hidden: torch.Tensor, input_ids: torch.Tensor, passes: int):
     """hidden: (B, T, H) the target's h_t (an EAGLE-3 head: its features, (B, T, F * H)); input_ids:
     (B, T) x_{t+1} -> list of `passes` pairs (logits (B, T, V or draft_vocab_size), hidden_out (B, T, H)).
 
     Pass 0 is the draft extend (reads h_t); pass j >= 1 at position t reads pass j-1's output hidden at
-    t-1 and stands for draft step j anchored at the last real position t - j. Every pass at t predicts
-    x_{t+2}; pass j is meaningful for t >= j only."""
+    t-1 and stands for draft step j anchored at the last real position t - j, attending to the keys
+    `ttt_mask` draws (`TTT_OPS`). Every pass at t predicts x_{t+2}; pass j is meaningful for t >= j only."""
     B, T = input_ids.shape
     cfg = head.config
     dev = input_ids.device
     cos, sin = rope_cos_sin(_positions(B, T, dev), cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-    slots = torch.arange(B, device=dev)
-    start = torch.zeros(B, dtype=torch.long, device=dev)
-    kv_shape = (B, T, cfg.num_key_value_heads, cfg.head_dim)
-    prev_k = prev_v = None
+    zeros = torch.zeros(B, dtype=torch.long, device=dev)
+    meta = AttentionMetadata(slots=zeros, cache_start=zeros, attn_len=T, ops=TTT_OPS)
+    # the head's step with gradients (its forward's cached path is inference only) on its one decoder layer,
+    # whose passes' keys and values `kv` keeps
+    kv = (_PassKV(T), _PassKV(T))
     h_in = hidden
     outs = []
-    for j in range(passes):
-        zk = torch.zeros(kv_shape, dtype=torch.float32, device=dev)
-        zv = torch.zeros(kv_shape, dtype=torch.float32, device=dev)
-        k_cache = zk if j == 0 else torch.cat([prev_k, zk], dim=1)
-        v_cache = zv if j == 0 else torch.cat([prev_v, zv], dim=1)
-        mask = None if j == 0 else ttt_mask(T, j, dev)[None].expand(B, T, (j + 1) * T)
-        meta = AttentionMetadata(slots=slots, cache_start=start, attn_len=(j + 1) * T, ops=reference,
-                                 write_offset=j * T, tree_mask=mask)
-        # the head's step with gradients (its forward's cached path is inference only): each pass attends
-        # through the cache to the keys that earlier passes left in it
-        out_h = head.step(input_ids, h_in, cos, sin, (k_cache, v_cache), meta)
-        logits = head.compute_logits(out_h)
-        outs.append((logits, out_h))
-        prev_k, prev_v = k_cache, v_cache
+    for _ in range(passes):
+        out_h = head.step(input_ids, h_in, cos, sin, kv, meta)
+        outs.append((head.compute_logits(out_h), out_h))
         # position 0 of a later pass is never read by a query that counts (see ttt_mask): any filler will do
         h_in = torch.cat([out_h[:, :1], out_h[:, :-1]], dim=1)
     return outs
@@ -208,10 +251,21 @@ def _draft_vocab_targets(head, z: torch.Tensor):
     return torch.softmax(z[..., vocab], dim=-1), head.t2d[z.argmax(-1)]
 
 
-def eagle3_loss(target, head, batch: torch.Tensor, passes: int, amp: bool):
+def pass_weights(passes: int, decay: float = 1.0) -> list[float]:
+    """The unrolled passes' loss weights: decay ** j for pass j, normalised to sum to 1 (decay 1: the mean).
+    The EAGLE-3 paper's trainer weighs pass j by 0.8 ** j (its sum; normalised here so that the loss, and what
+    gradient clipping sees, stays on the scale of one pass's cross-entropy whatever the number of passes)."""
+    if passes < 1 or not decay > 0:
+        raise ValueError(f"passes must be >= 1 and decay > 0, got {passes} and {decay}")
+    w = [decay ** j for j in range(passes)]
+    return [x / sum(w) for x in w]
+
+
+def eagle3_loss(target, head, batch: torch.Tensor, passes: int, amp: bool, decay: float = 1.0):
     """batch: (B, T+1) = x_0..x_T -> (loss, parts). Pass j at t (j <= t <= T-2) matches the target's
     distribution z_{t+1} restricted to the draft vocabulary, where the target's argmax is in it (as EAGLE-3
-    trains: cross-entropy only, no feature regression); pass losses are averaged."""
+    trains: cross-entropy only, no feature regression; with the whole vocabulary, every position); pass losses
+    are weighted by `pass_weights(passes, decay)`."""
     x = batch[:, :-1]
     B, T = x.shape
     z, feats = _target_features(target, x, amp, head.feature_layers)
@@ -220,22 +274,25 @@ def eagle3_loss(target, head, batch: torch.Tensor, passes: int, amp: bool):
         outs = eagle_unrolled(head, feats, batch[:, 1:], passes)
     t = torch.arange(T)[None, :]
     total, parts = 0.0, {}
-    for j, (logits, _) in enumerate(outs):
+    for j, ((logits, _), w) in enumerate(zip(outs, pass_weights(passes, decay))):
         mask = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1] & in_vocab[:, 1:]
         ce = soft_ce(logits[:, :-1], p[:, 1:], mask)
-        total = total + ce / passes
+        total = total + w * ce
         parts[f"ce{j + 1}"] = float(ce.detach())
     return total, parts
 
 
 def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
     """-> (trained Eagle3DraftHead fp32, stats). Its draft vocabulary is the opts.extra['draft_vocab_size']
-    most frequent ids of the train stream; its features the inputs of opts.extra['feature_layers'] (default
-    `zoo_feature_layers`). The target is frozen; the token embedding is shared, the LM head is the head's."""
+    most frequent ids of the train stream (default: the whole vocabulary, d2t the identity); its features the
+    inputs of opts.extra['feature_layers'] (default `zoo_feature_layers`); opts.extra['unroll'] training-time-test
+    passes weighted by opts.extra['pass_weight_decay'] ** j (default 1: the mean). The target is frozen; the
+    token embedding is shared, the LM head is the head's."""
     passes = int(opts.extra.get("unroll", 3))
+    decay = float(opts.extra.get("pass_weight_decay", 1.0))
     stream = corpus.token_stream("train")
     V = target.config.vocab_size
-    vocab = draft_vocabulary(stream, V, int(opts.extra.get("draft_vocab_size", V)))
+    vocab = draft_vocabulary(stream, V, int(opts.extra.get("draft_vocab_size") or V))
     layers = list(opts.extra.get("feature_layers") or zoo_feature_layers(target.config.num_hidden_layers))
     norms = {k: bool(opts.extra.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
     _freeze(target)
@@ -244,9 +301,9 @@ def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
     head.train()
     windows = Windows(stream, opts.batch_size, opts.seq_len + 1, seed + 41)
     stats = _run_loop("eagle3", opts, head.named_parameters(),
-                      lambda b: eagle3_loss(target, head, b, passes, opts.amp), windows, seed + 42, None, log)
+                      lambda b: eagle3_loss(target, head, b, passes, opts.amp, decay), windows, seed + 42, None, log)
     counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=V)
-    stats.update(unroll=passes, draft_vocab_size=len(vocab), feature_layers=layers, **norms,
+    stats.update(unroll=passes, pass_weight_decay=decay, draft_vocab_size=len(vocab), feature_layers=layers, **norms,
                  draft_vocab_train_coverage=round(float(counts[vocab.numpy()].sum() / counts.sum()), 6))
     return head.eval(), stats
 
