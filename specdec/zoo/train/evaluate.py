@@ -13,8 +13,8 @@ from ...kv_cache import KVCache
 from ...models.eagle3 import Eagle3DraftHead
 from ...models.layers import AttentionMetadata
 from .. import corpus
-from .loop import _positions
-from .stages import _draft_vocab_targets, dflash_blocks, eagle_unrolled, mtp_forward, ttt_mask
+from .loop import position_grid
+from .stages import draft_vocab_targets, dflash_blocks, eagle_unrolled, mtp_forward, ttt_mask
 
 def _heldout(n: int, length: int, seed: int = 4321) -> torch.Tensor:
     return torch.from_numpy(corpus.heldout_windows(n, length, seed=seed))
@@ -24,7 +24,7 @@ def _heldout(n: int, length: int, seed: int = 4321) -> torch.Tensor:
 def evaluate_target(target, windows: torch.Tensor) -> dict:
     """windows: (N, T+1) -> held-out next-token loss (nats/byte), bits/byte, top-1 accuracy."""
     x, y = windows[:, :-1], windows[:, 1:]
-    logits = target(x, _positions(*x.shape)).logits
+    logits = target(x, position_grid(*x.shape)).logits
     loss = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
     acc = float((logits.argmax(-1) == y).float().mean())
     return {"heldout_nats_per_byte": round(loss, 4), "heldout_bits_per_byte": round(loss / math.log(2), 4),
@@ -45,11 +45,11 @@ def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5, *, seq_
         windows = windows[:, :seq_len + 1]
     x = windows[:, :-1]
     B, T = x.shape
-    out = target(x, _positions(B, T), features=getattr(head, "feature_layers", None))
+    out = target(x, position_grid(B, T), features=getattr(head, "feature_layers", None))
     z, h = out.logits, out.hidden if out.features is None else out.features
     outs = eagle_unrolled(head, h, windows[:, 1:], depths)
     tgt_arg = z.argmax(-1)
-    p, _ = _draft_vocab_targets(head, z)
+    p, _ = draft_vocab_targets(head, z)
     if isinstance(head, Eagle3DraftHead):
         true_in_vocab = head.t2d[windows[:, 2:]]
         true_draft = (torch.cumsum(head.t2d.long(), 0) - 1).clamp_min(0)[windows[:, 2:]]
@@ -79,7 +79,7 @@ def evaluate_mtp(target, model, windows: torch.Tensor, *, seq_len: int | None = 
     if seq_len is not None:
         windows = windows[:, :seq_len + S]
     T = windows.shape[1] - S
-    z, h, _ = target(windows[:, :T], _positions(windows.shape[0], T))
+    z, h, _ = target(windows[:, :T], position_grid(windows.shape[0], T))
     outs = mtp_forward(model, h, windows, T)
     res = {}
     for k, (logits, _) in enumerate(outs):
@@ -112,7 +112,7 @@ class _UnrolledPasses:
         mask = None if j == 0 else ttt_mask(T, j, ids.device)[None].expand(B, T, (j + 1) * T)
         meta = AttentionMetadata(self.slots, self.start, attn_len=(j + 1) * T, ops=reference, write_offset=j * T,
                                  tree_mask=mask)
-        return self.model(ids, _positions(B, T, ids.device), self.cache, meta).logits
+        return self.model(ids, position_grid(B, T, ids.device), self.cache, meta).logits
 
 
 @torch.no_grad()
@@ -173,11 +173,11 @@ def evaluate_dflash(target, model, windows: torch.Tensor, *, seq_len: int | None
     count = 0
     for w in windows.split(chunk):
         B = w.shape[0]
-        out = target(w, _positions(B, T), features=model.feature_layers)
+        out = target(w, position_grid(B, T), features=model.feature_layers)
         positions, mask = dflash_blocks(T, anchors[None].expand(B, n), bs)
         ids = w.gather(1, positions)
         ids.view(B, n, bs)[:, :, 1:] = model.mask_token_id
-        lp = torch.log_softmax(model.compute_logits(model.forward_dense(out.features, _positions(B, T), ids,
+        lp = torch.log_softmax(model.compute_logits(model.forward_dense(out.features, position_grid(B, T), ids,
                                                                         positions, mask)), -1)
         lp = lp.view(B, n, bs, -1)[:, :, 1:]
         z = out.logits.gather(1, (positions - 1).clamp_min(0)[:, :, None].expand(-1, -1, out.logits.shape[-1]))

@@ -46,22 +46,22 @@ def make_optimizer(params_named, opts: StageOpts) -> torch.optim.Optimizer:
                               {"params": no_decay, "weight_decay": 0.0}], lr=opts.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def _autocast(enabled: bool):
+def train_autocast(enabled: bool):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
 
 
-def _positions(B: int, T: int, device="cpu") -> torch.Tensor:
+def position_grid(B: int, T: int, device="cpu") -> torch.Tensor:
     return torch.arange(T, device=device)[None].expand(B, T)
 
 
-def _freeze(model):
+def freeze(model):
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model
 
 
-def _run_loop(name: str, opts: StageOpts, params_named, loss_fn, windows: Windows, seed: int,
+def run_stage_loop(name: str, opts: StageOpts, params_named, loss_fn, windows: Windows, seed: int,
               eval_fn=None, log=print) -> dict:
     """The shared training loop. loss_fn(batch) -> (loss, dict of floats for the progress bar)."""
     torch.manual_seed(seed)

@@ -18,7 +18,7 @@ from ...tokenizer import ByteTokenizer
 from .card import read_card, shape_summary, write_card
 from .evaluate import evaluate_bundle
 from .hparams import DRAFTS, STAGES, StageOpts, TargetShape, default_opts
-from .loop import _freeze, num_params
+from .loop import freeze, num_params
 from .stages import train_target
 from .storage import DRAFT_STORAGE, save_stored
 
@@ -65,7 +65,7 @@ def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=S
         else:
             if target is None:
                 target = LlamaForCausalLM.from_pretrained(root / "target", device="cpu", dtype=torch.float32)
-            _freeze(target)
+            freeze(target)
             model, stats = DRAFT_KINDS[stage].zoo.train(target, o, seed, log)
             stats["bytes_on_disk"] = save_stored(model, root / stage, draft=True)
         stats["parameters"] = num_params(model)

@@ -14,7 +14,7 @@ from ...models.eagle3 import Eagle3DraftHead, default_feature_layers, eagle3_con
 from ...models.layers import AttentionMetadata, apply_rope, rope_cos_sin
 from .. import corpus
 from .hparams import StageOpts, TargetShape, Windows
-from .loop import _autocast, _freeze, _positions, _run_loop, init_weights_
+from .loop import train_autocast, freeze, position_grid, run_stage_loop, init_weights_
 
 
 def soft_ce(logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -32,8 +32,8 @@ def soft_ce(logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor
 def target_loss(target, batch: torch.Tensor, amp: bool) -> torch.Tensor:
     """batch: (B, T+1) -> mean next-token cross-entropy (nats per byte) over the T predictions."""
     x, y = batch[:, :-1], batch[:, 1:]
-    with _autocast(amp):
-        logits = target(x, _positions(*x.shape)).logits
+    with train_autocast(amp):
+        logits = target(x, position_grid(*x.shape)).logits
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
@@ -57,7 +57,7 @@ def train_target(shape: TargetShape | LlamaConfig, opts: StageOpts, seed: int = 
         model.train()
         return r
 
-    stats = _run_loop("target", opts, model.named_parameters(), loss_fn, windows, seed + 2, eval_fn, log)
+    stats = run_stage_loop("target", opts, model.named_parameters(), loss_fn, windows, seed + 2, eval_fn, log)
     return model.eval(), stats
 
 
@@ -141,7 +141,7 @@ def eagle_unrolled(head, hidden: torch.Tensor, input_ids: torch.Tensor, passes: 
     B, T = input_ids.shape
     cfg = head.config
     dev = input_ids.device
-    cos, sin = rope_cos_sin(_positions(B, T, dev), cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    cos, sin = rope_cos_sin(position_grid(B, T, dev), cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     zeros = torch.zeros(B, dtype=torch.long, device=dev)
     meta = AttentionMetadata(slots=zeros, cache_start=zeros, attn_len=T, ops=TTT_OPS)
     # the head's step with gradients (its forward's cached path is inference only) on its one decoder layer,
@@ -160,8 +160,8 @@ def eagle_unrolled(head, hidden: torch.Tensor, input_ids: torch.Tensor, passes: 
 def _target_features(target, x: torch.Tensor, amp: bool, features=None):
     """-> the frozen target's logits (B, T, V) and hidden (B, T, H) in fp32; with `features`, the
     concatenated residual streams entering those layers (B, T, F * H) instead of the hidden."""
-    with torch.no_grad(), _autocast(amp):
-        out = target(x, _positions(*x.shape, x.device), features=features)
+    with torch.no_grad(), train_autocast(amp):
+        out = target(x, position_grid(*x.shape, x.device), features=features)
     return out.logits.float(), (out.hidden if features is None else out.features).float()
 
 
@@ -172,7 +172,7 @@ def eagle_loss(target, head, batch: torch.Tensor, passes: int, w_reg: float, w_c
     B, T = x.shape
     z, h = _target_features(target, x, amp)
     p = torch.softmax(z, dim=-1)
-    with _autocast(amp):
+    with train_autocast(amp):
         outs = eagle_unrolled(head, h, batch[:, 1:], passes)
     t = torch.arange(T)[None, :]
     total, parts = 0.0, {}
@@ -190,13 +190,13 @@ def train_eagle(target, opts: StageOpts, seed: int = 0, log=print):
     """-> (trained EagleDraftHead fp32, stats). The target is frozen; embedding and LM head are shared."""
     passes = int(opts.extra.get("unroll", 3))
     w_reg, w_cls = float(opts.extra.get("w_reg", 1.0)), float(opts.extra.get("w_cls", 1.0))
-    _freeze(target)
+    freeze(target)
     torch.manual_seed(seed)
     head = EagleDraftHead(draft_config_like(target, 1), target)
     init_weights_(head, 1, seed + 10)
     head.train()
     windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len + 1, seed + 11)
-    stats = _run_loop("eagle", opts, head.named_parameters(),
+    stats = run_stage_loop("eagle", opts, head.named_parameters(),
                       lambda b: eagle_loss(target, head, b, passes, w_reg, w_cls, opts.amp), windows, seed + 12,
                       None, log)
     return head.eval(), stats
@@ -241,7 +241,7 @@ def new_eagle3_head(target, vocab: torch.Tensor, feature_layers, seed: int, **no
     return head
 
 
-def _draft_vocab_targets(head, z: torch.Tensor):
+def draft_vocab_targets(head, z: torch.Tensor):
     """z: (B, T, V) target logits -> (the target's distribution over the head's vocabulary (B, T, Vd),
     renormalised; (B, T) bool: the target's argmax is an id the head can propose). An EAGLE head's
     vocabulary is the target's."""
@@ -269,8 +269,8 @@ def eagle3_loss(target, head, batch: torch.Tensor, passes: int, amp: bool, decay
     x = batch[:, :-1]
     B, T = x.shape
     z, feats = _target_features(target, x, amp, head.feature_layers)
-    p, in_vocab = _draft_vocab_targets(head, z)
-    with _autocast(amp):
+    p, in_vocab = draft_vocab_targets(head, z)
+    with train_autocast(amp):
         outs = eagle_unrolled(head, feats, batch[:, 1:], passes)
     t = torch.arange(T)[None, :]
     total, parts = 0.0, {}
@@ -295,12 +295,12 @@ def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
     vocab = draft_vocabulary(stream, V, int(opts.extra.get("draft_vocab_size") or V))
     layers = list(opts.extra.get("feature_layers") or zoo_feature_layers(target.config.num_hidden_layers))
     norms = {k: bool(opts.extra.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
-    _freeze(target)
+    freeze(target)
     torch.manual_seed(seed)
     head = new_eagle3_head(target, vocab, layers, seed + 40, **norms)
     head.train()
     windows = Windows(stream, opts.batch_size, opts.seq_len + 1, seed + 41)
-    stats = _run_loop("eagle3", opts, head.named_parameters(),
+    stats = run_stage_loop("eagle3", opts, head.named_parameters(),
                       lambda b: eagle3_loss(target, head, b, passes, opts.amp, decay), windows, seed + 42, None, log)
     counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=V)
     stats.update(unroll=passes, pass_weight_decay=decay, draft_vocab_size=len(vocab), feature_layers=layers, **norms,
@@ -316,7 +316,7 @@ def mtp_forward(model: MTPDraftModel, hidden: torch.Tensor, tokens: torch.Tensor
     """hidden: (B, T, H) the target's h_t; tokens: (B, >= T + S) x_0.. -> list over layers k of
     (logits (B, T, V), hidden_out (B, T, H)); layer k at t reads x_{t+k+1} and predicts x_{t+k+2}."""
     B = hidden.shape[0]
-    pos = _positions(B, T, hidden.device)
+    pos = position_grid(B, T, hidden.device)
     outs, h_in = [], hidden
     for k in range(model.num_layers):
         logits, out_h, _ = model.forward_layer(k, tokens[:, k + 1:k + 1 + T], h_in, pos)
@@ -334,7 +334,7 @@ def mtp_loss(target, model, batch: torch.Tensor, amp: bool):
     x = batch[:, :T]
     z, h = _target_features(target, x, amp)
     p = torch.softmax(z, dim=-1)
-    with _autocast(amp):
+    with train_autocast(amp):
         outs = mtp_forward(model, h, batch, T)
     total, parts = 0.0, {}
     for k, (logits, _) in enumerate(outs):
@@ -350,7 +350,7 @@ def train_mtp(target, opts: StageOpts, chain_hidden_states: bool = False, seed: 
     """-> (trained MTPDraftModel fp32 with opts.extra['num_layers'] layers, stats). The layers are trained
     jointly; MiMo style (chain_hidden_states=False) or Step-3.5 style (True)."""
     S = int(opts.extra.get("num_layers", 3))
-    _freeze(target)
+    freeze(target)
     off = 30 if chain_hidden_states else 20
     torch.manual_seed(seed + off)
     model = MTPDraftModel(draft_config_like(target, S, chain_hidden_states), target)
@@ -358,7 +358,7 @@ def train_mtp(target, opts: StageOpts, chain_hidden_states: bool = False, seed: 
     model.train()
     windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len + S, seed + off + 1)
     name = "mtp_chain" if chain_hidden_states else "mtp"
-    stats = _run_loop(name, opts, model.named_parameters(), lambda b: mtp_loss(target, model, b, opts.amp),
+    stats = run_stage_loop(name, opts, model.named_parameters(), lambda b: mtp_loss(target, model, b, opts.amp),
                       windows, seed + off + 2, None, log)
     return model.eval(), stats
 
@@ -399,8 +399,8 @@ def draft_lm_loss(target, lm, batch: torch.Tensor, amp: bool):
     target's next-token distribution, both reading the same bytes (distillation: a draft is accepted where it
     agrees with the target, not with the text); parts: that loss and the top-1 agreement."""
     z, _ = _target_features(target, batch, amp)
-    with _autocast(amp):
-        logits = lm(batch, _positions(*batch.shape, batch.device)).logits
+    with train_autocast(amp):
+        logits = lm(batch, position_grid(*batch.shape, batch.device)).logits
     ce = soft_ce(logits, torch.softmax(z, dim=-1), torch.ones(batch.shape, dtype=torch.bool, device=batch.device))
     agree = (logits.detach().argmax(-1) == z.argmax(-1)).float().mean()
     return ce, {"ce": float(ce.detach()), "agree": float(agree)}
@@ -410,12 +410,12 @@ def train_draft_lm(target, opts: StageOpts, seed: int = 0, log=print):
     """-> (trained draft LM, a LlamaForCausalLM fp32, stats). Shaped by opts.extra (`DRAFT_LM_SHAPE`), distilled
     from the frozen target on windows of opts.seq_len bytes. Its step cost is measured after training, by the bench
     (`specdec.bench.draft_cost`)."""
-    _freeze(target)
+    freeze(target)
     torch.manual_seed(seed + 50)
     lm = new_draft_lm(target, opts.extra, seed + 50)
     lm.train()
     windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len, seed + 51)
-    stats = _run_loop("draft_lm", opts, lm.named_parameters(), lambda b: draft_lm_loss(target, lm, b, opts.amp),
+    stats = run_stage_loop("draft_lm", opts, lm.named_parameters(), lambda b: draft_lm_loss(target, lm, b, opts.amp),
                       windows, seed + 52, None, log)
     lm.eval()
     return lm, stats
@@ -455,8 +455,8 @@ def dflash_loss(target, model, batch: torch.Tensor, blocks: int, gamma: float, a
     positions, mask = dflash_blocks(T, anchors, bs)
     ids = batch.gather(1, positions)
     ids.view(B, blocks, bs)[:, :, 1:] = model.mask_token_id
-    with _autocast(amp):
-        hidden = model.forward_dense(feats, _positions(B, T), ids, positions, mask)
+    with train_autocast(amp):
+        hidden = model.forward_dense(feats, position_grid(B, T), ids, positions, mask)
         logits = model.compute_logits(hidden).view(B, blocks, bs, -1)[:, :, 1:]
     label_pos = (positions.view(B, blocks, bs)[:, :, 1:] - 1).reshape(B, -1)
     zl = z.gather(1, label_pos[:, :, None].expand(-1, -1, z.shape[-1])).view(B, blocks, bs - 1, -1)
@@ -479,7 +479,7 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print):
 
     ex = opts.extra
     L, bs = int(ex.get("num_layers", 2)), int(ex.get("block_size", 8))
-    _freeze(target)
+    freeze(target)
     torch.manual_seed(seed + 60)
     shape = {k: int(ex[k]) for k in ("intermediate_size",) if k in ex}
     T = target.config.num_hidden_layers
@@ -498,7 +498,7 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print):
     windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len, seed + 61)
     gen = torch.Generator().manual_seed(seed + 63)
     blocks, gamma = int(ex.get("blocks_per_window", 24)), float(ex.get("gamma", 4.0))
-    stats = _run_loop("dflash", opts, model.named_parameters(),
+    stats = run_stage_loop("dflash", opts, model.named_parameters(),
                       lambda b: dflash_loss(target, model, b, blocks, gamma, opts.amp, gen), windows, seed + 62,
                       None, log)
     model.eval()
