@@ -391,19 +391,38 @@ def test_invalid_tree_detached_node():
 _P_THRESHOLD = 1e-6
 
 
+#: each path's sampling verify and the sequences drawn to test its law: the interpreted Triton kernel on a CPU
+#: draws fewer (the chi-square test keeps its power against the full-row residual at 1200, see below)
+SAMPLING_VERIFY = {"reference": (tree_speculative_sampling_target_only, 20000),
+                   "fast": ("fast.verify:tree_speculative_sampling_target_only", 1200)}
+
+
+@pytest.fixture(params=list(SAMPLING_VERIFY))
+def sampling_verify(request):
+    """(the op, the number of sequences to draw), for the reference and the fast path."""
+    op, n = SAMPLING_VERIFY[request.param]
+    if isinstance(op, str):
+        import importlib
+        module, name = op.split(":")
+        op = getattr(importlib.import_module(module), name)
+    return op, n
+
+
+def _observed(out) -> dict:
+    observed: dict[tuple, int] = {}
+    for s in emitted_sequences(*out):
+        observed[s] = observed.get(s, 0) + 1
+    return observed
+
+
 @pytest.mark.parametrize("S", [1, 2])
-def test_sampling_exact_distribution(S):
-    N = 20000
+def test_sampling_exact_distribution(S, sampling_verify):
+    op, N = sampling_verify
     gen = torch.Generator().manual_seed(1234 + S)
     cand, ri, nt, ns = fixed_tree(N)
     target = FIXED_TARGET.expand(N, 6, 5).contiguous()
-    u = torch.rand(N, 6, generator=gen)
-    uf = torch.rand(N, generator=gen)
-    out = tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, target, S)
-    seqs = emitted_sequences(*out)
-    observed: dict[tuple, int] = {}
-    for s in seqs:
-        observed[s] = observed.get(s, 0) + 1
+    out = op(cand, ri, nt, ns, torch.rand(N, 6, generator=gen), torch.rand(N, generator=gen), target, S)
+    observed = _observed(out)
     exact = exact_fixed_tree_distribution(FIXED_TARGET, S)
     assert set(observed) <= set(exact)  # no impossible sequence (e.g. a zero-probability token)
     p = chi_square_pvalue(observed, exact)
@@ -411,8 +430,18 @@ def test_sampling_exact_distribution(S):
     # power: the same samples are clearly NOT distributed as a sampler that ignores the residual
     buggy = exact_fixed_tree_distribution(FIXED_TARGET, S, residual_from_full_row=True)
     assert chi_square_pvalue(observed, buggy) < _P_THRESHOLD
-    # naive on a slice: identical decisions for identical uniforms, and batch-independent
-    n = 300
+
+
+@pytest.mark.parametrize("S", [1, 2])
+def test_sampling_verify_is_its_naive_loop_and_batch_independent(S):
+    """Identical decisions for identical uniforms in the per-node loop, and a request's decisions do not depend on
+    the batch around it."""
+    N, n = 2000, 300
+    gen = torch.Generator().manual_seed(1234 + S)
+    cand, ri, nt, ns = fixed_tree(N)
+    target = FIXED_TARGET.expand(N, 6, 5).contiguous()
+    u, uf = torch.rand(N, 6, generator=gen), torch.rand(N, generator=gen)
+    out = tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, target, S)
     ri_small = torch.arange(n * 6).view(n, 6)
     args = (cand[:n], ri_small, nt[:n], ns[:n], u[:n], uf[:n], target[:n], S)
     small = tree_speculative_sampling_target_only(*args)
@@ -420,11 +449,12 @@ def test_sampling_exact_distribution(S):
     assert_same_tensors(small, (out[0][: n * 6], out[1][:n], out[2][:n]))
 
 
-def test_sampling_exact_distribution_random_rows():
+def test_sampling_exact_distribution_random_rows(sampling_verify):
     """Random target rows with exact zeros: the emitted sequences follow the exact law; a child token of
     probability 0 at the root is never accepted nor emitted first. (Rows are normalised: the op's accept
     rule reads probabilities, and the exact law below is sequential sampling from them.)"""
-    N, V = 20000, 6
+    op, N = sampling_verify
+    V = 6
     gen = torch.Generator().manual_seed(99)
     rows = torch.softmax(torch.randn(6, V, generator=gen), -1) * (torch.rand(6, V, generator=gen) > 0.2)
     cand, ri, nt, ns = fixed_tree(N)
@@ -434,16 +464,11 @@ def test_sampling_exact_distribution_random_rows():
     rows[:, cand[0, 2:]] += 0.2  # every other node's token is possible, so the walk goes deep
     rows = rows / rows.sum(-1, keepdim=True)
     target = rows.expand(N, 6, V).contiguous()
-    out = tree_speculative_sampling_target_only(
-        cand, ri, nt, ns, torch.rand(N, 6, generator=gen), torch.rand(N, generator=gen), target, 2
-    )
-    seqs = emitted_sequences(*out)
-    observed = {}
-    for s in seqs:
-        observed[s] = observed.get(s, 0) + 1
+    out = op(cand, ri, nt, ns, torch.rand(N, 6, generator=gen), torch.rand(N, generator=gen), target, 2)
+    observed = _observed(out)
     exact = exact_fixed_tree_distribution(rows, 2)
     assert set(observed) <= set(exact)
-    assert not any(s[0] == 1 for s in seqs)
+    assert not any(s[0] == 1 for s in observed)
     assert int((out[2] > 0).sum()) > N // 10  # draft tokens were accepted: the walk is exercised
     assert chi_square_pvalue(observed, exact) > _P_THRESHOLD
 
