@@ -194,18 +194,24 @@ def _draft_lm_heldout_note(card: dict) -> list[str]:
             "is still the held-out text.", ""]
 
 
+def _measured_cost(cost: dict | None, what: str) -> str:
+    """The card's sentence on a draft's measured step cost (`specdec.bench.draft_cost`), or "" when not measured."""
+    if not cost:
+        return ""
+    load = (f", load average {cost['load_average_1min']} on {cost['cpu_count']} cores"
+            if "load_average_1min" in cost else "")
+    return (f" {what} costs {cost['draft_forward_in_target_only_steps']} of a target-only decode step "
+            f"({cost['draft_forward_ms']} ms against {cost['target_only_step_ms']} ms; B = 1, {cost['threads']} "
+            f"thread, process CPU time, `specdec.bench.draft_step_cost`, measured after training{load}).")
+
+
 def _draft_lm_training_note(card: dict) -> list[str]:
     """How the draft LM was trained, what its step costs against the target's (`train_draft_lm`'s stats), and the
     command that added it."""
     t = card.get("training", {}).get("draft_lm")
     if t is None:
         return []
-    cost = t.get("step_cost")
-    measured = (f" One draft step costs {cost['draft_forward_in_target_only_steps']} of a target-only decode step "
-                f"({cost['draft_forward_ms']} ms against {cost['target_only_step_ms']} ms; B = 1, {cost['threads']} "
-                f"thread, process CPU time, `specdec.bench.draft_step_cost`, measured after training"
-                + (f", load average {cost['load_average_1min']} on {cost['cpu_count']} cores"
-                   if "load_average_1min" in cost else "") + ")." if cost else "")
+    measured = _measured_cost(t.get("step_cost"), "One draft step")
     return ["The draft LM (`draft_lm`, SGLang's STANDALONE draft) shares no weight with the target: its own "
             "embedding, decoder and LM head, initialised at random, minimise cross-entropy against the frozen "
             "target's next-byte distribution on windows of the train stream (distillation, teacher-forced)."
@@ -220,12 +226,7 @@ def _dflash_note(card: dict) -> list[str]:
     t, ho = card.get("training", {}).get("dflash"), card.get("heldout", {}).get("dflash")
     if t is None:
         return []
-    cost = t.get("step_cost")
-    measured = (f" One block forward (block {t.get('block_size')}) costs {cost['draft_forward_in_target_only_steps']} "
-                f"of a target-only decode step ({cost['draft_forward_ms']} ms against {cost['target_only_step_ms']} "
-                f"ms; B = 1, {cost['threads']} thread, process CPU time, `specdec.bench.draft_step_cost`, measured "
-                f"after training, load average {cost.get('load_average_1min')} on {cost.get('cpu_count')} cores)."
-                if cost else "")
+    measured = _measured_cost(t.get("step_cost"), f"One block forward (block {t.get('block_size')})")
     accept = ""
     if ho:
         prefix = [r.get("accept_prefix") for r in ho.values()]
