@@ -41,7 +41,7 @@ def test_the_shipped_kinds_and_what_reads_them():
                                                 "mtp_chain", "ngram", "ngram", "draft_lm", "draft_lm", "dflash"]
     assert [kind_of_label(c.label) for c in CASES] == [c.kind for c in CASES]
     opts = default_opts()
-    assert list(opts) == list(STAGES) and opts["eagle3"].extra["draft_vocab_size"] == 128
+    assert list(opts) == list(STAGES) and "draft_vocab_size" not in opts["eagle3"].extra  # the whole vocabulary
     opts["eagle"].extra["unroll"] = 9  # each call's settings are its own
     assert default_opts()["eagle"].extra["unroll"] == 3 == DRAFT_KINDS["eagle"].zoo.opts["extra"]["unroll"]
 
