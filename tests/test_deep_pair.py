@@ -60,7 +60,9 @@ def test_every_worker_is_greedy_lossless_on_the_deep_pair(deep, greedy_baseline,
     assert sum(a for o in outs for a in o.accept_lens) > 1.5 * sum(len(o.accept_lens) for o in outs)
 
 
-@pytest.mark.parametrize("name", ["EAGLE tree S5 K4 W16", pytest.param("MTP Step-3.5 S3", marks=pytest.mark.slow)])
+# the fast path's losslessness is CI's on smaller models (test_fast_workers); the 24-layer pair runs with -m slow
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["EAGLE tree S5 K4 W16", "MTP Step-3.5 S3"])
 def test_the_fast_path_is_greedy_lossless_on_the_deep_pair(deep, name):
     kind, spec = CASES[name]
     prompts = heldout_prompts(1, 48, seed=6)
