@@ -256,6 +256,7 @@ def _random_rows(B, W, V, gen, dtype=torch.float32):
     return rows.to(dtype)
 
 
+@pytest.mark.slow  # CI tests the fast op's law exactly (test_tree_ops' sampling_verify cases)
 def test_sampling_agreement_rate():
     """Identical uniforms: accept_index and accept_length always identical; the bonus identical in
     >= 99.9 % of requests, and in every request whose final uniform is not within BONUS_CDF_EPSILON
