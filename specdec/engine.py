@@ -57,7 +57,8 @@ class Engine:
     an EAGLE or EAGLE-3 head on EagleWorkerV2, MTP layers on MultiLayerEagleWorkerV2). impl="auto" is fast on
     CUDA, reference elsewhere.
     cuda_graphs (default: on with the fast path on CUDA) replays each decode step as a CUDA graph, one
-    per batch-size bucket (1, 2, 4, ..., max_batch), the batch padded to its bucket.
+    per batch-size bucket (1, 2, 4, ..., max_batch), sampling flags and worker step shape (NGRAM's verify
+    width), the batch padded to its bucket.
     tokenizer (a `specdec.tokenizer` one: the zoo's `ByteTokenizer` or a tokenizer.json `HFTokenizer`) gives the
     vocabulary that requests with a json_schema, regex or ebnf are compiled against (xgrammar, the `grammar`
     extra); a batch with a grammar decodes eagerly, outside the CUDA graphs.

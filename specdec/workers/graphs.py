@@ -1,4 +1,5 @@
-"""A worker's decode step replayed as a CUDA graph, one graph per batch-size bucket.
+"""A worker's decode step replayed as a CUDA graph, one graph per batch-size bucket, set of sampling flags
+(`SamplingTensors.flags`) and worker step shape (`step_shape`: NGRAM's verify width).
 
 The body of a step (`decode_body`) reads only the worker's per-request state, its sampling tensors,
 the caches and constants, has the same shapes at every step for a batch size and makes no host sync,
