@@ -39,3 +39,17 @@ def test_interpreted_scalars_convert_to_indices():
     """A scalar of the interpreter is a 1-element array; `range` over runtime bounds needs its __index__."""
     import triton.runtime.interpreter as triton_interpreter
     assert getattr(triton_interpreter._patch_lang_tensor, "_squeezes_scalar_index", False)
+
+
+def test_the_interpreter_check_names_tests_that_exist():
+    """CI's triton-3.6 check runs these by node id; a renamed or removed test would fail only there, late."""
+    import subprocess
+    import sys
+
+    from tests.triton_version_check import INTERPRETER_TESTS
+
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          *INTERPRETER_TESTS], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    collected = [line for line in run.stdout.splitlines() if "::" in line]
+    assert len(collected) == len(INTERPRETER_TESTS), collected

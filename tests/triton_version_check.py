@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Interpreted fast-vs-reference tests, small, that together launch every kernel module of `fast` (about 10 s).
 INTERPRETER_TESTS = [
     "tests/test_fast_logprobs.py::test_default_launch_with_an_empty_split_at_a_tiny_temperature",  # split + merge
-    "tests/test_fast_logprobs.py::test_single_row_target_only",
+    "tests/test_fast_logprobs.py::test_tree_at_maximum_size",
     "tests/test_fast_tree_ops.py::test_chains_and_single_request",  # tree build and both verifies
     "tests/test_fast_attention.py::test_fast_equals_reference[decode T=1, MQA-dtype1]",
     "tests/test_fast_attention.py::test_rope_and_kv_write_equal_the_reference[8-2-128-1-5-dtype1]",
