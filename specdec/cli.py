@@ -153,6 +153,9 @@ def main(argv=None) -> int:
     sub.add_parser("gpu-check", add_help=False,
                    help="one offline run that measures and checks the fast path on this machine's GPU, "
                         "writing CSVs and SUMMARY.md under --out (`specdec gpu-check --help`)")
+    sub.add_parser("tune", add_help=False,
+                   help="measure the best speculative shape per batch size for a pair on this machine and write the "
+                        "JSON the engine loads (`Engine(..., spec='tuned:PATH')`; `specdec tune --help`)")
     zoo_help = sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo list`, `specdec zoo train --help`",
                               add_help=False)
     zoo_help.add_argument("action", nargs="?", choices=["list", "train"])
@@ -207,6 +210,9 @@ def main(argv=None) -> int:
     bench.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     bench.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
     bench.add_argument("--model", default="auto", choices=["auto"] + zoo_names, help=MODEL_HELP + " (acceptance suite)")
+    if argv[:1] == ["tune"]:
+        from .bench.tune import main as tune_main
+        return tune_main(argv[1:])
     if argv[:1] == ["gpu-check"]:
         from .bench.gpu_check import main as gpu_check_main
         return gpu_check_main(argv[1:])

@@ -79,3 +79,9 @@ class TreeAttentionPlan:
     attn_len: int
     max_seq_len: int
     tensors: dict
+
+
+#: the step shape (num_steps, topk, num_draft_tokens) of a step that drafts nothing: the root alone is verified (a
+#: one-token target forward), and the draft's extend still reads the emitted token (adaptive speculation's fallback;
+#: the acceptance CSVs' target-only rows carry the same numbers)
+NO_DRAFT = (0, 0, 1)

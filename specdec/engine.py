@@ -11,7 +11,9 @@ import torch
 
 from .checks import check_int
 from .config import SamplingParams, SpecConfig
+from .contract import NO_DRAFT
 from .draft_kinds import kind_of
+from .tuning import TunedSpec, parse_spec, shape_name, shape_spec
 
 
 @dataclass
@@ -44,6 +46,8 @@ class GenerateStats:
     num_tokens: int
     wall_s: float
     mean_accept_len: float  # tokens per request per decode step, bonus included (1.0 without a draft)
+    #: each decode step's (num_steps, topk, num_draft_tokens) with a tuned or adaptive spec, else None
+    step_shapes: list[tuple[int, int, int]] | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -52,6 +56,11 @@ class GenerateStats:
 
 class Engine:
     """Engine(target, draft=None, spec=None, impl="auto"|"reference"|"fast").
+
+    spec: a SpecConfig (one shape), or a file `specdec tune` wrote (`specdec.tuning`): "tuned:PATH" runs each step
+    at the best measured shape of the batch's size, "adaptive:PATH" chooses each step's shape among the tuned
+    candidates by an EMA of each request's accepted length (a `TunedSpec`, e.g. `SpecConfig.tuned(PATH)`, does the
+    same). The file must have been tuned for this target and draft (ValueError naming the field otherwise).
 
     draft=None is plain target-only decoding; a draft runs on the worker its kind names (`specdec.draft_kinds`:
     an EAGLE or EAGLE-3 head on EagleWorkerV2, MTP layers on MultiLayerEagleWorkerV2). impl="auto" is fast on
@@ -78,6 +87,13 @@ class Engine:
             raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's max_position_embeddings={max_pos}")
         self.target = target
         self.draft = draft
+        spec = parse_spec(spec)
+        self.tuned = spec if isinstance(spec, TunedSpec) else None
+        if self.tuned is not None:
+            if draft is None:
+                raise ValueError(f"tuned file {self.tuned.path}: a tuned spec needs the draft it was tuned with")
+            self.tuned.check_pair(target, draft)
+            spec = next(shape_spec(s) for s in self.tuned.shapes() if s != NO_DRAFT)
         self.spec = spec
         self.impl = self._resolve_impl(impl, target.device)
         ops = self._ops_module(self.impl)
@@ -86,6 +102,8 @@ class Engine:
                              f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} turns it off: unset it "
                              f"or use impl='reference'")
         self.worker = self._make_worker(ops, max_batch, max_seq_len, return_original_logprob)
+        if self.tuned is not None:
+            self._allow_tuned_shapes()
         on_cuda = torch.device(target.device).type == "cuda"
         if cuda_graphs is None:
             cuda_graphs = on_cuda and self.impl == "fast"
@@ -105,6 +123,27 @@ class Engine:
         self.last_stats: GenerateStats | None = None
         # The worker's caches and request state serve one call at a time: concurrent calls queue here.
         self._lock = threading.Lock()
+
+    def _allow_tuned_shapes(self) -> None:
+        """The worker may switch among the tuned file's shapes; ValueError naming the field of one it cannot run."""
+        tuned, worker = self.tuned, self.worker
+        if not hasattr(worker, "use_shape"):
+            raise ValueError(f"tuned file {tuned.path}: draft.kind {tuned.draft['kind']!r} runs on "
+                             f"{type(worker).__name__}, which keeps one shape for a whole run; tune a draft of a kind "
+                             f"that runs on EagleWorkerV2 (EAGLE, EAGLE-3, STANDALONE)")
+        for size, bucket in tuned.buckets.items():
+            fields = [("shape", bucket.shape)] + [(f"candidates[{i}].shape", c.shape)
+                                                  for i, c in enumerate(bucket.candidates)]
+            for name, shape in fields:
+                if shape == NO_DRAFT or (not tuned.adaptive and name != "shape"):
+                    continue
+                try:
+                    worker.check_shape(shape_spec(shape))
+                except ValueError as e:
+                    raise ValueError(f"tuned file {tuned.path}: buckets['{size}'].{name} {shape_name(shape)} cannot "
+                                     f"run on this draft: {e}") from None
+        shapes = tuned.shapes()
+        worker.allow_shapes([shape_spec(s) for s in shapes if s != NO_DRAFT], no_draft=NO_DRAFT in shapes)
 
     @staticmethod
     def _resolve_impl(impl, device):
@@ -216,9 +255,13 @@ class Engine:
                 o.logprobs, o.top_logprobs, o.token_ids_logprobs = [], [], []
         active = list(range(B))  # request index of each batch position
         worker = self.worker
+        policy = None if self.tuned is None else self.tuned.policy()
+        shapes = None if policy is None else []
         t0 = time.perf_counter()
         steps = 0
         try:
+            if policy is not None:
+                policy.start(B)
             step = worker.prefill(prompts, params, seed, grammars)
             # a grammar batch fills masks on the host between drafting and verify: eager, outside the graphs
             decode = self._decode if grammars is None else worker.decode_step
@@ -232,12 +275,19 @@ class Engine:
                             stream(r, outs[r].token_ids[n:])
                 if steps > 0:
                     worker.sync_lengths(host.accept_lens)
+                    if policy is not None:
+                        policy.observe(host.accept_lens)
                 keep = [i for i, r in enumerate(active) if r not in done]
                 if not keep:
                     break
                 if len(keep) < len(active):
                     worker.filter(keep)
+                    if policy is not None:
+                        policy.filter(keep)
                     active = [active[i] for i in keep]
+                if policy is not None:
+                    shapes.append(policy.choose(len(active)))
+                    worker.use_shape(shapes[-1])
                 step = decode()
                 steps += 1
         finally:
@@ -247,7 +297,7 @@ class Engine:
         wall = time.perf_counter() - t0
         n_acc = [a for o in outs for a in o.accept_lens]
         self.last_stats = GenerateStats(B, steps, sum(len(o.token_ids) for o in outs), wall,
-                                        sum(n_acc) / len(n_acc) if n_acc else float("nan"))
+                                        sum(n_acc) / len(n_acc) if n_acc else float("nan"), shapes)
         return outs
 
     @staticmethod

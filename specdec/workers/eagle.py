@@ -3,16 +3,21 @@ from __future__ import annotations
 
 import torch
 
+from ..config import SpecConfig
+from ..contract import NO_DRAFT
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
 from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
+
+#: how a NO_DRAFT step runs: a one-node tree, its accepted path padded to the one draft step it cannot take
+_ROOT_ONLY = (1, 1, 1)
 
 
 class EagleState(RequestState):
     """The first draft step's input, left by the last extend: the root's children and the draft's output there."""
 
-    topk_p: torch.Tensor | None  # (B, K) fp32: the K most probable draft tokens' probabilities
-    topk_index: torch.Tensor | None  # (B, K) int64: those tokens
+    topk_p: torch.Tensor | None  # (B, K) fp32: the K most probable draft tokens' probabilities, best first
+    topk_index: torch.Tensor | None  # (B, K) int64: those tokens (K: the largest topk of the allowed shapes)
     draft_hidden: torch.Tensor | None  # (B, H): the draft's output hidden state at the last committed position
 
 
@@ -39,10 +44,57 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         if self._draft_to_target is not None:
             ids = torch.arange(draft.config.draft_vocab_size, device=self.device)
             self.draft_vocab_ids = self._draft_to_target(ids).cpu()  # for masking its proposals by a grammar
+        self.max_batch = max_batch
+        self.allow_shapes([spec])
+
+    # ---- step shapes -------------------------------------------------------------------------
+
+    def allow_shapes(self, specs: list[SpecConfig], no_draft: bool = False) -> None:
+        """The shapes `use_shape` may switch among between steps (a tuned or adaptive engine's; the worker's own
+        `spec` must be one of them), and `NO_DRAFT` when `no_draft`. Sizes what depends on the largest of them:
+        the root's children (the largest topk, best first: a smaller topk reads their head), the in-flight draft
+        slots, the cache margin and the host's length bound. Call before `prefill`."""
+        for s in specs:
+            self.check_shape(s)
+        shapes = [(s.num_steps, s.topk, s.num_draft_tokens) for s in specs]
+        if (self.spec.num_steps, self.spec.topk, self.spec.num_draft_tokens) not in shapes:
+            raise ValueError(f"allow_shapes: the worker's own shape {self.spec} must be among {shapes}")
+        self.shapes = tuple(dict.fromkeys(shapes + ([NO_DRAFT] if no_draft else [])))
+        self.max_topk = max(s.topk for s in specs)
+        self._max_step_tokens = max(s.num_steps for s in specs) + 1
+        self._kv_margin = max(self.draft_kind.kv_margin(s) for s in specs)
         # Row j marks in-flight draft slot j itself; a frontier node's ancestry is its parent's | its own row.
-        self._own_slot = torch.eye(max(spec.num_steps - 1, 1) * spec.topk, dtype=torch.bool, device=self.device)
+        inflight = max(max(s.num_steps - 1, 1) * s.topk for s in specs)
+        self._own_slot = torch.eye(inflight, dtype=torch.bool, device=self.device)
         # every frontier node's path starts at the root (the drafts' penalties and grammar masks read it)
-        self._root_column = torch.ones(max_batch, spec.topk, 1, dtype=torch.bool, device=self.device)
+        self._root_column = torch.ones(self.max_batch, self.max_topk, 1, dtype=torch.bool, device=self.device)
+
+    def check_shape(self, spec: SpecConfig) -> None:
+        """ValueError when this draft cannot draft `spec` (a topk beyond the draft's vocabulary)."""
+        vocab = getattr(self.draft_model.config, "draft_vocab_size", None) or self.draft_model.config.vocab_size
+        if spec.topk > vocab:
+            raise ValueError(f"topk={spec.topk} exceeds the draft's vocabulary of {vocab} ids")
+
+    def use_shape(self, shape: tuple[int, int, int]) -> None:
+        """The next decode step's (num_steps, topk, num_draft_tokens), one of `shapes` (ValueError otherwise).
+        Host side, between steps: each shape is one fixed-shape step body (one CUDA graph per batch bucket)."""
+        shape = tuple(shape)
+        if shape not in self.shapes:
+            raise ValueError(f"use_shape: {shape} is not among the allowed shapes {list(self.shapes)}")
+        self.num_steps, self.topk, self.num_draft_tokens = _ROOT_ONLY if shape == NO_DRAFT else shape
+
+    @property
+    def step_shape(self) -> tuple:
+        return (self.num_steps, self.topk, self.num_draft_tokens)
+
+    @property
+    def kv_margin(self) -> int:
+        return self._kv_margin
+
+    @property
+    def max_step_tokens(self) -> int:
+        # the largest allowed shape's: the host's length bound stays valid whichever shape a step ran
+        return self._max_step_tokens
 
     # ---- stages ------------------------------------------------------------------------------
 
@@ -65,7 +117,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         """hidden: (B, H), the draft's output at each request's last committed position."""
         st = self.state
         logits = self.shape_draft_logits(self.draft_model.compute_logits(hidden), st.last_tokens[:, None], None)
-        st.topk_p, st.topk_index = self._draft_topk(logits, self.topk)
+        st.topk_p, st.topk_index = self._draft_topk(logits, self.max_topk)
         st.draft_hidden = hidden
 
     def _draft_topk(self, logits, K):
@@ -79,6 +131,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         B, K, S = st.seq_lens.shape[0], self.topk, self.num_steps
         draft_lens = self._draft_lens()
         topk_p, topk_index, hidden, scores = st.topk_p, st.topk_index, st.draft_hidden, None
+        if K < self.max_topk:  # the root's K best children: the head of the largest topk's, best first
+            topk_p, topk_index = topk_p[:, :K].contiguous(), topk_index[:, :K].contiguous()
         score_list, token_list, parents_list = [], [], []
         own = self._own_slot
         n_inflight = own.shape[0]
@@ -132,6 +186,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         """draft_forward, organize_draft_results, build_tree_kernel_efficient -> the verify input."""
         st = self.state
         B, W = st.seq_lens.shape[0], self.num_draft_tokens
+        if W == 1:
+            return self.root_only_tree()
         with self.phase("draft"):
             score_list, token_list, parents_list = self.draft_forward()
             parent_list, top_scores_index, draft_tokens = self.ops.organize_draft_results(
@@ -142,3 +198,11 @@ class EagleWorkerV2(SpeculativeWorkerBase):
                 self.num_steps, W)
         return EagleVerifyInput(flat_tokens.view(B, W), tree_mask, positions.view(B, W), retrieve_index,
                                 retrieve_next_token, retrieve_next_sibling)
+
+    def root_only_tree(self) -> EagleVerifyInput:
+        """The verify input of a `NO_DRAFT` step: each request's root alone."""
+        st = self.state
+        B = st.seq_lens.shape[0]
+        none = torch.full((B, 1), -1, dtype=torch.int64, device=self.device)
+        return EagleVerifyInput(st.last_tokens[:, None], torch.ones(B, 1, 1, dtype=torch.bool, device=self.device),
+                                st.seq_lens[:, None], torch.arange(B, device=self.device)[:, None], none, none)

@@ -1,0 +1,372 @@
+"""`specdec tune`: the best speculative shape (num_steps, topk, num_draft_tokens) for a target + draft on this machine,
+per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engine(..., spec="tuned:PATH")` or
+`"adaptive:PATH"`).
+
+1. Acceptance by shape: every candidate shape (`candidate_shapes`) decodes the tuning prompts greedily at B = 1 (a
+   request's greedy acceptance does not depend on its batch); each run's process CPU per step is also the B = 1 cost.
+2. The cost model per bucket B: a step's CPU time, linear in (1, S - 1, (S - 1) K, W) (the draft forwards, their
+   frontier nodes, the verify width), fitted by least squares to measured steps: the acceptance runs at B = 1,
+   `probe_shapes` decoded at batch B elsewhere; and no draft at all (`NO_DRAFT`) measured at every bucket.
+3. Prediction and confirmation: tokens per CPU second = B x accepted length / predicted step for every candidate;
+   the `--confirm` best predicted are decoded at batch B, and the best measured is the bucket's shape. Those
+   measured shapes and NO_DRAFT are the bucket's candidates for adaptive speculation.
+4. `--check-grid`: on other held-out prompts (the evaluation's, not the tuning's), the tuned shape, adaptive
+   speculation, the fixed S5 K4 W16 tree and `CHECK_GRID`'s 12 shapes decode side by side at every bucket, with
+   target-only as the baseline whose tokens each must repeat: the goal's figures (the tuned shape within 3 % of the
+   best of the grid).
+
+Writes the JSON (`--out`, default results/tuned-<pair>-<kind>.json) and results/tune-<run_id>.csv (`TuneRow`: one
+row per measured or predicted (bucket, shape)); prints the choice, the predicted and the measured figures side by
+side. Timing is process CPU time: run it at one thread (`--threads 1`, the default) on a shared machine.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import Engine, SamplingParams, SpecConfig
+from ..contract import NO_DRAFT, max_num_draft_tokens
+from ..tuning import Bucket, Candidate, TunedSpec, fingerprint, shape_name
+from .common import Run, RunRow, cpu_model, dtype_name, median_of
+
+#: the 12 shapes the goal compares the tuned one with: chains, narrow and wide trees
+CHECK_GRID = ((2, 1, 3), (3, 1, 4), (4, 1, 5), (5, 1, 6), (3, 2, 6), (4, 2, 8), (5, 2, 12), (3, 4, 8), (4, 4, 12),
+              (5, 4, 16), (5, 4, 24), (6, 4, 32))
+FIXED_TREE = (5, 4, 16)
+
+
+@dataclass
+class TuneRow(RunRow):
+    """One (bucket, shape, measurement) of `specdec tune`. source: "acceptance" (B = 1, every candidate), "probe" (a
+    cost-model probe), "predicted" (the model only: no measured columns), "confirm" (a best predicted, measured),
+    "check" (--check-grid, on the evaluation prompts; `policy` "static", "tuned", "adaptive" or "target-only")."""
+
+    model: str
+    kind: str
+    impl: str
+    dtype: str
+    cpu_model: str
+    batch_size: int
+    source: str
+    policy: str
+    label: str
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    num_prompts: int
+    max_new_tokens: int
+    mean_accept_len: float | str
+    step_ms: float | str
+    predicted_step_ms: float | str
+    predicted_tokens_per_cpu_s: float | str
+    tokens_per_cpu_s: float | str
+    speedup_vs_target_only: float | str
+    same_tokens_as_target_only: bool | str
+    chosen: bool
+
+
+def candidate_shapes(max_steps: int = 6, topks=(1, 2, 4), widths=(4, 6, 8, 12, 16, 24, 32)) -> list:
+    """Chains S = 1..max_steps, and for each topk > 1 and S >= 2 every width in `widths` that the tree can hold
+    and that reaches its depth (W > S)."""
+    shapes = [(s, 1, s + 1) for s in range(1, max_steps + 1)]
+    for k in topks:
+        if k == 1:
+            continue
+        for s in range(2, max_steps + 1):
+            shapes += [(s, k, w) for w in widths if s < w <= max_num_draft_tokens(k, s)]
+    return shapes
+
+
+def probe_shapes(shapes) -> list:
+    """The cost model's probes at a batch size above 1 (B = 1 fits on every candidate's acceptance run): per topk,
+    its shallowest-narrowest, deepest-widest and middle shape, so that every feature of the model varies."""
+    out = []
+    for k in sorted({s[1] for s in shapes}):
+        of_k = sorted((s for s in shapes if s[1] == k), key=lambda s: (s[0], s[2]))
+        out += [of_k[0], of_k[len(of_k) // 2], of_k[-1]]
+    return list(dict.fromkeys(out))
+
+
+def fixed_shape_spec(target, draft, shape, batch_size: int) -> TunedSpec:
+    """An in-memory tuned spec that runs `shape` at every step (NO_DRAFT included), for measuring it."""
+    drafting = shape if shape != NO_DRAFT else (1, 1, 2)
+    bucket = Bucket(drafting, (Candidate(shape, 1.0, 1.0),))
+    from ..draft_kinds import kind_of
+    return TunedSpec({"fingerprint": fingerprint(target)}, {"kind": kind_of(draft).name,
+                                                             "fingerprint": fingerprint(draft)},
+                     {}, {batch_size: bucket}, adaptive=True, path="<fixed shape>")
+
+
+class Measurer:
+    """Decodes batches with one engine per (shape or policy, batch size), kept for the whole run."""
+
+    def __init__(self, target, draft, max_seq_len: int, max_new_tokens: int):
+        self.target, self.draft = target, draft
+        self.max_seq_len, self.params = max_seq_len, SamplingParams(max_new_tokens=max_new_tokens)
+        self.engines: dict = {}
+
+    def engine(self, key, batch_size: int) -> Engine:
+        """key: a shape, None (target-only), or a TunedSpec (tuned / adaptive)."""
+        k = (key if not isinstance(key, TunedSpec) else (id(key), key.adaptive), batch_size)
+        if k not in self.engines:
+            if key is None:
+                spec, draft = None, None
+            elif isinstance(key, TunedSpec):
+                spec, draft = key, self.draft
+            elif key == NO_DRAFT:
+                spec, draft = fixed_shape_spec(self.target, self.draft, key, batch_size), self.draft
+            else:
+                spec, draft = SpecConfig(*key), self.draft
+            e = Engine(self.target, draft, spec, impl="reference", max_batch=batch_size, max_seq_len=self.max_seq_len)
+            e.generate([[1, 2, 3]] * batch_size, SamplingParams(max_new_tokens=4))  # warm-up
+            self.engines[k] = e
+        return self.engines[k]
+
+    def decode(self, key, batches) -> dict:
+        """-> tokens, decode steps, process CPU seconds, mean accepted length, the outputs."""
+        e = self.engine(key, len(batches[0]))
+        cpu = steps = tokens = 0
+        outs, accepted = [], []
+        for batch in batches:
+            c0 = time.process_time()
+            out = e.generate(batch, self.params, seed=0)
+            cpu += time.process_time() - c0
+            steps += e.last_stats.num_decode_steps
+            tokens += e.last_stats.num_tokens
+            outs += out
+            accepted += [a for o in out for a in o.accept_lens]
+        return dict(tokens=tokens, steps=steps, cpu=cpu, outs=outs,
+                    accept=sum(accepted) / len(accepted) if accepted else 1.0,
+                    step_ms=1e3 * cpu / max(steps, 1), tokens_per_cpu_s=tokens / cpu if cpu else float("nan"))
+
+    def decode_median(self, key, batches, repeats: int) -> dict:
+        return median_of([self.decode(key, batches) for _ in range(repeats)], key=lambda m: m["tokens_per_cpu_s"])
+
+
+def cost_features(shape) -> list[float]:
+    s, k, w = shape
+    return [1.0, s - 1.0, (s - 1.0) * k, float(w)]
+
+
+def fit_cost_model(observed: dict) -> torch.Tensor:
+    """observed: drafting shape -> measured step ms -> the linear model's coefficients (least squares)."""
+    shapes = list(observed)
+    x = torch.tensor([cost_features(s) for s in shapes], dtype=torch.float64)
+    y = torch.tensor([observed[s] for s in shapes], dtype=torch.float64)[:, None]
+    return torch.linalg.lstsq(x, y).solution[:, 0]
+
+
+def predict_step_ms(coef: torch.Tensor, shape) -> float:
+    return float(torch.tensor(cost_features(shape), dtype=torch.float64) @ coef)
+
+
+def batches_of(prompts, batch_size: int) -> list:
+    n = len(prompts) - len(prompts) % batch_size
+    if n == 0:
+        raise ValueError(f"batch size {batch_size} exceeds the {len(prompts)} prompts")
+    return [prompts[i:i + batch_size] for i in range(0, n, batch_size)]
+
+
+def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=None, confirm: int = 3,
+         repeats: int = 1, model_name: str = "", progress=print, run: Run | None = None,
+         acceptance_prompts: int | None = None):
+    """-> (the TunedSpec, the TuneRows, the Measurer with its engines). Acceptance is measured on the first
+    `acceptance_prompts` of `tune_prompts` (all by default), costs at batch B on all of them. Every figure is process
+    CPU time at the current thread count."""
+    from ..draft_kinds import kind_of
+    from tqdm import tqdm
+
+    shapes = list(shapes or candidate_shapes())
+    kind = kind_of(draft).name
+    run = run or Run("tune", target.device)
+    max_len = max(len(p) for p in tune_prompts) + max_new_tokens + 64
+    m = Measurer(target, draft, max_len, max_new_tokens)
+    rows = []
+
+    def row(B, source, shape, res=None, pred_ms="", pred_tps="", chosen=False, policy="static", base=None,
+            label=None, n=None):
+        s, k, w = shape if shape is not None else (0, 0, 1)
+        same = "" if base is None or res is None else all(
+            a.token_ids == b.token_ids for a, b in zip(res["outs"], base["outs"]))
+        rows.append(TuneRow(
+            **run.prefix(), model=model_name, kind=kind, impl="reference", dtype=dtype_name(target.dtype),
+            cpu_model=cpu_model(), batch_size=B, source=source, policy=policy,
+            label=label or (shape_name(shape) if shape is not None else "target-only"), num_steps=s, topk=k,
+            num_draft_tokens=w, num_prompts=n or len(tune_prompts), max_new_tokens=max_new_tokens,
+            mean_accept_len=round(res["accept"], 4) if res else "", step_ms=round(res["step_ms"], 4) if res else "",
+            predicted_step_ms=round(pred_ms, 4) if pred_ms != "" else "",
+            predicted_tokens_per_cpu_s=round(pred_tps, 2) if pred_tps != "" else "",
+            tokens_per_cpu_s=round(res["tokens_per_cpu_s"], 2) if res else "",
+            speedup_vs_target_only=round(res["tokens_per_cpu_s"] / base["tokens_per_cpu_s"], 4)
+            if res and base else "", same_tokens_as_target_only=same, chosen=chosen))
+
+    one = batches_of(tune_prompts[:acceptance_prompts or len(tune_prompts)], 1)
+    accept, cost_at_one = {}, {}
+    for shape in tqdm(shapes, desc="acceptance by shape (B=1)", file=sys.stderr, leave=False):
+        res = m.decode(shape, one)
+        accept[shape], cost_at_one[shape] = res["accept"], res["step_ms"]
+        row(1, "acceptance", shape, res, n=len(one))
+    buckets = {}
+    for B in batch_sizes:
+        batches = batches_of(tune_prompts, B)
+        if B == 1:
+            observed = dict(cost_at_one)
+        else:
+            observed = {}
+            for shape in tqdm(probe_shapes(shapes), desc=f"cost probes (B={B})",
+                              file=sys.stderr, leave=False):
+                res = m.decode(shape, batches)
+                observed[shape] = res["step_ms"]
+                row(B, "probe", shape, res)
+        coef = fit_cost_model(observed)
+        no_draft = m.decode(NO_DRAFT, batches)
+        row(B, "probe", NO_DRAFT, no_draft, label="no draft")
+        # a linear model can extrapolate below what no step costs: no drafting step is cheaper than no draft
+        predicted = {s: max(predict_step_ms(coef, s), no_draft["step_ms"]) for s in shapes}
+        tps = {s: B * accept[s] / (predicted[s] / 1e3) for s in shapes}
+        ranked = sorted(shapes, key=lambda s: -tps[s])
+        measured = {}
+        for shape in tqdm(ranked[:confirm], desc=f"confirm (B={B})", file=sys.stderr, leave=False):
+            measured[shape] = m.decode_median(shape, batches, repeats)
+        best = max(measured, key=lambda s: measured[s]["tokens_per_cpu_s"])
+        for shape in ranked:
+            if shape in measured:
+                row(B, "confirm", shape, measured[shape], predicted[shape], tps[shape], chosen=shape == best)
+            else:
+                row(B, "predicted", shape, None, predicted[shape], tps[shape])
+        cands = [Candidate(s, round(measured[s]["accept"], 4), round(measured[s]["step_ms"], 4)) for s in measured]
+        cands.append(Candidate(NO_DRAFT, 1.0, round(no_draft["step_ms"], 4)))
+        buckets[B] = Bucket(best, tuple(cands))
+        progress(f"B={B:<3d} chose {shape_name(best):12s} predicted {tps[best]:8.1f} tok/cpu-s, measured "
+                 f"{measured[best]['tokens_per_cpu_s']:8.1f} (accept {measured[best]['accept']:.2f}, step "
+                 f"{measured[best]['step_ms']:.2f} ms; predicted {predicted[best]:.2f} ms); no draft "
+                 f"{no_draft['step_ms']:.2f} ms per step")
+        for shape in ranked[:confirm]:
+            if shape != best:
+                progress(f"        also measured {shape_name(shape):12s} predicted {tps[shape]:8.1f}, measured "
+                         f"{measured[shape]['tokens_per_cpu_s']:8.1f} tok/cpu-s")
+    tuned = TunedSpec({"name": model_name, "fingerprint": fingerprint(target)},
+                      {"kind": kind, "fingerprint": fingerprint(draft)},
+                      {"device": str(target.device), "cpu_model": cpu_model(), "threads": torch.get_num_threads(),
+                       "impl": "reference", "dtype": dtype_name(target.dtype)},
+                      buckets, extra={"tuned_at": run.run_id, "num_prompts": len(tune_prompts),
+                                      "max_new_tokens": max_new_tokens, "shapes_tried": len(shapes)})
+    return tuned, rows, m
+
+
+def check_grid(m: Measurer, tuned: TunedSpec, eval_prompts, batch_sizes, repeats: int, rows_out: list,
+               run: Run, model_name: str, progress=print) -> dict:
+    """The goal's comparison on `eval_prompts`: target-only, the 12-shape grid (S5 K4 W16 among them), the tuned
+    shape and adaptive speculation at each bucket, in turn within each repeat. -> per bucket the ratios."""
+    from ..draft_kinds import kind_of
+    kind = kind_of(m.draft).name
+    adaptive = tuned.with_adaptive(True)
+    out = {}
+    for B in batch_sizes:
+        batches = batches_of(eval_prompts, B)
+        keys = [None, *CHECK_GRID, tuned, adaptive]
+        passes = {i: [] for i in range(len(keys))}
+        for _ in range(repeats):
+            for i, key in enumerate(keys):
+                passes[i].append(m.decode(key, batches))
+        med = {i: median_of(p, key=lambda r: r["tokens_per_cpu_s"]) for i, p in passes.items()}
+        base = med[0]
+        for i, key in enumerate(keys):
+            if key is None:
+                policy, shape, label = "target-only", None, "target-only"
+            elif isinstance(key, TunedSpec):
+                policy = "adaptive" if key.adaptive else "tuned"
+                shape = tuned.bucket(B).shape
+                label = f"{policy} ({shape_name(shape)})" if policy == "tuned" else "adaptive"
+            else:
+                policy, shape, label = "static", key, shape_name(key)
+            r = med[i]
+            s, k, w = shape if shape is not None else (0, 0, 1)
+            same = all(a.token_ids == b.token_ids for a, b in zip(r["outs"], base["outs"]))
+            rows_out.append(TuneRow(
+                **run.prefix(), model=model_name, kind=kind, impl="reference", dtype=dtype_name(m.target.dtype),
+                cpu_model=cpu_model(), batch_size=B, source="check", policy=policy, label=label, num_steps=s, topk=k,
+                num_draft_tokens=w, num_prompts=len(eval_prompts) - len(eval_prompts) % B,
+                max_new_tokens=m.params.max_new_tokens, mean_accept_len=round(r["accept"], 4),
+                step_ms=round(r["step_ms"], 4), predicted_step_ms="", predicted_tokens_per_cpu_s="",
+                tokens_per_cpu_s=round(r["tokens_per_cpu_s"], 2),
+                speedup_vs_target_only=round(r["tokens_per_cpu_s"] / base["tokens_per_cpu_s"], 4),
+                same_tokens_as_target_only=same, chosen=policy == "tuned"))
+        grid = {key: med[i + 1]["tokens_per_cpu_s"] for i, key in enumerate(CHECK_GRID)}
+        best_grid = max(grid, key=grid.get)
+        t, a = med[len(keys) - 2]["tokens_per_cpu_s"], med[len(keys) - 1]["tokens_per_cpu_s"]
+        same_all = all(all(x.token_ids == y.token_ids for x, y in zip(med[i]["outs"], base["outs"])) for i in med)
+        out[B] = dict(tuned_over_best_grid=t / grid[best_grid], tuned_over_fixed_tree=t / grid[FIXED_TREE],
+                      adaptive_over_best_grid=a / grid[best_grid], best_grid=best_grid, same_tokens=same_all)
+        progress(f"check B={B:<3d} tuned {shape_name(tuned.bucket(B).shape)}: {t:8.1f} tok/cpu-s = "
+                 f"{t / grid[best_grid]:.3f}x the grid's best ({shape_name(best_grid)} {grid[best_grid]:.1f}), "
+                 f"{t / grid[FIXED_TREE]:.3f}x S5 K4 W16; adaptive {a:8.1f} = {a / grid[best_grid]:.3f}x the best; "
+                 f"target-only {base['tokens_per_cpu_s']:.1f}; every output identical to target-only: {same_all}")
+    return out
+
+
+def main(argv=None) -> int:
+    from .. import zoo
+    from ..zoo.corpus import heldout_prompts
+    from .common import DTYPES, write_csv
+
+    p = argparse.ArgumentParser(prog="specdec tune", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="auto", help="a zoo pair (default: the speed pair)")
+    p.add_argument("--kind", default="eagle", help="the pair's draft to tune (a kind that runs on EagleWorkerV2)")
+    p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch buckets")
+    p.add_argument("--num-prompts", type=int, default=16, help="tuning prompts (held-out, seed 1)")
+    p.add_argument("--acceptance-prompts", type=int, default=4, help="of them, how many measure acceptance at B=1")
+    p.add_argument("--prompt-len", type=int, default=96)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-steps", type=int, default=6)
+    p.add_argument("--confirm", type=int, default=3, help="best predicted shapes measured per bucket")
+    p.add_argument("--repeats", type=int, default=1, help="passes per confirmed shape (median)")
+    p.add_argument("--check-grid", action="store_true",
+                   help="also decode the 12-shape grid, the tuned shape and adaptive speculation on the evaluation "
+                        "prompts (held-out, seed 0), side by side")
+    p.add_argument("--check-repeats", type=int, default=3)
+    p.add_argument("--out", default=None, help="the tuned JSON (default: results/tuned-<pair>-<kind>.json)")
+    p.add_argument("--results", default="results", help="where the CSV goes")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    try:
+        sizes = [int(x) for x in a.batch_sizes.split(",")]
+        if any(s < 1 for s in sizes):
+            raise ValueError
+    except ValueError:
+        p.error(f"--batch-sizes must be comma-separated integers >= 1, got {a.batch_sizes!r}")
+    if max(sizes) > a.num_prompts:
+        p.error(f"--batch-sizes {max(sizes)} exceeds --num-prompts {a.num_prompts}")
+    name = zoo.speed_pair() if a.model == "auto" else a.model
+    bundle = zoo.load(name, dtype=DTYPES[a.dtype])
+    draft = getattr(bundle, a.kind, None)
+    if draft is None:
+        p.error(f"zoo pair {name!r} ships no {a.kind!r} draft")
+    prompts = heldout_prompts(a.num_prompts, a.prompt_len, seed=1)
+    run = Run("tune", bundle.target.device)
+    t0 = time.monotonic()
+    print(f"specdec tune: {name} with its {a.kind} draft, {len(candidate_shapes(a.max_steps))} shapes, buckets "
+          f"{sizes}, {torch.get_num_threads()} thread(s), {cpu_model()}")
+    tuned, rows, m = tune(bundle.target, draft, prompts, sizes, a.max_new_tokens, candidate_shapes(a.max_steps),
+                          a.confirm, a.repeats, model_name=name, run=run, acceptance_prompts=a.acceptance_prompts)
+    out = Path(a.out or Path(a.results) / f"tuned-{name}-{a.kind}.json")
+    tuned.save(out)
+    if a.check_grid:
+        check_grid(m, tuned, heldout_prompts(a.num_prompts, a.prompt_len, seed=0), sizes, a.check_repeats, rows, run,
+                   name)
+    csv = write_csv(rows, a.results, f"tune-{run.run_id}.csv")
+    print(f"wrote {out} and {csv} in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

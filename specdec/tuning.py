@@ -1,0 +1,319 @@
+"""Tuned speculative shapes: what `specdec tune` measured for one target + draft on one machine, as a small JSON the
+engine loads, and the two ways the engine decodes with it.
+
+    Engine(target, draft, spec="tuned:PATH")     # each step: the bucket's best measured shape
+    Engine(target, draft, spec="adaptive:PATH")  # each step: a choice among the bucket's candidates, by an EMA of
+                                                 # each request's accepted length (no draft at all among them)
+    Engine(target, draft, spec=SpecConfig.tuned(PATH))  # the same as "tuned:PATH"; `.adaptive()` for the other
+
+A shape is (num_steps, topk, num_draft_tokens); `NO_DRAFT` (0, 0, 1) verifies the root alone. Shapes switch between
+steps only, each one a fixed-shape step (one CUDA graph per batch bucket and shape), so output stays exactly what
+target-only decoding gives (greedy tokens, logprobs, the sampled distribution): only the speed moves.
+
+The file (`FORMAT`):
+    {"format": "specdec-tuned/1",
+     "target": {"name": str, "fingerprint": str}, "draft": {"kind": str, "fingerprint": str},
+     "machine": {"device": str, "cpu_model": str, "threads": int, "impl": str, "dtype": str},
+     "buckets": {"<batch size>": {"shape": SHAPE,
+                                  "candidates": [{"shape": SHAPE, "mean_accept_len": float, "step_ms": float}, ...]}}}
+with SHAPE = {"num_steps": int, "topk": int, "num_draft_tokens": int}. A bucket serves batches up to its size (the
+largest serves bigger ones); its candidates are what adaptive speculation chooses among (step_ms at that batch size,
+mean_accept_len per request and step, bonus token included).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .config import SpecConfig
+from .contract import NO_DRAFT
+
+FORMAT = "specdec-tuned/1"
+Shape = tuple[int, int, int]
+
+
+def shape_spec(shape: Shape) -> SpecConfig | None:
+    """A drafting shape's SpecConfig (ValueError naming the bad field), None for `NO_DRAFT`."""
+    return None if tuple(shape) == NO_DRAFT else SpecConfig(*shape)
+
+
+def shape_name(shape: Shape) -> str:
+    """(5, 4, 16) -> "S5 K4 W16"; NO_DRAFT -> "no draft"."""
+    return "no draft" if tuple(shape) == NO_DRAFT else "S{} K{} W{}".format(*shape)
+
+
+def fingerprint(model) -> str:
+    """A short hash of a model's class, config and weights (fp32 values): what a tuned file was measured on."""
+    h = hashlib.sha256(type(model).__name__.encode())
+    config = getattr(model, "config", None)
+    if config is not None:
+        h.update(repr(sorted((k, repr(v)) for k, v in vars(config).items())).encode())
+    if isinstance(model, torch.nn.Module):
+        for name, tensor in sorted(model.state_dict().items()):
+            h.update(name.encode())
+            h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One shape of a bucket: its measured acceptance (tokens per request and step, bonus included) and step cost."""
+
+    shape: Shape
+    mean_accept_len: float
+    step_ms: float
+
+    @property
+    def tokens_per_ms(self) -> float:
+        """Per request: what adaptive speculation weighs a shape by, before a request's own acceptance."""
+        return self.mean_accept_len / self.step_ms
+
+
+@dataclass(frozen=True)
+class Bucket:
+    shape: Shape
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class TunedSpec:
+    """A tuned file, loaded and checked (`load`); `adaptive` picks which of the two ways the engine uses it."""
+
+    target: dict
+    draft: dict
+    machine: dict
+    buckets: dict[int, Bucket]
+    adaptive: bool = False
+    path: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+    # ---- reading and writing -----------------------------------------------------------------
+    @classmethod
+    def load(cls, path, adaptive: bool = False) -> "TunedSpec":
+        """Read and check a tuned file; a one-line ValueError naming the bad field otherwise."""
+        path = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ValueError(f"tuned file {path}: cannot be read ({e.strerror or e})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"tuned file {path}: not JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        return cls.from_dict(data, path=path, adaptive=adaptive)
+
+    @classmethod
+    def from_dict(cls, data, path: str = "<dict>", adaptive: bool = False) -> "TunedSpec":
+        def bad(where: str, what: str) -> ValueError:
+            return ValueError(f"tuned file {path}: {where} {what}")
+
+        def obj(value, where):
+            if not isinstance(value, dict):
+                raise bad(where, f"must be an object, got {type(value).__name__}")
+            return value
+
+        def get(d, key, where, kind):
+            if key not in d:
+                raise bad(f"{where}.{key}" if where else key, "is missing")
+            value = d[key]
+            if kind is str and not isinstance(value, str):
+                raise bad(f"{where}.{key}" if where else key, f"must be a string, got {value!r}")
+            return value
+
+        def number(d, key, where):
+            value = get(d, key, where, float)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise bad(f"{where}.{key}", f"must be a positive number, got {value!r}")
+            return float(value)
+
+        def shape(value, where):
+            obj(value, where)
+            out = []
+            for key in ("num_steps", "topk", "num_draft_tokens"):
+                v = get(value, key, where, int)
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise bad(f"{where}.{key}", f"must be an integer, got {v!r}")
+                out.append(v)
+            out = tuple(out)
+            try:
+                shape_spec(out)
+            except ValueError as e:
+                raise bad(where, f"is no legal shape: {e}") from None
+            return out
+
+        obj(data, "the top level")
+        if data.get("format") != FORMAT:
+            raise bad("format", f"must be {FORMAT!r}, got {data.get('format')!r}")
+        target, draft = obj(get(data, "target", "", dict), "target"), obj(get(data, "draft", "", dict), "draft")
+        for d, where in ((target, "target"), (draft, "draft")):
+            get(d, "fingerprint", where, str)
+        get(draft, "kind", "draft", str)
+        machine = obj(data.get("machine", {}), "machine")
+        raw = obj(get(data, "buckets", "", dict), "buckets")
+        if not raw:
+            raise bad("buckets", "must name at least one batch size")
+        buckets = {}
+        for key, value in raw.items():
+            where = f"buckets[{key!r}]"
+            if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
+                raise bad(where, "must be keyed by a batch size >= 1")
+            obj(value, where)
+            best = shape(get(value, "shape", where, dict), f"{where}.shape")
+            cands = get(value, "candidates", where, list)
+            if not isinstance(cands, list) or not cands:
+                raise bad(f"{where}.candidates", "must be a non-empty list")
+            parsed = []
+            for i, c in enumerate(cands):
+                cw = f"{where}.candidates[{i}]"
+                obj(c, cw)
+                parsed.append(Candidate(shape(get(c, "shape", cw, dict), f"{cw}.shape"),
+                                        number(c, "mean_accept_len", cw), number(c, "step_ms", cw)))
+            if best not in [c.shape for c in parsed]:
+                raise bad(f"{where}.shape", f"{shape_name(best)} must be one of the bucket's candidates")
+            if best == NO_DRAFT:
+                raise bad(f"{where}.shape", "must draft (no draft is a candidate for adaptive speculation only)")
+            buckets[int(key)] = Bucket(best, tuple(parsed))
+        known = {"format", "target", "draft", "machine", "buckets"}
+        return cls(dict(target), dict(draft), dict(machine), dict(sorted(buckets.items())), adaptive, path,
+                   {k: v for k, v in data.items() if k not in known})
+
+    def to_dict(self) -> dict:
+        def shape(s):
+            return dict(zip(("num_steps", "topk", "num_draft_tokens"), s))
+        return {"format": FORMAT, "target": self.target, "draft": self.draft, "machine": self.machine,
+                "buckets": {str(b): {"shape": shape(v.shape),
+                                     "candidates": [{"shape": shape(c.shape), "mean_accept_len": c.mean_accept_len,
+                                                     "step_ms": c.step_ms} for c in v.candidates]}
+                            for b, v in self.buckets.items()}, **self.extra}
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    def with_adaptive(self, adaptive: bool = True) -> "TunedSpec":
+        """The same file, used adaptively (or not)."""
+        return TunedSpec(self.target, self.draft, self.machine, self.buckets, adaptive, self.path, self.extra)
+
+    # ---- use ---------------------------------------------------------------------------------
+    def bucket(self, batch_size: int) -> Bucket:
+        """The tuned bucket of a batch of `batch_size`: the smallest at least as big, else the largest."""
+        return next((b for size, b in self.buckets.items() if size >= batch_size), list(self.buckets.values())[-1])
+
+    def shapes(self) -> list[Shape]:
+        """Every shape the engine may run with this file: the buckets' best, and with `adaptive` their candidates."""
+        out = []
+        for b in self.buckets.values():
+            out += [b.shape] + ([c.shape for c in b.candidates] if self.adaptive else [])
+        return list(dict.fromkeys(out))
+
+    def check_pair(self, target, draft) -> None:
+        """ValueError naming the field when this file was tuned for another target or draft."""
+        from .draft_kinds import kind_of
+        kind = kind_of(draft).name
+        if self.draft["kind"] != kind:
+            raise ValueError(f"tuned file {self.path}: draft.kind is {self.draft['kind']!r}, but the draft given is "
+                             f"of kind {kind!r}")
+        for what, model in (("target", target), ("draft", draft)):
+            recorded = getattr(self, what)
+            if recorded["fingerprint"] != fingerprint(model):
+                name = recorded.get("name", "")
+                raise ValueError(f"tuned file {self.path}: {what}.fingerprint {recorded['fingerprint']} "
+                                 f"{'(' + name + ') ' if name else ''}is not this {what}'s ({fingerprint(model)}): "
+                                 f"the file was tuned for another {what}; run `specdec tune` for this pair")
+
+    def policy(self) -> "ShapePolicy":
+        return AdaptiveShapes(self) if self.adaptive else TunedShapes(self)
+
+
+def parse_spec(spec):
+    """Engine's `spec` argument: a SpecConfig, a TunedSpec, or "tuned:PATH" / "adaptive:PATH" (loaded)."""
+    if isinstance(spec, str):
+        how, colon, path = spec.partition(":")
+        if not colon or how not in ("tuned", "adaptive") or not path:
+            raise ValueError(f"spec as a string must be 'tuned:PATH' or 'adaptive:PATH', got {spec!r}")
+        return TunedSpec.load(path, adaptive=how == "adaptive")
+    return spec
+
+
+class ShapePolicy:
+    """The engine's choice of each decode step's shape (host side, between steps)."""
+
+    def start(self, batch_size: int) -> None:
+        """A new generate call of `batch_size` requests."""
+
+    def filter(self, keep: list[int]) -> None:
+        """Only the requests at batch positions `keep` go on."""
+
+    def observe(self, accept_lens: list[int]) -> None:
+        """The last decode step's accepted lengths, one per request (bonus token included)."""
+
+    def choose(self, batch_size: int) -> Shape:
+        raise NotImplementedError
+
+
+class TunedShapes(ShapePolicy):
+    """The best measured shape of the batch's bucket, re-read as requests finish and the batch shrinks."""
+
+    def __init__(self, tuned: TunedSpec):
+        self.tuned = tuned
+
+    def choose(self, batch_size: int) -> Shape:
+        return self.tuned.bucket(batch_size).shape
+
+
+class AdaptiveShapes(ShapePolicy):
+    """Per request, an EMA of its draft quality q: its accepted drafts per step over what the tuning prompts averaged
+    with the shape it ran (q = 1: as the tuning prompts, 0: nothing accepted). A shape c is predicted to give request b
+    1 + q_b (a_c - 1) tokens per step (a_c its tuned mean, at most num_steps + 1); each step runs the bucket candidate
+    with the most predicted tokens per millisecond over the batch. NO_DRAFT (a_c = 1) wins when drafts keep failing;
+    since it measures nothing, after `probe_every` such steps in a row the cheapest drafting candidate runs once."""
+
+    def __init__(self, tuned: TunedSpec, decay: float = 0.5, probe_every: int = 8):
+        self.tuned = tuned
+        self.decay = decay
+        self.probe_every = probe_every
+        self.quality: list[float] = []
+        self.last: Candidate | None = None
+        self.undrafted = 0
+        self.chosen: list[Shape] = []  # every step's shape, for benchmarks and tests
+
+    def start(self, batch_size: int) -> None:
+        self.quality = [1.0] * batch_size
+        self.last, self.undrafted, self.chosen = None, 0, []
+
+    def filter(self, keep: list[int]) -> None:
+        self.quality = [self.quality[i] for i in keep]
+
+    def observe(self, accept_lens: list[int]) -> None:
+        c = self.last
+        if c is None or c.shape == NO_DRAFT or c.mean_accept_len <= 1.0:
+            return
+        d = self.decay
+        self.quality = [(1 - d) * q + d * (a - 1) / (c.mean_accept_len - 1) for q, a in zip(self.quality, accept_lens)]
+
+    def predicted_tokens(self, c: Candidate) -> float:
+        """The batch's predicted tokens of one step of candidate c."""
+        cap = c.shape[0] + 1
+        return sum(min(1 + q * (c.mean_accept_len - 1), cap) for q in self.quality)
+
+    def choose(self, batch_size: int) -> Shape:
+        cands = self.tuned.bucket(batch_size).candidates
+        best = max(cands, key=lambda c: self.predicted_tokens(c) / c.step_ms)
+        if best.shape == NO_DRAFT:
+            self.undrafted += 1
+            if self.undrafted > self.probe_every:
+                drafting = [c for c in cands if c.shape != NO_DRAFT]
+                if drafting:
+                    best, self.undrafted = min(drafting, key=lambda c: c.step_ms), 0
+        else:
+            self.undrafted = 0
+        self.last = best
+        self.chosen.append(best.shape)
+        return best.shape

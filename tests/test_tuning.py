@@ -1,0 +1,211 @@
+"""Tuned and adaptive speculation (`specdec.tuning`, `specdec tune`): shapes switch between steps and the output stays
+target-only decoding's; a tuned file is checked against the pair and its fields at the engine's boundary."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec import Engine, SamplingParams, SpecConfig, zoo
+from specdec.contract import NO_DRAFT
+from specdec.models.bigram import near_bigram_target
+from specdec.models.eagle import random_eagle_head
+from specdec.tuning import Bucket, Candidate, TunedSpec, fingerprint
+from tests.helpers import FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue, logprob_params
+from tests.oracles import exact_joint
+
+
+def tuned_for(target, draft, buckets: dict, adaptive=False, kind="eagle") -> TunedSpec:
+    """A tuned spec written by hand: buckets maps a batch size to (best shape, [(shape, accept, step_ms), ...])."""
+    return TunedSpec({"name": "test", "fingerprint": fingerprint(target)},
+                     {"kind": kind, "fingerprint": fingerprint(draft)}, {},
+                     {b: Bucket(best, tuple(Candidate(*c) for c in cands)) for b, (best, cands) in buckets.items()},
+                     adaptive=adaptive)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    b = zoo.load("stdlib-byte-6l")
+    prompts = [b.tokenizer.encode(t) for t in ("def fibonacci(n):\n", "import os\nclass ", "The weather was",
+                                                "    for i in range(")]
+    return b, prompts
+
+
+#: three shapes and no draft, the no-draft step priced so that a request whose drafts fail falls back to it
+CANDIDATES = [((5, 4, 16), 4.0, 3.0), ((3, 1, 4), 3.0, 1.6), ((2, 2, 4), 2.5, 1.4), (NO_DRAFT, 1.0, 0.9)]
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["tuned", "adaptive"])
+def test_tuned_and_adaptive_decoding_equal_target_only(pair, tmp_path, adaptive):
+    b, prompts = pair
+    tuned = tuned_for(b.target, b.eagle, {1: ((3, 1, 4), CANDIDATES), 4: ((2, 2, 4), CANDIDATES)}, adaptive)
+    path = tuned.save(tmp_path / "tuned.json")
+    params = logprob_params(max_new=24)
+    base = Engine(b.target).generate(prompts, params)
+    engine = Engine(b.target, b.eagle, f"{'adaptive' if adaptive else 'tuned'}:{path}", max_batch=4)
+    assert_same_as_baseline(engine.generate(prompts, params), base)
+    shapes = engine.last_stats.step_shapes
+    if adaptive:  # every step ran one of the bucket's candidates (the switching itself: the tests below)
+        assert set(shapes) <= {c[0] for c in CANDIDATES}
+    else:  # the batch of 4 runs bucket 4's shape until requests finish; a batch of 1 runs bucket 1's
+        assert shapes[0] == (2, 2, 4)
+        for p, o in zip(prompts[:2], base[:2]):
+            assert engine.generate([p], params)[0].token_ids == o.token_ids
+            assert set(engine.last_stats.step_shapes) == {(3, 1, 4)}
+
+
+def test_every_switch_between_allowed_shapes_is_lossless(pair):
+    """The worker contract adaptive speculation rests on: whatever allowed shape each step runs (no draft, chains,
+    trees of several topk), the tokens and logprobs are target-only's."""
+    b, prompts = pair
+    params = logprob_params(max_new=20)
+    base = Engine(b.target).generate(prompts, params)
+    cycle = [(5, 4, 16), NO_DRAFT, (3, 1, 4), (2, 2, 4), NO_DRAFT, NO_DRAFT, (4, 4, 8)]
+    tuned = tuned_for(b.target, b.eagle, {4: ((5, 4, 16), [(s, 2.0, 1.0) for s in cycle])}, adaptive=True)
+    engine = Engine(b.target, b.eagle, tuned, max_batch=4)
+
+    class Cycle:  # a policy that ignores acceptance: every shape in turn
+        def __init__(self):
+            self.i = -1
+
+        def start(self, batch_size):
+            pass
+
+        def filter(self, keep):
+            pass
+
+        def observe(self, accept_lens):
+            pass
+
+        def choose(self, batch_size):
+            self.i += 1
+            return cycle[self.i % len(cycle)]
+
+    engine.tuned = type("CycleSpec", (), {"policy": staticmethod(Cycle)})()
+    out = engine.generate(prompts, params)
+    assert_same_as_baseline(out, base)
+    assert len(engine.last_stats.step_shapes) >= len(cycle)
+    assert any(a > 3 for o in out for a in o.accept_lens)  # the trees accepted deep paths
+
+
+@pytest.mark.parametrize("temperature, top_k", [(1.0, -1), (0.8, 3)])
+def test_adaptive_sampling_follows_the_target_distribution(temperature, top_k):
+    """Sampling through adaptive speculation, its shape moving with the batch's acceptance (no draft among them):
+    the emitted sequences follow the target's exact joint law (chi-square)."""
+    V = 6
+    target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_hidden_layers=2)
+    head = random_eagle_head(target, seed=4, std=1.0)
+    cands = [((2, 1, 3), 3.0, 1.0), ((2, 2, 4), 2.6, 1.1), (NO_DRAFT, 1.0, 0.45)]
+    tuned = tuned_for(target, head, {4096: ((2, 1, 3), cands)}, adaptive=True)
+    prompt, n_tokens, N = [1, 2], 4, 4000
+    exact = exact_joint(target, prompt, n_tokens, temperature, top_k, 1.0)
+    engine = Engine(target, head, tuned, impl="reference", max_batch=N, max_seq_len=12)
+    outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=n_tokens, temperature=temperature,
+                                                        top_k=top_k), seed=7)
+    assert len(set(engine.last_stats.step_shapes)) > 1
+    counts = dict.fromkeys(exact, 0)
+    for o in outs:
+        counts[tuple(o.token_ids)] += 1
+    cells = list(exact)
+    assert chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells]) > FALSE_FAILURE_RATE
+
+
+def test_the_adaptive_policy_falls_back_to_no_draft_and_probes(pair):
+    """Requests whose drafts keep failing (an EAGLE head that never guesses right) end up mostly undrafted, with a
+    drafting probe every `probe_every` steps; requests whose drafts are accepted keep drafting."""
+    from tests.helpers import always_wrong_eagle
+    b, prompts = pair
+    params = SamplingParams(max_new_tokens=40)
+    wrong = always_wrong_eagle(b.target)
+    cands = [((3, 1, 4), 3.0, 1.6), (NO_DRAFT, 1.0, 0.9)]
+    engine = Engine(b.target, wrong, tuned_for(b.target, wrong, {4: ((3, 1, 4), cands)}, adaptive=True), max_batch=4)
+    base = Engine(b.target).generate(prompts[:1], params)
+    out = engine.generate(prompts[:1], params)
+    assert out[0].token_ids == base[0].token_ids
+    shapes = engine.last_stats.step_shapes
+    assert shapes.count(NO_DRAFT) >= 0.75 * len(shapes)
+    assert shapes[0] == (3, 1, 4) and shapes.count((3, 1, 4)) >= 3  # tried first, then probed
+    good = Engine(b.target, b.eagle, tuned_for(b.target, b.eagle, {4: ((3, 1, 4), cands)}, adaptive=True),
+                  max_batch=4)
+    good.generate(prompts[:1], params)
+    assert good.last_stats.step_shapes.count((3, 1, 4)) > len(good.last_stats.step_shapes) / 2
+
+
+# ---- the boundary ------------------------------------------------------------------------------
+
+def _write(tmp_path, data) -> str:
+    path = tmp_path / "tuned.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def test_a_corrupt_or_incomplete_file_is_one_line_naming_the_field(pair, tmp_path):
+    b, _ = pair
+    good = tuned_for(b.target, b.eagle, {1: ((3, 1, 4), CANDIDATES)}).to_dict()
+    with pytest.raises(ValueError, match=r"not JSON \(.* at line 1"):
+        Engine(b.target, b.eagle, "tuned:" + _write(tmp_path, '{"format": "specdec-tuned/1", '))
+    cases = [
+        (lambda d: d.pop("buckets"), r"buckets is missing"),
+        (lambda d: d.update(format="v0"), r"format must be 'specdec-tuned/1'"),
+        (lambda d: d["buckets"]["1"]["candidates"][1].update(step_ms="fast"),
+         r"buckets\['1'\]\.candidates\[1\]\.step_ms must be a positive number"),
+        (lambda d: d["buckets"]["1"]["shape"].update(num_draft_tokens=9),
+         r"buckets\['1'\]\.shape is no legal shape: num_draft_tokens=9 must be in \[2, "),
+        (lambda d: d["buckets"]["1"]["shape"].pop("topk"), r"buckets\['1'\]\.shape\.topk is missing"),
+        (lambda d: d["buckets"].update({"0": d["buckets"]["1"]}), r"buckets\['0'\] must be keyed by a batch size"),
+        (lambda d: d["buckets"]["1"].update(shape={"num_steps": 4, "topk": 1, "num_draft_tokens": 5}),
+         r"buckets\['1'\]\.shape S4 K1 W5 must be one of the bucket's candidates"),
+        (lambda d: d["draft"].pop("fingerprint"), r"draft\.fingerprint is missing"),
+    ]
+    for edit, message in cases:
+        data = json.loads(json.dumps(good))
+        edit(data)
+        with pytest.raises(ValueError, match=message) as e:
+            Engine(b.target, b.eagle, "tuned:" + _write(tmp_path, data))
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"cannot be read"):
+        Engine(b.target, b.eagle, f"tuned:{tmp_path / 'missing.json'}")
+    with pytest.raises(ValueError, match=r"'tuned:PATH' or 'adaptive:PATH', got 'fast:x'"):
+        Engine(b.target, b.eagle, "fast:x")
+
+
+def test_a_file_of_another_pair_or_a_shape_the_draft_cannot_run_is_refused(pair, tmp_path):
+    b, _ = pair
+    deep = zoo.load("stdlib-byte-24l")
+    other = _write(tmp_path, tuned_for(deep.target, deep.eagle, {1: ((3, 1, 4), CANDIDATES)}).to_dict())
+    with pytest.raises(ValueError, match=r"target\.fingerprint .* \(test\) is not this target's"):
+        Engine(b.target, b.eagle, "tuned:" + other)
+    eagle3 = tuned_for(b.target, b.eagle3, {1: ((3, 1, 4), CANDIDATES)}, kind="eagle3")
+    with pytest.raises(ValueError, match=r"draft\.kind is 'eagle3', but the draft given is of kind 'eagle'"):
+        Engine(b.target, b.eagle, eagle3)
+    wide = tuned_for(b.target, b.eagle, {1: ((3, 1, 4), CANDIDATES + [((2, 300, 400), 2.0, 1.0)])}, adaptive=True)
+    with pytest.raises(ValueError, match=r"buckets\['1'\]\.candidates\[4\]\.shape S2 K300 W400 cannot run on this "
+                                         r"draft: topk=300 exceeds the draft's vocabulary of 258 ids"):
+        Engine(b.target, b.eagle, wide)
+    mtp = tuned_for(b.target, b.mtp, {1: ((3, 1, 4), CANDIDATES)}, kind="mtp")
+    with pytest.raises(ValueError, match=r"runs on MultiLayerEagleWorkerV2, which keeps one shape"):
+        Engine(b.target, b.mtp, mtp)
+    with pytest.raises(ValueError, match=r"a tuned spec needs the draft"):
+        Engine(b.target, None, tuned_for(b.target, b.eagle, {1: ((3, 1, 4), CANDIDATES)}))
+
+
+def test_the_tuner_writes_a_file_the_engine_decodes_with(pair, tmp_path):
+    """`specdec tune` end to end on the small pair (a few shapes, short decodes): the file loads, names the pair,
+    its choices are measured candidates, and decoding with it (tuned and adaptive) repeats target-only."""
+    from specdec.bench.tune import candidate_shapes, tune
+    b, prompts = pair
+    shapes = candidate_shapes(max_steps=2, topks=(1, 2), widths=(4,))
+    tuned, rows, _ = tune(b.target, b.eagle, prompts, [1, 2], max_new_tokens=8, shapes=shapes, confirm=2,
+                          model_name="stdlib-byte-6l", progress=lambda *a: None)
+    path = tuned.save(tmp_path / "t.json")
+    loaded = SpecConfig.tuned(path)
+    assert loaded.buckets.keys() == {1, 2} and loaded.draft["kind"] == "eagle"
+    for size, bucket in loaded.buckets.items():
+        confirmed = [r for r in rows if r.batch_size == size and r.source == "confirm"]
+        assert bucket.shape in [(r.num_steps, r.topk, r.num_draft_tokens) for r in confirmed if r.chosen]
+        assert NO_DRAFT in [c.shape for c in bucket.candidates]
+    assert {(r.num_steps, r.topk, r.num_draft_tokens) for r in rows if r.source == "acceptance"} == set(shapes)
+    params = logprob_params(max_new=16)
+    base = Engine(b.target).generate(prompts, params)
+    for spec in (loaded, loaded.with_adaptive()):
+        assert_same_as_baseline(Engine(b.target, b.eagle, spec, max_batch=4).generate(prompts, params), base)
