@@ -365,8 +365,65 @@ def plot_grammar(df: pd.DataFrame, out_png, fill: pd.DataFrame | None = None):
 
 
 #: each CSV schema's plot, by the file's `suite` column (grammar-fill files are drawn with their grammar run)
+def plot_tune(df: pd.DataFrame, out_png):
+    """`specdec tune`: per batch bucket, tokens per CPU second against the verify width W, one colour per topk: the
+    cost model's prediction (open markers) beside the measurements on the tuning prompts (filled), the chosen shape
+    starred; with --check-grid, a second row per prompt set: the grid measured on other prompts, the tuned shape,
+    adaptive speculation and target-only as lines."""
+    plt = _pyplot()
+    df = df.copy()
+    sizes = sorted(df["batch_size"].unique())
+    checks = [s for s in dict.fromkeys(df.loc[df["source"] == "check", "prompt_set"])]
+    fig, axes = plt.subplots(1 + len(checks), len(sizes), figsize=(5.2 * len(sizes), 3.4 * (1 + len(checks)) + 0.6),
+                             squeeze=False)
+    colours = {1: "tab:blue", 2: "tab:orange", 4: "tab:green", 8: "tab:red"}
+    for c, B in enumerate(sizes):
+        at = df[(df["batch_size"] == B) & (df["prompt_set"] == "tuning")]
+        ax = axes[0][c]
+        for k in sorted(k for k in at["topk"].unique() if k > 0):
+            of_k = at[at["topk"] == k].sort_values("num_draft_tokens")
+            pred = of_k[of_k["predicted_tokens_per_cpu_s"].notna()]
+            ax.scatter(pred["num_draft_tokens"], pred["predicted_tokens_per_cpu_s"], facecolors="none",
+                       edgecolors=colours.get(k, "k"), label=f"K{k} predicted")
+            meas = of_k[of_k["source"].isin(["acceptance", "probe", "confirm"]) & of_k["tokens_per_cpu_s"].notna()]
+            meas = meas[meas["batch_size"] == B]
+            ax.scatter(meas["num_draft_tokens"], meas["tokens_per_cpu_s"], color=colours.get(k, "k"), s=14,
+                       label=f"K{k} measured")
+        chosen = at[at["chosen"].astype(str) == "True"]
+        ax.scatter(chosen["num_draft_tokens"], chosen["tokens_per_cpu_s"], marker="*", s=220, color="gold",
+                   edgecolors="k", zorder=5, label="chosen")
+        nd = at[at["label"] == "no draft"]
+        if len(nd):
+            ax.axhline(float(nd["tokens_per_cpu_s"].iloc[0]), color="grey", ls=":", label="no draft")
+        ax.set_title(f"B={B}: tuning prompts", fontsize="small")
+        ax.set_xlabel("W (num_draft_tokens)")
+        ax.set_ylabel("tokens / CPU s")
+        for r, name in enumerate(checks, start=1):
+            ax = axes[r][c]
+            ck = df[(df["batch_size"] == B) & (df["source"] == "check") & (df["prompt_set"] == name)]
+            grid = ck[ck["policy"] == "static"]
+            for k in sorted(grid["topk"].unique()):
+                g = grid[grid["topk"] == k].sort_values("num_draft_tokens")
+                ax.plot(g["num_draft_tokens"], g["tokens_per_cpu_s"], "o-", color=colours.get(k, "k"), ms=4,
+                        label=f"K{k} grid")
+            for policy, style in (("tuned", "-"), ("adaptive", "--"), ("target-only", ":")):
+                row = ck[ck["policy"] == policy]
+                if len(row):
+                    ax.axhline(float(row["tokens_per_cpu_s"].iloc[0]), color="k", ls=style,
+                               label=str(row["label"].iloc[0]))
+            ax.set_title(f"B={B}: {name} prompts, measured side by side", fontsize="small")
+            ax.set_xlabel("W (num_draft_tokens)")
+            ax.set_ylabel("tokens / CPU s")
+    for row in axes:
+        row[0].legend(fontsize="x-small")
+    first = df.iloc[0]
+    fig.suptitle(f"specdec tune: {first['model']} with its {first['kind']} draft, {first['cpu_model']}, "
+                 f"{first['threads']} thread(s), commit {first['commit']}", fontsize="medium")
+    return _save(fig, out_png)
+
+
 SUITE_PLOTS = {"acceptance": plot_acceptance_and_speedup, "kernels": plot_kernels, "e2e": plot_e2e,
-               "penalties": plot_penalties, "grammar": plot_grammar}
+               "penalties": plot_penalties, "grammar": plot_grammar, "tune": plot_tune}
 
 
 def plot_csv(path) -> Path | None:

@@ -10,10 +10,11 @@ per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engin
 3. Prediction and confirmation: tokens per CPU second = B x accepted length / predicted step for every candidate;
    the `--confirm` best predicted are decoded at batch B, and the best measured is the bucket's shape. Those
    measured shapes and NO_DRAFT are the bucket's candidates for adaptive speculation.
-4. `--check-grid`: on other held-out prompts (the evaluation's, not the tuning's), the tuned shape, adaptive
-   speculation, the fixed S5 K4 W16 tree and `CHECK_GRID`'s 12 shapes decode side by side at every bucket, with
-   target-only as the baseline whose tokens each must repeat: the goal's figures (the tuned shape within 3 % of the
-   best of the grid).
+4. `--check-grid`: on other prompts than the tuning's (held-out code, and that code alternating with English prose
+   no model saw), the tuned shape, adaptive speculation and `CHECK_GRID`'s 12 shapes (the fixed S5 K4 W16 tree among
+   them) decode side by side at every bucket, with target-only as the baseline whose tokens each must repeat: the
+   goal's figures (the tuned shape within 3 % of the best of the grid; adaptive at least the best static shape on
+   the mixed set).
 
 Writes the JSON (`--out`, default results/tuned-<pair>-<kind>.json) and results/tune-<run_id>.csv (`TuneRow`: one
 row per measured or predicted (bucket, shape)); prints the choice, the predicted and the measured figures side by
@@ -44,7 +45,9 @@ FIXED_TREE = (5, 4, 16)
 class TuneRow(RunRow):
     """One (bucket, shape, measurement) of `specdec tune`. source: "acceptance" (B = 1, every candidate), "probe" (a
     cost-model probe), "predicted" (the model only: no measured columns), "confirm" (a best predicted, measured),
-    "check" (--check-grid, on the evaluation prompts; `policy` "static", "tuned", "adaptive" or "target-only")."""
+    "check" (--check-grid, on the evaluation prompts; `policy` "static", "tuned", "adaptive" or "target-only").
+    prompt_set: "tuning" (held-out code, seed 1), "code" (held-out code, seed 0) or "mixed" (that code alternating
+    with English prose no model saw, `specdec.zoo.corpus.prose_prompts`)."""
 
     model: str
     kind: str
@@ -53,6 +56,7 @@ class TuneRow(RunRow):
     cpu_model: str
     batch_size: int
     source: str
+    prompt_set: str
     policy: str
     label: str
     num_steps: int
@@ -195,7 +199,7 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
             a.token_ids == b.token_ids for a, b in zip(res["outs"], base["outs"]))
         rows.append(TuneRow(
             **run.prefix(), model=model_name, kind=kind, impl="reference", dtype=dtype_name(target.dtype),
-            cpu_model=cpu_model(), batch_size=B, source=source, policy=policy,
+            cpu_model=cpu_model(), batch_size=B, source=source, prompt_set="tuning", policy=policy,
             label=label or (shape_name(shape) if shape is not None else "target-only"), num_steps=s, topk=k,
             num_draft_tokens=w, num_prompts=n or len(tune_prompts), max_new_tokens=max_new_tokens,
             mean_accept_len=round(res["accept"], 4) if res else "", step_ms=round(res["step_ms"], 4) if res else "",
@@ -259,60 +263,70 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
     return tuned, rows, m
 
 
-def check_grid(m: Measurer, tuned: TunedSpec, eval_prompts, batch_sizes, repeats: int, rows_out: list,
+def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, repeats: int, rows_out: list,
                run: Run, model_name: str, progress=print) -> dict:
-    """The goal's comparison on `eval_prompts`: target-only, the 12-shape grid (S5 K4 W16 among them), the tuned
-    shape and adaptive speculation at each bucket, in turn within each repeat. -> per bucket the ratios."""
+    """The goal's comparison on each named prompt set (not the tuning prompts): target-only, the 12-shape grid
+    (S5 K4 W16 among them), the tuned shape and adaptive speculation at each bucket, in turn within each repeat.
+    -> per (prompt set, bucket) the ratios."""
     from ..draft_kinds import kind_of
     kind = kind_of(m.draft).name
     adaptive = tuned.with_adaptive(True)
     out = {}
-    for B in batch_sizes:
-        batches = batches_of(eval_prompts, B)
-        keys = [None, *CHECK_GRID, tuned, adaptive]
-        passes = {i: [] for i in range(len(keys))}
-        for _ in range(repeats):
+    for set_name, prompts in prompt_sets.items():
+        for B in batch_sizes:
+            batches = batches_of(prompts, B)
+            keys = [None, *CHECK_GRID, tuned, adaptive]
+            passes = {i: [] for i in range(len(keys))}
+            for _ in range(repeats):
+                for i, key in enumerate(keys):
+                    passes[i].append(m.decode(key, batches))
+            med = {i: median_of(p, key=lambda r: r["tokens_per_cpu_s"]) for i, p in passes.items()}
+            base = med[0]
             for i, key in enumerate(keys):
-                passes[i].append(m.decode(key, batches))
-        med = {i: median_of(p, key=lambda r: r["tokens_per_cpu_s"]) for i, p in passes.items()}
-        base = med[0]
-        for i, key in enumerate(keys):
-            if key is None:
-                policy, shape, label = "target-only", None, "target-only"
-            elif isinstance(key, TunedSpec):
-                policy = "adaptive" if key.adaptive else "tuned"
-                shape = tuned.bucket(B).shape
-                label = f"{policy} ({shape_name(shape)})" if policy == "tuned" else "adaptive"
-            else:
-                policy, shape, label = "static", key, shape_name(key)
-            r = med[i]
-            s, k, w = shape if shape is not None else (0, 0, 1)
-            same = all(a.token_ids == b.token_ids for a, b in zip(r["outs"], base["outs"]))
-            rows_out.append(TuneRow(
-                **run.prefix(), model=model_name, kind=kind, impl="reference", dtype=dtype_name(m.target.dtype),
-                cpu_model=cpu_model(), batch_size=B, source="check", policy=policy, label=label, num_steps=s, topk=k,
-                num_draft_tokens=w, num_prompts=len(eval_prompts) - len(eval_prompts) % B,
-                max_new_tokens=m.params.max_new_tokens, mean_accept_len=round(r["accept"], 4),
-                step_ms=round(r["step_ms"], 4), predicted_step_ms="", predicted_tokens_per_cpu_s="",
-                tokens_per_cpu_s=round(r["tokens_per_cpu_s"], 2),
-                speedup_vs_target_only=round(r["tokens_per_cpu_s"] / base["tokens_per_cpu_s"], 4),
-                same_tokens_as_target_only=same, chosen=policy == "tuned"))
-        grid = {key: med[i + 1]["tokens_per_cpu_s"] for i, key in enumerate(CHECK_GRID)}
-        best_grid = max(grid, key=grid.get)
-        t, a = med[len(keys) - 2]["tokens_per_cpu_s"], med[len(keys) - 1]["tokens_per_cpu_s"]
-        same_all = all(all(x.token_ids == y.token_ids for x, y in zip(med[i]["outs"], base["outs"])) for i in med)
-        out[B] = dict(tuned_over_best_grid=t / grid[best_grid], tuned_over_fixed_tree=t / grid[FIXED_TREE],
-                      adaptive_over_best_grid=a / grid[best_grid], best_grid=best_grid, same_tokens=same_all)
-        progress(f"check B={B:<3d} tuned {shape_name(tuned.bucket(B).shape)}: {t:8.1f} tok/cpu-s = "
-                 f"{t / grid[best_grid]:.3f}x the grid's best ({shape_name(best_grid)} {grid[best_grid]:.1f}), "
-                 f"{t / grid[FIXED_TREE]:.3f}x S5 K4 W16; adaptive {a:8.1f} = {a / grid[best_grid]:.3f}x the best; "
-                 f"target-only {base['tokens_per_cpu_s']:.1f}; every output identical to target-only: {same_all}")
+                if key is None:
+                    policy, shape, label = "target-only", None, "target-only"
+                elif isinstance(key, TunedSpec):
+                    policy = "adaptive" if key.adaptive else "tuned"
+                    shape = tuned.bucket(B).shape
+                    label = f"tuned ({shape_name(shape)})" if policy == "tuned" else "adaptive"
+                else:
+                    policy, shape, label = "static", key, shape_name(key)
+                r = med[i]
+                s, k, w = shape if shape is not None else (0, 0, 1)
+                same = all(a.token_ids == b.token_ids for a, b in zip(r["outs"], base["outs"]))
+                rows_out.append(TuneRow(
+                    **run.prefix(), model=model_name, kind=kind, impl="reference", dtype=dtype_name(m.target.dtype),
+                    cpu_model=cpu_model(), batch_size=B, source="check", prompt_set=set_name, policy=policy,
+                    label=label, num_steps=s, topk=k, num_draft_tokens=w, num_prompts=len(prompts) - len(prompts) % B,
+                    max_new_tokens=m.params.max_new_tokens, mean_accept_len=round(r["accept"], 4),
+                    step_ms=round(r["step_ms"], 4), predicted_step_ms="", predicted_tokens_per_cpu_s="",
+                    tokens_per_cpu_s=round(r["tokens_per_cpu_s"], 2),
+                    speedup_vs_target_only=round(r["tokens_per_cpu_s"] / base["tokens_per_cpu_s"], 4),
+                    same_tokens_as_target_only=same, chosen=policy == "tuned"))
+            grid = {key: med[i + 1]["tokens_per_cpu_s"] for i, key in enumerate(CHECK_GRID)}
+            best_grid = max(grid, key=grid.get)
+            t, a = med[len(keys) - 2]["tokens_per_cpu_s"], med[len(keys) - 1]["tokens_per_cpu_s"]
+            same_all = all(all(x.token_ids == y.token_ids for x, y in zip(med[i]["outs"], base["outs"])) for i in med)
+            out[set_name, B] = dict(tuned_over_best_grid=t / grid[best_grid],
+                                    tuned_over_fixed_tree=t / grid[FIXED_TREE],
+                                    adaptive_over_best_grid=a / grid[best_grid], best_grid=best_grid,
+                                    same_tokens=same_all)
+            progress(f"check {set_name} B={B:<3d} tuned {shape_name(tuned.bucket(B).shape)}: {t:8.1f} tok/cpu-s = "
+                     f"{t / grid[best_grid]:.3f}x the grid's best ({shape_name(best_grid)} {grid[best_grid]:.1f}), "
+                     f"{t / grid[FIXED_TREE]:.3f}x S5 K4 W16; adaptive {a:8.1f} = {a / grid[best_grid]:.3f}x the "
+                     f"best; target-only {base['tokens_per_cpu_s']:.1f}; every output identical to target-only: "
+                     f"{same_all}")
     return out
+
+
+def mixed_prompts(code: list, prose: list) -> list:
+    """Code and prose alternating, so that every batch of an even size holds both."""
+    return [p for pair in zip(code, prose) for p in pair]
 
 
 def main(argv=None) -> int:
     from .. import zoo
-    from ..zoo.corpus import heldout_prompts
+    from ..zoo.corpus import heldout_prompts, prose_prompts
     from .common import DTYPES, write_csv
 
     p = argparse.ArgumentParser(prog="specdec tune", description=__doc__.split("\n\n")[0],
@@ -361,8 +375,9 @@ def main(argv=None) -> int:
     out = Path(a.out or Path(a.results) / f"tuned-{name}-{a.kind}.json")
     tuned.save(out)
     if a.check_grid:
-        check_grid(m, tuned, heldout_prompts(a.num_prompts, a.prompt_len, seed=0), sizes, a.check_repeats, rows, run,
-                   name)
+        code = heldout_prompts(a.num_prompts, a.prompt_len, seed=0)
+        mixed = mixed_prompts(code, prose_prompts(a.num_prompts, a.prompt_len, seed=0))[:a.num_prompts]
+        check_grid(m, tuned, {"code": code, "mixed": mixed}, sizes, a.check_repeats, rows, run, name)
     csv = write_csv(rows, a.results, f"tune-{run.run_id}.csv")
     print(f"wrote {out} and {csv} in {time.monotonic() - t0:.0f} s")
     return 0

@@ -147,3 +147,44 @@ def corpus_info(root=None) -> dict:
             h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
         info[split] = {"files": len(fs), "bytes": sum(len(d) for _, d in fs), "sha256": h.hexdigest()[:16]}
     return info
+
+
+#: English prose written for this toolkit, which no shipped model saw in training (they read Python sources only):
+#: the prompts on which drafts are rarely accepted, beside held-out code on which they often are
+PROSE = (
+    "The ferry left the harbour an hour late, and by the time it cleared the breakwater the wind had turned. "
+    "Most of the passengers went below, but an old man in a green coat stayed at the rail, watching the gulls "
+    "follow the wake. He had made this crossing every autumn for forty years, first with his father, later alone. "
+    "On the far shore a row of white houses caught the last of the sun. Somewhere a dog was barking, and the sound "
+    "carried over the water long after the houses had gone grey. "
+    "In the village the bakery opened before dawn. Its windows fogged with steam while the first loaves cooled on "
+    "wire racks, and the smell drifted down the lane to the square, where the market traders were unloading crates "
+    "of apples, cabbages and late plums. Nobody hurried. The church clock had stopped at twenty past nine in a storm "
+    "three winters ago, and the council still argued about who should pay to mend it. "
+    "Her letter arrived on a Tuesday, folded twice and written in pencil. She said the garden was overgrown, that "
+    "the roof over the kitchen leaked again, and that she had started to paint in the mornings, badly but with great "
+    "pleasure. She asked whether he remembered the orchard behind the school, and the summer they had spent counting "
+    "the swallows that nested under the eaves. At the end she wrote only that the river was high and the bridge "
+    "would be closed until spring. "
+    "The museum kept its oldest maps in a cool room on the top floor. Visitors were allowed in twice a week, in "
+    "small groups, and asked to wear cotton gloves. One map showed the coast as a sailor had imagined it, with "
+    "islands that do not exist and a sea monster drawn carefully in the corner, its tail curled around a compass "
+    "rose. The guide liked to say that every map is an argument about what matters. "
+)
+
+
+def prose_prompts(n: int, length: int = 96, seed: int = 0) -> list[list[int]]:
+    """-> n prompts (lists of byte token ids, at most `length` long) of `PROSE`, each starting at a sentence and
+    ending after a space; seeded, so the list is reproducible."""
+    if n < 0 or length < 8:
+        raise ValueError(f"need n >= 0 and length >= 8, got n={n}, length={length}")
+    data = PROSE.encode()
+    starts = [0] + [i + 2 for i in range(len(data) - 2) if data[i:i + 2] == b". "]
+    starts = [s for s in starts if s < len(data) - length]
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        s = starts[rng.randrange(len(starts))]
+        piece = data[s:s + length]
+        out.append(list(piece[:piece.rfind(b" ") + 1]))
+    return out
