@@ -209,3 +209,23 @@ def test_the_tuner_writes_a_file_the_engine_decodes_with(pair, tmp_path):
     base = Engine(b.target).generate(prompts, params)
     for spec in (loaded, loaded.with_adaptive()):
         assert_same_as_baseline(Engine(b.target, b.eagle, spec, max_batch=4).generate(prompts, params), base)
+
+
+def test_the_acceptance_bench_runs_a_tuned_file_tuned_and_adaptive(pair, tmp_path):
+    """`specdec bench --tuned PATH`: two more rows, their shape_policy and the bucket's shape recorded, tokens equal."""
+    import pandas as pd
+
+    from specdec.bench.acceptance import run_benchmark
+    from specdec.bench.cases import CASES, tuned_cases
+    b, prompts = pair
+    tuned = tuned_for(b.target, b.eagle, {1: ((3, 1, 4), CANDIDATES), 2: ((2, 2, 4), CANDIDATES)})
+    cases = [CASES[0], *tuned_cases(tuned)]
+    path = run_benchmark(b.target, {"eagle": b.eagle}, cases, prompts[:2], [1, 2], [0.0], 8, "stdlib-byte-6l",
+                         out_dir=tmp_path, progress=lambda *a: None)
+    df = pd.read_csv(path)
+    rows = df[df["worker"] == "eagle"]
+    assert sorted(rows["label"].unique()) == ["EAGLE adaptive", "EAGLE tuned"]
+    assert set(rows["shape_policy"]) == {"tuned", "adaptive"}
+    assert rows["same_tokens_as_target_only"].all()
+    shapes = {(r.batch_size, r.num_steps, r.topk, r.num_draft_tokens) for r in rows.itertuples()}
+    assert shapes == {(1, 3, 1, 4), (2, 2, 2, 4)}

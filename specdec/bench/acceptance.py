@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .. import Engine, SamplingParams, SpecConfig
-from .cases import ASSISTED_CASE, CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds
+from .cases import ASSISTED_CASE, CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds, tuned_cases
 from .common import DTYPES, Run, RunRow, cpu_model, dtype_name, median_of, quantile
 
 #: the phases of a decode step that are model forwards (drafting, the draft's extend, the target's verify)
@@ -33,6 +33,7 @@ class AcceptanceRow(RunRow):
     model: str
     worker: str
     label: str
+    shape_policy: str
     num_steps: int
     topk: int
     num_draft_tokens: int
@@ -177,10 +178,11 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                 acc = [a for o in outs for a in o.accept_lens]
                 mean_acc = sum(acc) / len(acc) if acc else 1.0
                 fwd_cost = fwd[0] / forward_s[0][0] if fwd is not None and forward_s[0][0] else None
-                spec = case.spec
+                spec = case.shape_at(B)
                 row = AcceptanceRow(
                     **run.prefix(), impl="transformers" if case.is_peer else runner.impl,
                     dtype=dtype_name(target.dtype), model=model_name, worker=case.kind, label=case.label,
+                    shape_policy=case.shape_policy,
                     num_steps=spec.num_steps if spec else 0, topk=spec.topk if spec else 0,
                     num_draft_tokens=spec.num_draft_tokens if spec else 1, prompt_lookup_num_tokens=case.prompt_lookup,
                     batch_size=B, temperature=temperature, num_prompts=len(outs),
@@ -223,6 +225,12 @@ def main_bench(args) -> int:
     drafts = {kind: getattr(bundle, kind) for kind in offered_kinds(bundle, args.workers)}
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
     cases = [c for c in by_kind(CASES) if c.spec is None or c.kind in drafts]
+    if args.tuned:
+        from ..tuning import TunedSpec
+        tuned = TunedSpec.load(args.tuned)
+        if tuned.draft["kind"] not in drafts:
+            drafts[tuned.draft["kind"]] = getattr(bundle, tuned.draft["kind"])
+        cases += tuned_cases(tuned)
     if args.peers and dtype != torch.float32:
         print(f"note: the transformers peers run in float32 only: no peer rows for {args.dtype}")
     elif args.peers:

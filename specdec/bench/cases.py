@@ -21,9 +21,24 @@ class WorkerCase:
     e2e: whether the e2e suite runs it."""
 
     kind: str
-    spec: SpecConfig | None
+    spec: SpecConfig | None  # or a `specdec.tuning.TunedSpec`: the shapes `specdec tune` chose, tuned or adaptive
     prompt_lookup: int = 0
     e2e: bool = True
+
+    @property
+    def shape_policy(self) -> str:
+        """"static" (one SpecConfig, or none), "tuned" or "adaptive" (a tuned file)."""
+        from ..tuning import TunedSpec
+        if not isinstance(self.spec, TunedSpec):
+            return "static"
+        return "adaptive" if self.spec.adaptive else "tuned"
+
+    def shape_at(self, batch_size: int):
+        """The SpecConfig this case runs at `batch_size` (a tuned file's bucket shape; None without a draft)."""
+        from ..tuning import shape_spec
+        if self.shape_policy == "static":
+            return self.spec
+        return shape_spec(self.spec.bucket(batch_size).shape)
 
     @property
     def is_peer(self) -> bool:
@@ -36,7 +51,12 @@ class WorkerCase:
 
     @property
     def label(self) -> str:
-        return peer_label(self.kind, self.prompt_lookup) if self.is_peer else worker_label(self.kind, self.spec)
+        if self.is_peer:
+            return peer_label(self.kind, self.prompt_lookup)
+        if self.shape_policy != "static":  # "EAGLE tuned", "EAGLE adaptive": the shape moves with the batch
+            from ..draft_kinds import draft_kind
+            return f"{draft_kind(self.kind).label} {self.shape_policy}"
+        return worker_label(self.kind, self.spec)
 
 
 def peer_label(kind: str, prompt_lookup: int) -> str:
@@ -59,6 +79,12 @@ PEER_CASES = [WorkerCase("hf-target-only", None), WorkerCase("hf-prompt-lookup",
               WorkerCase("hf-prompt-lookup", None, 10)]
 #: STANDALONE's peer, run when the pair ships a draft LM
 ASSISTED_CASE = WorkerCase("hf-assisted", None)
+
+
+def tuned_cases(tuned) -> list[WorkerCase]:
+    """A tuned file's two cases (`specdec bench --tuned PATH`): its shapes per bucket, and adaptive speculation."""
+    return [WorkerCase(tuned.draft["kind"], tuned.with_adaptive(False), e2e=False),
+            WorkerCase(tuned.draft["kind"], tuned.with_adaptive(True), e2e=False)]
 
 def by_kind(cases: list[WorkerCase]) -> list[WorkerCase]:
     """The cases grouped by kind (target-only first, then `DRAFT_KINDS`' order), each kind's in list order: the

@@ -49,6 +49,8 @@ def read_results(path) -> pd.DataFrame:
         else:
             label, df["worker"] = df["worker"], kinds.map(kind_of_label)
         df.insert(df.columns.get_loc("worker") + 1, "label", label)
+    if "shape_policy" not in df and "num_steps" in df and str(df["suite"].iloc[0] if len(df) else "") == "acceptance":
+        df.insert(df.columns.get_loc("label") + 1, "shape_policy", "static")  # before tuned files
     return df
 
 
