@@ -10,7 +10,7 @@ from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.contract import NO_DRAFT
 from specdec.models.bigram import near_bigram_target
 from specdec.models.eagle import random_eagle_head
-from specdec.tuning import Bucket, Candidate, TunedSpec, fingerprint
+from specdec.tuning import Bucket, Candidate, ShapePolicy, TunedSpec, fingerprint
 from tests.helpers import FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue, logprob_params
 from tests.oracles import exact_joint
 
@@ -29,6 +29,24 @@ def pair():
     prompts = [b.tokenizer.encode(t) for t in ("def fibonacci(n):\n", "import os\nclass ", "The weather was",
                                                 "    for i in range(")]
     return b, prompts
+
+
+class CyclingSpec:
+    """Stands in for an engine's tuned spec: its policy ignores acceptance and runs `shapes` in turn."""
+
+    def __init__(self, shapes):
+        self.shapes = shapes
+
+    def policy(self):
+        shapes = self.shapes
+
+        class Cycle(ShapePolicy):
+            i = -1
+
+            def choose(self, batch_size):
+                self.i += 1
+                return shapes[self.i % len(shapes)]
+        return Cycle()
 
 
 #: three shapes and no draft, the no-draft step priced so that a request whose drafts fail falls back to it
@@ -64,24 +82,7 @@ def test_every_switch_between_allowed_shapes_is_lossless(pair):
     tuned = tuned_for(b.target, b.eagle, {4: ((5, 4, 16), [(s, 2.0, 1.0) for s in cycle])}, adaptive=True)
     engine = Engine(b.target, b.eagle, tuned, max_batch=4)
 
-    class Cycle:  # a policy that ignores acceptance: every shape in turn
-        def __init__(self):
-            self.i = -1
-
-        def start(self, batch_size):
-            pass
-
-        def filter(self, keep):
-            pass
-
-        def observe(self, accept_lens):
-            pass
-
-        def choose(self, batch_size):
-            self.i += 1
-            return cycle[self.i % len(cycle)]
-
-    engine.tuned = type("CycleSpec", (), {"policy": staticmethod(Cycle)})()
+    engine.tuned = CyclingSpec(cycle)
     out = engine.generate(prompts, params)
     assert_same_as_baseline(out, base)
     assert len(engine.last_stats.step_shapes) >= len(cycle)
@@ -229,3 +230,23 @@ def test_the_acceptance_bench_runs_a_tuned_file_tuned_and_adaptive(pair, tmp_pat
     assert rows["same_tokens_as_target_only"].all()
     shapes = {(r.batch_size, r.num_steps, r.topk, r.num_draft_tokens) for r in rows.itertuples()}
     assert shapes == {(1, 3, 1, 4), (2, 2, 2, 4)}
+
+
+def test_adaptive_through_the_graph_buffers_keeps_one_entry_per_bucket_and_shape(pair):
+    """The CUDA-graph path's plumbing (`DecodeGraphs`, run eagerly through its padded static buffers): each step
+    shape gets its own entry, and the output is target-only's."""
+    from specdec.workers.graphs import DecodeGraphs
+    b, prompts = pair
+    params = logprob_params(max_new=16)
+    base = Engine(b.target).generate(prompts[:3], params)
+    cands = [((3, 1, 4), 3.0, 1.6), ((2, 2, 4), 2.5, 1.4), (NO_DRAFT, 1.0, 0.9)]
+    engine = Engine(b.target, b.eagle, tuned_for(b.target, b.eagle, {4: ((3, 1, 4), cands)}, adaptive=True),
+                    max_batch=4)
+    graphs = DecodeGraphs(engine.worker, capture=False)
+    engine._decode = graphs.decode_step
+    engine.tuned = CyclingSpec([s for s, _, _ in cands])
+    assert_same_as_baseline(engine.generate(prompts[:3], params), base)
+    ran = set(engine.last_stats.step_shapes)
+    assert len(ran) == 3
+    shapes_in_keys = {key[-3:] for key in graphs.entries}
+    assert {(1, 1, 1) if s == NO_DRAFT else s for s in ran} == shapes_in_keys
