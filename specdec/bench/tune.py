@@ -8,8 +8,9 @@ per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engin
    frontier nodes, the verify width), fitted by least squares to measured steps: the acceptance runs at B = 1,
    `probe_shapes` decoded at batch B elsewhere; and no draft at all (`NO_DRAFT`) measured at every bucket.
 3. Prediction and confirmation: tokens per CPU second = B x accepted length / predicted step for every candidate;
-   the `--confirm` best predicted are decoded at batch B, and the best measured is the bucket's shape. Those
-   measured shapes and NO_DRAFT are the bucket's candidates for adaptive speculation.
+   the `--confirm` best predicted and the best predicted of each topk are decoded at batch B, and the best
+   measured is the bucket's shape. Those measured shapes and NO_DRAFT are the bucket's candidates for adaptive
+   speculation.
 4. `--check-grid`: on other prompts than the tuning's (held-out code, and that code alternating with English prose
    no model saw), the tuned shape, adaptive speculation and `CHECK_GRID`'s 12 shapes (the fixed S5 K4 W16 tree among
    them) decode side by side at every bucket, with target-only as the baseline whose tokens each must repeat: the
@@ -234,8 +235,11 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
         predicted = {s: max(predict_step_ms(coef, s), no_draft["step_ms"]) for s in shapes}
         tps = {s: B * accept[s] / (predicted[s] / 1e3) for s in shapes}
         ranked = sorted(shapes, key=lambda s: -tps[s])
+        # the best predicted, and the best of each topk: adaptive speculation's candidates should differ in cost
+        to_confirm = list(dict.fromkeys(ranked[:confirm] + [next(s for s in ranked if s[1] == k)
+                                                             for k in sorted({s[1] for s in shapes})]))
         measured = {}
-        for shape in tqdm(ranked[:confirm], desc=f"confirm (B={B})", file=sys.stderr, leave=False):
+        for shape in tqdm(to_confirm, desc=f"confirm (B={B})", file=sys.stderr, leave=False):
             measured[shape] = m.decode_median(shape, batches, repeats)
         best = max(measured, key=lambda s: measured[s]["tokens_per_cpu_s"])
         for shape in ranked:
@@ -250,7 +254,7 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
                  f"{measured[best]['tokens_per_cpu_s']:8.1f} (accept {measured[best]['accept']:.2f}, step "
                  f"{measured[best]['step_ms']:.2f} ms; predicted {predicted[best]:.2f} ms); no draft "
                  f"{no_draft['step_ms']:.2f} ms per step")
-        for shape in ranked[:confirm]:
+        for shape in to_confirm:
             if shape != best:
                 progress(f"        also measured {shape_name(shape):12s} predicted {tps[shape]:8.1f}, measured "
                          f"{measured[shape]['tokens_per_cpu_s']:8.1f} tok/cpu-s")
