@@ -177,14 +177,6 @@ class SpecConfig:
     #: draft step of a grammar batch; heads with a reduced vocabulary (EAGLE-3) propose unmasked
     draft_grammar: bool = False
 
-    @staticmethod
-    def tuned(path, adaptive: bool = False):
-        """The shapes `specdec tune` wrote to `path` (a `specdec.tuning.TunedSpec`, which `Engine` takes as `spec`):
-        each step runs the best measured shape of the batch's size, or with `adaptive` a choice among the tuned
-        candidates by each request's accepted length. ValueError naming the field of a corrupt file."""
-        from .tuning import TunedSpec
-        return TunedSpec.load(path, adaptive=adaptive)
-
     def __post_init__(self):
         S = check_int("num_steps", self.num_steps, 1)
         K = check_int("topk", self.topk, 1)

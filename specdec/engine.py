@@ -59,7 +59,7 @@ class Engine:
 
     spec: a SpecConfig (one shape), or a file `specdec tune` wrote (`specdec.tuning`): "tuned:PATH" runs each step
     at the best measured shape of the batch's size, "adaptive:PATH" chooses each step's shape among the tuned
-    candidates by an EMA of each request's accepted length (a `TunedSpec`, e.g. `SpecConfig.tuned(PATH)`, does the
+    candidates by an EMA of each request's accepted length (a `TunedSpec`, e.g. `TunedSpec.load(PATH)`, does the
     same). The file must have been tuned for this target and draft (ValueError naming the field otherwise).
 
     draft=None is plain target-only decoding; a draft runs on the worker its kind names (`specdec.draft_kinds`:

@@ -4,7 +4,7 @@ engine loads, and the two ways the engine decodes with it.
     Engine(target, draft, spec="tuned:PATH")     # each step: the bucket's best measured shape
     Engine(target, draft, spec="adaptive:PATH")  # each step: a choice among the bucket's candidates, by an EMA of
                                                  # each request's accepted length (no draft at all among them)
-    Engine(target, draft, spec=SpecConfig.tuned(PATH))  # the same as "tuned:PATH"; `.adaptive()` for the other
+    Engine(target, draft, spec=TunedSpec.load(PATH))  # the same as "tuned:PATH"; adaptive=True for the other
 
 A shape is (num_steps, topk, num_draft_tokens); `NO_DRAFT` (0, 0, 1) verifies the root alone. Shapes switch between
 steps only, each one a fixed-shape step (one CUDA graph per batch bucket and shape), so output stays exactly what

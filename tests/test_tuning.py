@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specdec import Engine, SamplingParams, SpecConfig, zoo
+from specdec import Engine, SamplingParams, zoo
 from specdec.contract import NO_DRAFT
 from specdec.models.bigram import near_bigram_target
 from specdec.models.eagle import random_eagle_head
@@ -199,7 +199,7 @@ def test_the_tuner_writes_a_file_the_engine_decodes_with(pair, tmp_path):
     tuned, rows, _ = tune(b.target, b.eagle, prompts, [1, 2], max_new_tokens=8, shapes=shapes, confirm=2,
                           model_name="stdlib-byte-6l", progress=lambda *a: None)
     path = tuned.save(tmp_path / "t.json")
-    loaded = SpecConfig.tuned(path)
+    loaded = TunedSpec.load(path)
     assert loaded.buckets.keys() == {1, 2} and loaded.draft["kind"] == "eagle"
     for size, bucket in loaded.buckets.items():
         confirmed = [r for r in rows if r.batch_size == size and r.source == "confirm"]
