@@ -275,7 +275,7 @@ class AdaptiveShapes(ShapePolicy):
     with the most predicted tokens per millisecond over the batch. NO_DRAFT (a_c = 1) wins when drafts keep failing;
     since it measures nothing, after `probe_every` such steps in a row the cheapest drafting candidate runs once."""
 
-    def __init__(self, tuned: TunedSpec, decay: float = 0.5, probe_every: int = 8):
+    def __init__(self, tuned: TunedSpec, decay: float = 0.5, probe_every: int = 4):
         self.tuned = tuned
         self.decay = decay
         self.probe_every = probe_every

@@ -250,3 +250,12 @@ def test_adaptive_through_the_graph_buffers_keeps_one_entry_per_bucket_and_shape
     assert len(ran) == 3
     shapes_in_keys = {key[-3:] for key in graphs.entries}
     assert {(1, 1, 1) if s == NO_DRAFT else s for s in ran} == shapes_in_keys
+
+
+def test_the_tune_command_refuses_a_kind_that_keeps_one_shape(capsys):
+    from specdec.bench.tune import main
+    assert main(["--model", "stdlib-byte-6l", "--kind", "mtp"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specdec tune: error: draft kind 'mtp' runs on MultiLayerEagleWorkerV2") and "\n" not in err
+    assert main(["--model", "stdlib-byte-6l", "--kind", "medusa"]) == 1
+    assert "unknown draft kind 'medusa'" in capsys.readouterr().err

@@ -329,9 +329,7 @@ def mixed_prompts(code: list, prose: list) -> list:
 
 
 def main(argv=None) -> int:
-    from .. import zoo
-    from ..zoo.corpus import heldout_prompts, prose_prompts
-    from .common import DTYPES, write_csv
+    from .common import DTYPES
 
     p = argparse.ArgumentParser(prog="specdec tune", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -364,11 +362,28 @@ def main(argv=None) -> int:
         p.error(f"--batch-sizes must be comma-separated integers >= 1, got {a.batch_sizes!r}")
     if max(sizes) > a.num_prompts:
         p.error(f"--batch-sizes {max(sizes)} exceeds --num-prompts {a.num_prompts}")
+    try:
+        return _tune_command(a, sizes)
+    except ValueError as e:  # one line, as every specdec command
+        print(f"specdec tune: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _tune_command(a, sizes) -> int:
+    from .. import zoo
+    from ..draft_kinds import draft_kind
+    from ..zoo.corpus import heldout_prompts, prose_prompts
+    from .common import DTYPES, write_csv
+
+    kind = draft_kind(a.kind)
+    if not hasattr(kind.worker_class(), "use_shape"):
+        raise ValueError(f"draft kind {a.kind!r} runs on {kind.worker_class().__name__}, which keeps one shape for a "
+                         f"whole run: tune a kind that runs on EagleWorkerV2 (eagle, eagle3, draft_lm)")
     name = zoo.speed_pair() if a.model == "auto" else a.model
     bundle = zoo.load(name, dtype=DTYPES[a.dtype])
     draft = getattr(bundle, a.kind, None)
     if draft is None:
-        p.error(f"zoo pair {name!r} ships no {a.kind!r} draft")
+        raise ValueError(f"zoo pair {name!r} ships no {a.kind!r} draft")
     prompts = heldout_prompts(a.num_prompts, a.prompt_len, seed=1)
     run = Run("tune", bundle.target.device)
     t0 = time.monotonic()
