@@ -72,15 +72,18 @@ def test_tuned_and_adaptive_decoding_equal_target_only(pair, tmp_path, adaptive)
             assert set(engine.last_stats.step_shapes) == {(3, 1, 4)}
 
 
-def test_every_switch_between_allowed_shapes_is_lossless(pair):
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "draft_lm"])
+def test_every_switch_between_allowed_shapes_is_lossless(pair, kind):
     """The worker contract adaptive speculation rests on: whatever allowed shape each step runs (no draft, chains,
-    trees of several topk), the tokens and logprobs are target-only's."""
+    trees of several topk), the tokens and logprobs are target-only's, for every kind EagleWorkerV2 runs (the EAGLE
+    and EAGLE-3 heads, STANDALONE's draft LM, whose cache runs one position ahead)."""
     b, prompts = pair
+    draft = getattr(b, kind)
     params = logprob_params(max_new=20)
     base = Engine(b.target).generate(prompts, params)
     cycle = [(5, 4, 16), NO_DRAFT, (3, 1, 4), (2, 2, 4), NO_DRAFT, NO_DRAFT, (4, 4, 8)]
-    tuned = tuned_for(b.target, b.eagle, {4: ((5, 4, 16), [(s, 2.0, 1.0) for s in cycle])}, adaptive=True)
-    engine = Engine(b.target, b.eagle, tuned, max_batch=4)
+    tuned = tuned_for(b.target, draft, {4: ((5, 4, 16), [(s, 2.0, 1.0) for s in cycle])}, adaptive=True, kind=kind)
+    engine = Engine(b.target, draft, tuned, max_batch=4)
 
     engine.tuned = CyclingSpec(cycle)
     out = engine.generate(prompts, params)

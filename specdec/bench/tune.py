@@ -281,9 +281,9 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
             batches = batches_of(prompts, B)
             keys = [None, *CHECK_GRID, tuned, adaptive]
             passes = {i: [] for i in range(len(keys))}
-            for _ in range(repeats):
-                for i, key in enumerate(keys):
-                    passes[i].append(m.decode(key, batches))
+            for r in range(repeats):  # in turn, each pass starting elsewhere: a drift of the machine hits all alike
+                for i in [(j + r * len(keys) // repeats) % len(keys) for j in range(len(keys))]:
+                    passes[i].append(m.decode(keys[i], batches))
             med = {i: median_of(p, key=lambda r: r["tokens_per_cpu_s"]) for i, p in passes.items()}
             base = med[0]
             for i, key in enumerate(keys):

@@ -168,16 +168,17 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         return score_list, token_list, parents_list
 
     def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
-        """Draft forward over the accepted path (padded to S+1): (h[n_j], predict[n_j]) at position n+j.
-        Its output at n+a gives the next root's top-K children."""
+        """Draft forward over the accepted path (padded to S+1; a NO_DRAFT step's one token): (h[n_j], predict[n_j])
+        at position n+j. Its output at n+a gives the next root's top-K children."""
         st = self.state
-        B, S = st.seq_lens.shape[0], self.num_steps
-        nodes = step.accept_index.clamp_min(0).long()  # padded slots reuse the root: garbage past n+a
+        B = st.seq_lens.shape[0]
+        n = 1 if self.num_draft_tokens == 1 else self.num_steps + 1
+        nodes = step.accept_index[:, :n].clamp_min(0).long()  # padded slots reuse the root: garbage past n+a
         ids = step.predict.long()[nodes]
         hidden = target_hidden[nodes]
         draft_lens = self._draft_lens()
-        positions = draft_lens[:, None] + torch.arange(S + 1, device=self.device)
-        meta = AttentionMetadata(st.slots, draft_lens, attn_len=self.attn_len(S + 1 + self.draft_offset), ops=self.ops)
+        positions = draft_lens[:, None] + torch.arange(n, device=self.device)
+        meta = AttentionMetadata(st.slots, draft_lens, attn_len=self.attn_len(n + self.draft_offset), ops=self.ops)
         d_hidden = self.draft_model(ids, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
         last = (step.accept_lens - 1).long()
         self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
