@@ -191,11 +191,17 @@ def _compare_pipelines(logits, generator):
     return (out_ref - out_fast).abs().max().item()
 
 
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _pipeline_case(dtype, N, V, slow=False):
+    return pytest.param(dtype, N, V, id=f"{_DTYPE_NAMES[dtype]}-{N}-{V}", marks=[pytest.mark.slow] if slow else [])
+
+
 # the batch of 64 in one dtype in CI (each is about 25 s of interpreted kernels); the other two with -m slow
-@pytest.mark.parametrize("dtype, N, V", [(d, N, V) for d in (torch.float32, torch.bfloat16, torch.float16)
-                                         for N, V in ((1, 1), (1, 1500))] + [
-    (torch.bfloat16, 64, 333), pytest.param(torch.float32, 64, 333, marks=pytest.mark.slow),
-    pytest.param(torch.float16, 64, 333, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("dtype, N, V", [_pipeline_case(d, N, V) for d in _DTYPE_NAMES for N, V in ((1, 1), (1, 1500))]
+                         + [_pipeline_case(torch.bfloat16, 64, 333), _pipeline_case(torch.float32, 64, 333, True),
+                            _pipeline_case(torch.float16, 64, 333, True)])
 def test_fast_equals_reference(dtype, N, V):
     _compare_pipelines(_random_logits(N, V, dtype, torch.Generator().manual_seed(N * 1000 + V)),
                        torch.Generator().manual_seed(V))
