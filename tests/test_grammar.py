@@ -384,7 +384,8 @@ def test_masked_drafts_change_only_the_proposals_and_accept_more(small, baseline
 
 def test_masked_drafts_on_the_fast_path(small, baselines):
     prompt, want = baselines["date"]
-    engine = Engine(small.target, small.eagle, SpecConfig(5, 4, 16, draft_grammar=True), impl="fast",
+    # a smaller tree than the reference cases': the interpreted kernels pay per node
+    engine = Engine(small.target, small.eagle, SpecConfig(3, 2, 6, draft_grammar=True), impl="fast",
                     tokenizer=small.tokenizer)
     assert engine.generate([prompt], _params("date"))[0].token_ids == want
 

@@ -360,7 +360,7 @@ def test_draft_penalties_change_only_the_proposals(small, name):
 
 def test_draft_penalties_on_the_fast_path(small):
     prompts = heldout_prompts(1, 32, seed=5)
-    sp = SamplingParams(max_new_tokens=16, repetition_penalty=1.5, return_logprob=True)
+    sp = SamplingParams(max_new_tokens=10, repetition_penalty=1.5, return_logprob=True)  # interpreted: kept short
     base = Engine(small.target, impl="reference").generate(prompts, sp)
     outs = Engine(small.target, small.eagle, SpecConfig(3, 2, 6, draft_penalties=True), impl="fast").generate(
         prompts, sp)
