@@ -68,6 +68,10 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         self._own_slot = torch.eye(inflight, dtype=torch.bool, device=self.device)
         # every frontier node's path starts at the root (the drafts' penalties and grammar masks read it)
         self._root_column = torch.ones(self.max_batch, self.max_topk, 1, dtype=torch.bool, device=self.device)
+        if no_draft:  # a NO_DRAFT step's one-node tree: its mask, its row of the verify, no child nor sibling
+            self._root_only = (torch.ones(self.max_batch, 1, 1, dtype=torch.bool, device=self.device),
+                               torch.arange(self.max_batch, device=self.device)[:, None],
+                               torch.full((self.max_batch, 1), -1, dtype=torch.int64, device=self.device))
 
     def check_shape(self, spec: SpecConfig) -> None:
         """ValueError when this draft cannot draft `spec` (a topk beyond the draft's vocabulary)."""
@@ -204,6 +208,5 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         """The verify input of a `NO_DRAFT` step: each request's root alone."""
         st = self.state
         B = st.seq_lens.shape[0]
-        none = torch.full((B, 1), -1, dtype=torch.int64, device=self.device)
-        return EagleVerifyInput(st.last_tokens[:, None], torch.ones(B, 1, 1, dtype=torch.bool, device=self.device),
-                                st.seq_lens[:, None], torch.arange(B, device=self.device)[:, None], none, none)
+        mask, rows, none = (t[:B] for t in self._root_only)
+        return EagleVerifyInput(st.last_tokens[:, None], mask, st.seq_lens[:, None], rows, none, none)
