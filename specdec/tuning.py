@@ -282,11 +282,10 @@ class AdaptiveShapes(ShapePolicy):
         self.quality: list[float] = []
         self.last: Candidate | None = None
         self.undrafted = 0
-        self.chosen: list[Shape] = []  # every step's shape, for benchmarks and tests
 
     def start(self, batch_size: int) -> None:
         self.quality = [1.0] * batch_size
-        self.last, self.undrafted, self.chosen = None, 0, []
+        self.last, self.undrafted = None, 0
 
     def filter(self, keep: list[int]) -> None:
         self.quality = [self.quality[i] for i in keep]
@@ -315,5 +314,4 @@ class AdaptiveShapes(ShapePolicy):
         else:
             self.undrafted = 0
         self.last = best
-        self.chosen.append(best.shape)
         return best.shape
