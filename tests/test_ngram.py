@@ -171,8 +171,9 @@ def test_a_grammar_batch_takes_no_round_trip_of_its_own(small, prompts):
     batch = [tok.encode("class A:\n    def f(self):\n        pass\n    "), prompts[1]]
     engine = Engine(small.target, draft=NgramDraft(), spec=SpecConfig(4, 2, 8), max_seq_len=320, tokenizer=tok)
     calls = []  # each call of the grammar's own transfer: (tensors asked for, pending tokens)
-    worker, transfer = engine.worker, engine.worker._grammar_to_host
-    worker._grammar_to_host = lambda *t: calls.append((len(t), worker.state.grammar_tokens is not None)) or transfer(*t)
+    worker, transfer = engine.worker, engine.worker.advance_grammar_and_fetch
+    worker.advance_grammar_and_fetch = lambda *t: (calls.append((len(t), worker.state.grammar_tokens is not None))
+                                                   or transfer(*t))
     outs = engine.generate(batch, params)
     alone = Engine(small.target, max_seq_len=320, tokenizer=tok)
     for out, prompt, p in zip(outs, batch, params):

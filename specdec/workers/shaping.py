@@ -4,7 +4,9 @@ then the grammar masks (`apply_token_bitmask`), with a grammar batch's one host 
 `LogitShaping` is a mixin of every worker (`WorkerBase`): it reads the worker's `sampling` tensors, `state`
 (counts, pending grammar tokens), `grammar` (`specdec.grammar.GrammarBatch` or None), `ops`, `vocab_size`, `device`
 and `phase`. Its two entry points are `shape_target_logits` (what verify, sampling and the logprobs read) and
-`shape_draft_logits` (what a draft proposes from, where the SpecConfig asks).
+`shape_draft_logits` (what a draft proposes from, where the SpecConfig asks). It reads `sampling` and `state` at each
+call rather than holding them, because the CUDA-graph path (`workers.graphs.DecodeGraphs`) swaps both for its padded
+static buffers around a replay.
 """
 from __future__ import annotations
 
@@ -81,9 +83,10 @@ class LogitShaping:
         return self._apply_penalties(logits, candidates, tree_mask)
 
     # ---- grammars: host matchers, one transfer down and one bitmask up per step ---------------------
-    def _grammar_to_host(self, *tensors) -> list[torch.Tensor]:
-        """The one device-to-host transfer of a grammar step: the last step's emitted tokens (which advance the
-        matchers first) and `tensors` ((B, W) int each, this step's tree), packed -> the tensors on the host."""
+    def advance_grammar_and_fetch(self, *tensors) -> list[torch.Tensor]:
+        """A grammar step's one device-to-host transfer, and the matchers' advance: the last step's emitted tokens
+        (pending in `state` until now) and `tensors` ((B, W) int each, this step's tree) come down packed together;
+        the pending tokens advance the matchers (once per step: a later call finds none) -> `tensors` on the host."""
         st = self.state
         pending = [st.grammar_tokens, st.grammar_lens[:, None]] if st.grammar_tokens is not None else []
         B = len(self.grammar.matchers)
@@ -108,7 +111,7 @@ class LogitShaping:
         when no request has a grammar (a one-token step: prefill, target-only decode)."""
         if self.grammar is None:
             return None
-        self._grammar_to_host()
+        self.advance_grammar_and_fetch()
         return self.grammar.fill_roots().to(self.device)
 
     def grammar_bitmask_tree(self, candidates, retrieve_next_token, retrieve_next_sibling):
@@ -116,7 +119,8 @@ class LogitShaping:
         root-to-node path, or None when no request has a grammar."""
         if self.grammar is None:
             return None
-        cand, next_token, next_sibling = self._grammar_to_host(candidates, retrieve_next_token, retrieve_next_sibling)
+        cand, next_token, next_sibling = self.advance_grammar_and_fetch(candidates, retrieve_next_token,
+                                                                        retrieve_next_sibling)
         return self.grammar.fill_tree(cand, next_token, next_sibling).to(self.device)
 
     #: whether the draft's proposals are masked by the grammar too (SpecConfig.draft_grammar)
@@ -137,7 +141,7 @@ class LogitShaping:
             tree_mask = torch.ones(candidates.shape[0], 1, 1, dtype=torch.bool, device=self.device)
         B, R, L = tree_mask.shape
         with self.phase("grammar"):
-            tokens, paths = self._grammar_to_host(candidates, tree_mask)
+            tokens, paths = self.advance_grammar_and_fetch(candidates, tree_mask)
             bitmask = self.grammar.fill_paths(tokens, paths.view(B, R, L).bool())
             if remap:  # a reduced draft vocabulary (EAGLE-3): draft id d reads target id draft_vocab_ids[d]'s bit
                 bitmask = self.grammar.remap(bitmask, self.draft_vocab_ids)
