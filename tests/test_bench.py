@@ -212,3 +212,22 @@ def test_one_plot_entry_point_draws_every_committed_schema(tmp_path):
             assert im.size[0] > 400 and im.size[1] > 200
     (tmp_path / "odd-1.csv").write_text("suite,x\nodd,1\n")
     assert main(["plot", str(tmp_path / "odd-1.csv")]) == 1  # the CLI's one-line error: no plot for suite 'odd'
+
+
+def test_dflash_scaling_rows(tmp_path):
+    """Each variant changes one setting of the shipped stage; its row's expected accepted length is 1 + the sum of the
+    prefix-acceptance column, and every fraction is one per block position."""
+    import json
+
+    from specdec.bench.dflash_scaling import DFlashScalingRow, main
+    assert main(["--model", "stdlib-byte-6l", "--variants", "block 4", "--step-scale", "0.005", "--eval-windows", "2",
+                 "--eval-len", "48", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("dflash-scaling-*.csv")
+    (row,) = list(csv.DictReader(path.open()))
+    assert list(row) == columns(DFlashScalingRow)
+    assert (row["variant"], row["block_size"], row["num_layers"], row["steps"]) == ("block 4", "4", "2", "2")
+    agree, prefix = json.loads(row["agreement_by_position"]), json.loads(row["accept_prefix_by_position"])
+    assert len(agree) == len(prefix) == 3
+    assert all(0 <= p <= a <= 1 for p, a in zip(prefix, agree)) and prefix == sorted(prefix, reverse=True)
+    assert float(row["expected_tokens_per_step"]) == pytest.approx(1 + sum(prefix), abs=1e-3)
+    assert float(row["block_forward_in_target_steps"]) > 0

@@ -24,7 +24,7 @@ import torch
 from .. import zoo
 from ..draft_kinds import DRAFT_KINDS
 from ..zoo.corpus import heldout_prompts
-from ..zoo.train.evaluate import _heldout, evaluate_dflash
+from ..zoo.train.evaluate import heldout_tensor, evaluate_dflash
 from ..zoo.train.hparams import StageOpts
 from ..zoo.train.stages import train_dflash
 from .common import RowWriter, Run, RunRow
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     bundle = zoo.load(a.model)
     target = bundle.target
     base = StageOpts(**copy.deepcopy(dict(DRAFT_KINDS["dflash"].zoo.opts)))
-    windows = _heldout(a.eval_windows, a.eval_len + 3)
+    windows = heldout_tensor(a.eval_windows, a.eval_len + 3)
     prompts = heldout_prompts(4, 64, seed=0)
     run = Run("dflash-scaling", "cpu")
     Path(a.out).mkdir(parents=True, exist_ok=True)

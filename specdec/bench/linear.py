@@ -27,7 +27,7 @@ def compare_backends(M_values=(1, 2, 4, 16, 64, 256), k=256, n=1376, repeats=500
                     lin(x)
                 times[name] = (time.process_time() - t0) / repeats * 1e6
             set_cpu_linear_backend("auto")
-            chosen = lin._backend_for(M)
+            chosen = lin.backend_for(M)
         print(f"M={M:4d}  " + "  ".join(f"{name} {us:7.1f} us" for name, us in times.items()) + f"  auto: {chosen}")
 
 

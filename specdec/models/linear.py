@@ -92,14 +92,15 @@ class Linear(nn.Linear):
         if (_state["mode"] != "mkl" and x.device.type == "cpu" and x.dtype == torch.float32
                 and self.weight.dtype == torch.float32 and not torch.is_grad_enabled()
                 and not torch.compiler.is_compiling() and x.numel() > 0 and _onednn_available()):
-            if self._backend_for(x.numel() // self.in_features) == "onednn":
+            if self.backend_for(x.numel() // self.in_features) == "onednn":
                 return self._onednn(x)
         return F.linear(x, self.weight, self.bias)
 
     def _onednn(self, x):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._prepacked_weight(), self.bias, "none", [], "")
 
-    def _backend_for(self, rows: int) -> str:
+    def backend_for(self, rows: int) -> str:
+        """The backend ("mkl" or "onednn") this weight uses for `rows` input rows, measured once per row bucket."""
         if _state["mode"] == "onednn":
             return "onednn"
         key = (self.out_features, self.in_features, self.bias is not None, _row_bucket(rows))

@@ -16,7 +16,8 @@ from .. import corpus
 from .loop import position_grid
 from .stages import draft_vocab_targets, dflash_blocks, eagle_unrolled, mtp_forward, ttt_mask
 
-def _heldout(n: int, length: int, seed: int = 4321) -> torch.Tensor:
+def heldout_tensor(n: int, length: int, seed: int = 4321) -> torch.Tensor:
+    """(n, length) int64: the held-out windows the model card measures on (`corpus.heldout_windows`, seed 4321)."""
     return torch.from_numpy(corpus.heldout_windows(n, length, seed=seed))
 
 
@@ -197,7 +198,7 @@ def evaluate_dflash(target, model, windows: torch.Tensor, *, seq_len: int | None
 def evaluate_bundle(bundle, n_windows: int = 32, seq_len: int = 512, seed: int = 4321) -> dict:
     """Held-out metrics of every model of a loaded bundle (fp32, no autocast)."""
     res = {}
-    win = _heldout(n_windows, seq_len + 3, seed)
+    win = heldout_tensor(n_windows, seq_len + 3, seed)
     res["target"] = evaluate_target(bundle.target, win[:, :seq_len + 1])
     for kind, draft in bundle.drafts.items():
         res[kind] = DRAFT_KINDS[kind].zoo.evaluate(bundle.target, draft, win, seq_len)
