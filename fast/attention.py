@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_attention_args, check_plan, check_plan_args, check_rope_kv_args
+from specdec.checks import check_attention_call, check_plan_args, check_rope_kv_call
 from specdec.contract import TreeAttentionPlan
 
 from .interpreter import INTERPRETED
@@ -225,10 +225,8 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     not read, and the split count depends on B, T and the cache capacity only, so consecutive decode
     steps launch identical grids. Keys past a request's length are never loaded.
     """
-    B, T, Hq, D = check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len,
-                                       scale)
-    if plan is not None:
-        check_plan(plan, _IMPL, B, T, write_offset, attn_len, k_cache.shape[1])
+    B, T, Hq, D = check_attention_call(_IMPL, plan, q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask,
+                                       attn_len, scale)
     if B == 0 or T == 0:
         return torch.empty_like(q)
     bits = None if plan is None else plan.tensors["mask_bits"]
@@ -296,9 +294,8 @@ def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_st
     to the input dtype, then to the cache's) and writes the keys and values straight into their cache
     slot, read from ``cache_start`` on the device. The last dimension of every tensor must be contiguous.
     """
-    B, T, Hq, D = check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset)
-    if plan is not None:
-        check_plan(plan, _IMPL, B, T, write_offset, None, k_cache.shape[1])
+    B, T, Hq, D = check_rope_kv_call(_IMPL, plan, q, k, v, cos, sin, k_cache, v_cache, slots, cache_start,
+                                     write_offset)
     Hkv = k.shape[2]
     for name, x in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("k_cache", k_cache),
                     ("v_cache", v_cache)):

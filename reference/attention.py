@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.checks import check_attention_args, check_plan, check_plan_args, check_rope_kv_args
+from specdec.checks import check_attention_call, check_plan_args, check_rope_kv_call
 from specdec.contract import TreeAttentionPlan
 
 _IMPL = "reference"
@@ -64,12 +64,11 @@ def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_st
     Rotates q and k by their positions' angles (rotate-half layout, fp32, cast back to the input dtype)
     and writes the rotated k and v of token t at cache row slots[b], slot cache_start[b] + write_offset + t.
     """
-    B, T, Hq, D = check_rope_kv_args(q, k, v, cos, sin, k_cache, v_cache, slots, cache_start, write_offset)
+    B, T, Hq, D = check_rope_kv_call(_IMPL, plan, q, k, v, cos, sin, k_cache, v_cache, slots, cache_start,
+                                     write_offset)
     max_seq_len = k_cache.shape[1]
     if plan is None:
         plan = plan_tree_attention(slots, cache_start, write_offset, None, write_offset + T, T, max_seq_len)
-    else:
-        check_plan(plan, _IMPL, B, T, write_offset, None, max_seq_len)
     # q and k rotate as one tensor: one pass of the elementwise ops instead of two
     qk = _rotate_half_fp32(torch.cat([q, _cast(k, q.dtype)], dim=2), cos, sin)
     k_rot = _cast(_cast(qk[:, :, Hq:], k.dtype), k_cache.dtype).flatten(0, 1)
@@ -117,13 +116,11 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     then scaled_dot_product_attention with the dense visibility mask, in fp32, cast back; grouped-query
     heads share their KV head without a copy.
     """
-    B, T, Hq, D = check_attention_args(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len,
-                                       scale)
+    B, T, Hq, D = check_attention_call(_IMPL, plan, q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask,
+                                       attn_len, scale)
     max_seq_len = k_cache.shape[1]
     if plan is None:
         plan = plan_tree_attention(slots, cache_start, write_offset, tree_mask, attn_len, T, max_seq_len)
-    else:
-        check_plan(plan, _IMPL, B, T, write_offset, attn_len, max_seq_len)
     rows = plan.tensors["key_rows"]
     k, v = (_cast(_gather_rows(cache, rows).view(B, attn_len, *cache.shape[2:]).transpose(1, 2), torch.float32)
             for cache in (k_cache, v_cache))

@@ -8,7 +8,7 @@ beside it; the argument checks are in `checks`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: Every op a worker reaches through its ops module (`reference` or `fast`): a module can run the
 #: workers only when it has all of them, with the reference's signatures.
@@ -79,6 +79,9 @@ class TreeAttentionPlan:
     attn_len: int
     max_seq_len: int
     tensors: dict
+    #: op name -> (the argument signature its checks passed with this plan, what they returned): each layer of a
+    #: forward passes arguments of the same shapes, so the checks run once per forward (`checks.check_planned`)
+    checked: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 #: the step shape (num_steps, topk, num_draft_tokens) of a step that drafts nothing: the root alone is verified (a

@@ -1,6 +1,8 @@
 """The target model's forward: incremental decoding against the full forward, tree attention against each
 branch alone, the KV commit, the attention plan's checks, and the CPU linear backend."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -173,3 +175,29 @@ def test_attention_plan_must_match_its_call():
         reference.tree_attention(q, kc, vc, slots, start, 0, None, 8, 0.5, plan={"visible": None})
     with pytest.raises(ValueError, match="attn_len=17 exceeds"):
         reference.plan_tree_attention(slots, start, 0, None, 17, T, S)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_a_plan_checks_each_new_argument_signature(impl):
+    """A plan remembers the argument shapes its ops were checked with (each layer of a forward repeats them); a call
+    whose tensors differ in shape, dtype or device is checked again, after any number of good calls."""
+    ops = importlib.import_module(impl)
+    B, T, Hq, Hkv, D, S = 2, 3, 4, 2, 8, 16
+    kc, vc = torch.zeros(B, S, Hkv, D), torch.zeros(B, S, Hkv, D)
+    slots, start = torch.arange(B), torch.tensor([2, 5])
+    q, k, v = torch.randn(B, T, Hq, D), torch.randn(B, T, Hkv, D), torch.randn(B, T, Hkv, D)
+    cos, sin = torch.ones(B, T, D), torch.zeros(B, T, D)
+    plan = ops.plan_tree_attention(slots, start, 0, None, 8, T, S)
+    for _ in range(2):
+        ops.apply_rope_and_write_kv(q, k, v, cos, sin, kc, vc, slots, start, 0, plan=plan)
+        ops.tree_attention(q, kc, vc, slots, start, 0, None, 8, 0.5, plan=plan)
+    assert set(plan.checked) == {"apply_rope_and_write_kv", "tree_attention"}
+    with pytest.raises(ValueError, match="k must have shape"):
+        ops.apply_rope_and_write_kv(q, k[:, :, :1], v, cos, sin, kc, vc, slots, start, 0, plan=plan)
+    with pytest.raises(TypeError, match="sin must have a floating"):
+        ops.apply_rope_and_write_kv(q, k, v, cos, sin.long(), kc, vc, slots, start, 0, plan=plan)
+    with pytest.raises(TypeError, match="float"):
+        ops.tree_attention(q, kc.long(), vc.long(), slots, start, 0, None, 8, 0.5, plan=plan)
+    with pytest.raises(ValueError, match="scale must be a positive"):
+        ops.tree_attention(q, kc, vc, slots, start, 0, None, 8, -1.0, plan=plan)
+    ops.tree_attention(q, kc, vc, slots, start, 0, None, 8, 0.5, plan=plan)  # the remembered signature still passes
