@@ -46,10 +46,10 @@ def _cache_rows(cache):
 
 def _rotate_half_fp32(x, cos, sin):
     """x: (B, T, H, D); cos, sin: (B, T, D) fp32 -> x rotated, fp32 (Hugging Face's rotate-half layout)."""
-    xf = x.float()
+    xf = _cast(x, torch.float32)
     half = xf.shape[-1] // 2
     rotated = torch.cat([xf[..., half:].neg(), xf[..., :half]], dim=-1)
-    return torch.addcmul(xf * cos[:, :, None], rotated, sin[:, :, None])
+    return torch.addcmul(xf * cos.unsqueeze(2), rotated, sin.unsqueeze(2))
 
 
 def _cast(x, dtype):
