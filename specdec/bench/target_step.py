@@ -21,24 +21,16 @@ import sys
 import time
 from pathlib import Path
 
-#: what each timed process runs: only the public API, present in every tree
-_MEASURE = r"""
-import json, sys, time, torch
-torch.set_num_threads(1)
-from specdec import Engine, SamplingParams, zoo
-from specdec.zoo.corpus import heldout_prompts
-name, n_prompts, long_n, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-target = zoo.load(name).target
-prompts = heldout_prompts(n_prompts, 64, seed=0)
-engine = Engine(target, max_batch=1, max_seq_len=64 + long_n + 64, impl="reference")
-engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))
+#: what each timed process runs after its setup, which defines `prompts` and `decode(prompt, n) -> decode steps`:
+#: a decode step's CPU time as the difference of a long and a 2-token decode (the prefill cancels)
+_TIMING = r"""
+decode(prompts[0], 4)
 def run(n):
     cpu = steps = 0
     for p in prompts:
         c0 = time.process_time()
-        engine.generate([p], SamplingParams(max_new_tokens=n))
+        steps += decode(p, n)
         cpu += time.process_time() - c0
-        steps += engine.last_stats.num_decode_steps
     return cpu, steps
 per_step = []
 for _ in range(repeats):
@@ -48,9 +40,23 @@ per_step.sort()
 print(json.dumps({"step_ms": 1e3 * per_step[len(per_step) // 2], "steps": sl - ss}))
 """
 
+#: specdec's setup: only the public API, present in every tree
+_MEASURE = r"""
+import json, sys, time, torch
+torch.set_num_threads(1)
+from specdec import Engine, SamplingParams, zoo
+from specdec.zoo.corpus import heldout_prompts
+name, n_prompts, long_n, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+target = zoo.load(name).target
+prompts = heldout_prompts(n_prompts, 64, seed=0)
+engine = Engine(target, max_batch=1, max_seq_len=64 + long_n + 64, impl="reference")
+def decode(p, n):
+    engine.generate([p], SamplingParams(max_new_tokens=n))
+    return engine.last_stats.num_decode_steps
+""" + _TIMING
 
-#: the same measurement of transformers' greedy `generate` on the pair's target directory (its decode steps: one per
-#: new token after the first, which the prefill gives)
+#: transformers' greedy `generate` on the pair's target directory (its decode steps: one per new token after the
+#: first, which the prefill gives)
 _MEASURE_TRANSFORMERS = r"""
 import json, sys, time, torch
 torch.set_num_threads(1)
@@ -60,24 +66,11 @@ from specdec.zoo.corpus import heldout_prompts
 name, n_prompts, long_n, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 model = LlamaForCausalLM.from_pretrained(zoo.load(name).path / "target", dtype=torch.float32).eval()
 prompts = heldout_prompts(n_prompts, 64, seed=0)
-def generate(p, n):
+def decode(p, n):
     with torch.inference_mode():
         model.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-generate(prompts[0], 4)
-def run(n):
-    cpu = 0
-    for p in prompts:
-        c0 = time.process_time()
-        generate(p, n)
-        cpu += time.process_time() - c0
-    return cpu, len(prompts) * (n - 1)
-per_step = []
-for _ in range(repeats):
-    (cl, sl), (cs, ss) = run(long_n), run(2)
-    per_step.append((cl - cs) / (sl - ss))
-per_step.sort()
-print(json.dumps({"step_ms": 1e3 * per_step[len(per_step) // 2], "steps": sl - ss}))
-"""
+    return n - 1
+""" + _TIMING
 
 #: the label of transformers' row (`--transformers`)
 TRANSFORMERS = "transformers"
