@@ -231,3 +231,17 @@ def test_dflash_scaling_rows(tmp_path):
     assert all(0 <= p <= a <= 1 for p, a in zip(prefix, agree)) and prefix == sorted(prefix, reverse=True)
     assert float(row["expected_tokens_per_step"]) == pytest.approx(1 + sum(prefix), abs=1e-3)
     assert float(row["block_forward_in_target_steps"]) > 0
+
+
+def test_target_step_times_trees_and_transformers(tmp_path):
+    """Each tree, and transformers' generate with --transformers, gets one row per round with a positive step time."""
+    from pathlib import Path
+
+    from specdec.bench.target_step import TRANSFORMERS, main
+    tree = str(Path(__file__).resolve().parents[1])
+    assert main(["--trees", tree, "--labels", "this", "--model", "stdlib-byte-6l", "--transformers", "--rounds", "1",
+                 "--prompts", "1", "--tokens", "6", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("target-step-*.csv")
+    rows = list(csv.DictReader(path.open()))
+    assert [r["tree"] for r in rows] == ["this", TRANSFORMERS]
+    assert all(float(r["target_only_step_ms"]) > 0 for r in rows)
