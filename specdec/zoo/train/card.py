@@ -175,7 +175,10 @@ def _eagle3_recipe(t: dict, eagle: dict, vocab_size) -> str:
                                     ("norm_output", "the normed output hidden fed back")) if t.get(key)]
     arch = ("; ".join(norms) if norms else
             "fc on the raw concatenated features and the pre-norm output hidden fed back, as the paper")
-    return (f"the EAGLE-3 head with the EAGLE head's budget ({budget}) and cross-entropy only, against the "
+    loss = ("cross-entropy only" if not t.get("w_reg") else
+            f"cross-entropy plus {t['w_reg']} times EAGLE's smooth-L1 regression of what its LM head reads onto what "
+            f"the target's reads (which the paper drops)")
+    return (f"the EAGLE-3 head with the EAGLE head's budget ({budget}) and {loss}, against the "
             f"target's distribution {vocab}, with {passes} training-time-test passes (each feeding the head its own "
             f"output hidden state of the pass before, attending as draft steps do at inference), {weights} ({arch}; "
             f"its LM head and final norm initialised from the target's)")

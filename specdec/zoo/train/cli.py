@@ -19,7 +19,6 @@ def main(argv=None, after_training=None) -> int:
     """`specdec zoo train`. after_training(out, name, stages, cost_prompts), when given, runs after the stages
     trained and before the model card is written (`specdec zoo train` measures the drafts' step costs there, a bench
     step the trainer does not import)."""
-    """`specdec zoo train`: argparse front end of `train_all`."""
     d = default_opts()
     p = argparse.ArgumentParser(prog="specdec zoo train", description="Train the zoo's checkpoints on the "
                                 "Python standard library (target, EAGLE and EAGLE-3 heads, MTP layers in two styles, a "
@@ -55,6 +54,13 @@ def main(argv=None, after_training=None) -> int:
                    default=d["eagle3"].extra.get("draft_vocab_size", ByteTokenizer.vocab_size),
                    help="the EAGLE-3 head's draft vocabulary: this many most frequent ids (default: %(default)s, "
                         "the whole vocabulary)")
+    p.add_argument("--eagle3-layers", default=None,
+                   help="the EAGLE-3 head's feature layers, comma-separated target layer indices whose input it reads "
+                        "(the number of target layers: the last layer's output; default: low, middle and high as "
+                        "`zoo_feature_layers` picks them)")
+    p.add_argument("--eagle3-w-reg", type=float, default=0.0,
+                   help="weight of EAGLE's hidden-state regression in the EAGLE-3 loss (default: %(default)s, the "
+                        "paper's cross-entropy only)")
     p.add_argument("--cost-prompts", type=int, default=4,
                    help="held-out prompts over which `specdec zoo train` measures, after training, the step cost of "
                         "each trained draft whose card states one (the draft LM, DFlash) against the target's "
@@ -81,6 +87,11 @@ def main(argv=None, after_training=None) -> int:
         p.error(f"--eagle3-vocab must be in [1, {ByteTokenizer.vocab_size}] (the byte vocabulary), "
                 f"got {a.eagle3_vocab}")
     opts["eagle3"].extra["draft_vocab_size"] = a.eagle3_vocab
+    if a.eagle3_layers is not None:
+        opts["eagle3"].extra["feature_layers"] = _feature_layers(p, a.eagle3_layers, a.layers)
+    if not a.eagle3_w_reg >= 0:
+        p.error(f"--eagle3-w-reg must be >= 0, got {a.eagle3_w_reg}")
+    opts["eagle3"].extra["w_reg"] = a.eagle3_w_reg
     shape = TargetShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                         num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate)
     stages = STAGES if a.stage == "all" else () if a.stage == "eval" else (a.stage,)
@@ -101,3 +112,14 @@ def main(argv=None, after_training=None) -> int:
         Path(md).write_text(render_model_card(card))
     print(json.dumps(card["heldout"], indent=1))
     return 0
+
+
+def _feature_layers(p: argparse.ArgumentParser, text: str, num_layers: int) -> list[int]:
+    """--eagle3-layers "2,12,24" -> [2, 12, 24]: distinct ascending indices in [0, num_layers], else a parser error."""
+    try:
+        layers = [int(x) for x in text.split(",")]
+    except ValueError:
+        p.error(f"--eagle3-layers must be comma-separated integers, got {text!r}")
+    if not layers or layers != sorted(set(layers)) or not all(0 <= i <= num_layers for i in layers):
+        p.error(f"--eagle3-layers must be distinct ascending layer indices in [0, {num_layers}], got {text!r}")
+    return layers

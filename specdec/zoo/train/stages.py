@@ -261,24 +261,36 @@ def pass_weights(passes: int, decay: float = 1.0) -> list[float]:
     return [x / sum(w) for x in w]
 
 
-def eagle3_loss(target, head, batch: torch.Tensor, passes: int, amp: bool, decay: float = 1.0):
+def eagle3_loss(target, head, batch: torch.Tensor, passes: int, amp: bool, decay: float = 1.0,
+                w_reg: float = 0.0):
     """batch: (B, T+1) = x_0..x_T -> (loss, parts). Pass j at t (j <= t <= T-2) matches the target's
     distribution z_{t+1} restricted to the draft vocabulary, where the target's argmax is in it (as EAGLE-3
     trains: cross-entropy only, no feature regression; with the whole vocabulary, every position); pass losses
-    are weighted by `pass_weights(passes, decay)`."""
+    are weighted by `pass_weights(passes, decay)`. w_reg > 0 adds EAGLE's regression, which the paper drops:
+    w_reg times the smooth-L1 distance between what the head's LM head reads (its final norm of its output
+    hidden) and what the target's reads at t+1, at every position of the pass."""
     x = batch[:, :-1]
     B, T = x.shape
-    z, feats = _target_features(target, x, amp, head.feature_layers)
+    if w_reg > 0:
+        with torch.no_grad(), train_autocast(amp):
+            out = target(x, position_grid(B, T, x.device), features=head.feature_layers)
+        z, feats, h = out.logits.float(), out.features.float(), out.hidden.float()
+    else:
+        z, feats = _target_features(target, x, amp, head.feature_layers)
     p, in_vocab = draft_vocab_targets(head, z)
     with train_autocast(amp):
         outs = eagle_unrolled(head, feats, batch[:, 1:], passes)
     t = torch.arange(T)[None, :]
     total, parts = 0.0, {}
-    for j, ((logits, _), w) in enumerate(zip(outs, pass_weights(passes, decay))):
-        mask = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1] & in_vocab[:, 1:]
-        ce = soft_ce(logits[:, :-1], p[:, 1:], mask)
+    for j, ((logits, out_h), w) in enumerate(zip(outs, pass_weights(passes, decay))):
+        window = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1]
+        ce = soft_ce(logits[:, :-1], p[:, 1:], window & in_vocab[:, 1:])
         total = total + w * ce
         parts[f"ce{j + 1}"] = float(ce.detach())
+        if w_reg > 0:
+            read = out_h if head.config.norm_output else head.norm(out_h)
+            reg = F.smooth_l1_loss(read[:, :-1].float(), h[:, 1:], reduction="none").mean(-1)
+            total = total + w * w_reg * (reg * window).sum() / window.sum()
     return total, parts
 
 
@@ -286,10 +298,12 @@ def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
     """-> (trained Eagle3DraftHead fp32, stats). Its draft vocabulary is the opts.extra['draft_vocab_size']
     most frequent ids of the train stream (default: the whole vocabulary, d2t the identity); its features the
     inputs of opts.extra['feature_layers'] (default `zoo_feature_layers`); opts.extra['unroll'] training-time-test
-    passes weighted by opts.extra['pass_weight_decay'] ** j (default 1: the mean). The target is frozen; the
-    token embedding is shared, the LM head is the head's."""
+    passes weighted by opts.extra['pass_weight_decay'] ** j (default 1: the mean); opts.extra['w_reg'] the weight of
+    EAGLE's hidden-state regression (default 0: the paper's cross-entropy only, `eagle3_loss`). The target is frozen;
+    the token embedding is shared, the LM head is the head's."""
     passes = int(opts.extra.get("unroll", 3))
     decay = float(opts.extra.get("pass_weight_decay", 1.0))
+    w_reg = float(opts.extra.get("w_reg", 0.0))
     stream = corpus.token_stream("train")
     V = target.config.vocab_size
     vocab = draft_vocabulary(stream, V, int(opts.extra.get("draft_vocab_size") or V))
@@ -301,9 +315,11 @@ def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
     head.train()
     windows = Windows(stream, opts.batch_size, opts.seq_len + 1, seed + 41)
     stats = run_stage_loop("eagle3", opts, head.named_parameters(),
-                      lambda b: eagle3_loss(target, head, b, passes, opts.amp, decay), windows, seed + 42, None, log)
+                      lambda b: eagle3_loss(target, head, b, passes, opts.amp, decay, w_reg), windows, seed + 42,
+                      None, log)
     counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=V)
-    stats.update(unroll=passes, pass_weight_decay=decay, draft_vocab_size=len(vocab), feature_layers=layers, **norms,
+    stats.update(unroll=passes, pass_weight_decay=decay, w_reg=w_reg, draft_vocab_size=len(vocab),
+                 feature_layers=layers, **norms,
                  draft_vocab_train_coverage=round(float(counts[vocab.numpy()].sum() / counts.sum()), 6))
     return head.eval(), stats
 
