@@ -307,7 +307,11 @@ def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
     stream = corpus.token_stream("train")
     V = target.config.vocab_size
     vocab = draft_vocabulary(stream, V, int(opts.extra.get("draft_vocab_size") or V))
-    layers = list(opts.extra.get("feature_layers") or zoo_feature_layers(target.config.num_hidden_layers))
+    L = target.config.num_hidden_layers
+    layers = list(opts.extra.get("feature_layers") or zoo_feature_layers(L))
+    if not all(0 <= i <= L for i in layers):
+        raise ValueError(f"feature_layers must be layer indices in [0, {L}] (the target's {L} layers; {L}: the last "
+                         f"layer's output), got {layers}")
     norms = {k: bool(opts.extra.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
     freeze(target)
     torch.manual_seed(seed)
