@@ -245,3 +245,26 @@ def test_target_step_times_trees_and_transformers(tmp_path):
     rows = list(csv.DictReader(path.open()))
     assert [r["tree"] for r in rows] == ["this", TRANSFORMERS]
     assert all(float(r["target_only_step_ms"]) > 0 for r in rows)
+
+
+def test_heads_bench_compares_a_swapped_head(capsys):
+    """`specdec.bench.heads` runs each head and a head swapped in from a pair directory, checks each against
+    target-only, and rejects a malformed shape before any compute."""
+    import json
+
+    from specdec import zoo
+    from specdec.bench.heads import main, parse_shape
+
+    shipped = zoo.WEIGHTS_DIR / zoo.DEFAULT_NAME
+    assert main(["--model", zoo.DEFAULT_NAME, "--kinds", "eagle", "--swap", f"eagle={shipped}", "--shapes", "2;2,2,4",
+                 "--num-prompts", "1", "--prompt-len", "32", "--max-new-tokens", "12"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["draft"], r["num_draft_tokens"]) for r in rows] == [
+        ("eagle", 3), ("eagle", 4), (f"eagle@{shipped}", 3), (f"eagle@{shipped}", 4)]
+    assert all(r["identical"] and r["tokens_per_step"] >= 1 for r in rows)
+    # the same weights from the shipped directory accept exactly as the loaded head does
+    assert [r["tokens_per_step"] for r in rows[:2]] == [r["tokens_per_step"] for r in rows[2:]]
+    with pytest.raises(ValueError, match="S or S,K,W"):
+        parse_shape("5,4")
+    with pytest.raises(SystemExit):
+        main(["--shapes", "x"])

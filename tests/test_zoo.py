@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdec import zoo
-from specdec.models import LlamaConfig, random_eagle3_head, random_eagle_head, random_llama
+from specdec.models import LlamaConfig, LlamaForCausalLM, random_eagle3_head, random_eagle_head, random_llama
 from specdec.zoo import corpus
 from specdec.zoo import train as zt
 from specdec.tokenizer import ByteTokenizer, Tokenizer
@@ -299,6 +299,46 @@ def test_the_eagle3_pass_weights_are_the_paper_s_normalised():
     loss, parts = zt.eagle3_loss(tgt, head, batch, 3, False, 0.5)
     ce = [parts[f"ce{j}"] for j in (1, 2, 3)]
     assert float(loss.detach()) == pytest.approx((ce[0] + 0.5 * ce[1] + 0.25 * ce[2]) / 1.75, rel=1e-5)
+
+
+def test_the_eagle3_regression_term_is_eagle_s_on_what_the_lm_heads_read():
+    """w_reg adds, per pass, w_reg times the mean smooth-L1 distance between the head's normed output hidden and
+    the target's final-normed hidden one position on, over the pass's positions, weighted as the pass's
+    cross-entropy; recomputed here from the target's forward and the unrolled passes, one pass at a time."""
+    torch.manual_seed(0)
+    tgt = random_llama(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2)
+    head = random_eagle3_head(tgt, feature_layers=[1, 2, 3], seed=3)
+    batch = torch.randint(0, 40, (2, 12))
+    plain, _ = zt.eagle3_loss(tgt, head, batch, 3, False, 0.5)
+    with_reg, parts = zt.eagle3_loss(tgt, head, batch, 3, False, 0.5, w_reg=2.0)
+    x = batch[:, :-1]
+    T = x.shape[1]
+    with torch.no_grad():
+        out = tgt(x, torch.arange(T)[None].expand(*x.shape), features=head.feature_layers)
+        outs = zt.eagle_unrolled(head, out.features, batch[:, 1:], 3)
+    reg = 0.0
+    for j, ((_, out_h), w) in enumerate(zip(outs, zt.pass_weights(3, 0.5))):
+        d = [torch.nn.functional.smooth_l1_loss(head.norm(out_h[b, t]), out.hidden[b, t + 1])
+             for b in range(2) for t in range(j, T - 1)]
+        reg += w * 2.0 * float(torch.stack(d).mean())
+    assert float(with_reg - plain) == pytest.approx(reg, rel=1e-4)
+    assert reg > 0
+
+
+def test_eagle3_feature_layers_outside_the_target_are_refused():
+    cfg = LlamaConfig(vocab_size=258, hidden_size=16, intermediate_size=40, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=1)
+    target = LlamaForCausalLM(cfg)
+    opts = zt.StageOpts(steps=1, batch_size=1, seq_len=8, warmup=1, extra={"feature_layers": [1, 2, 4]})
+    with pytest.raises(ValueError, match=r"feature_layers must be layer indices in \[0, 3\].*\[1, 2, 4\]"):
+        zt.train_eagle3(target, opts, seed=0, log=lambda s: None)
+
+
+def test_a_malformed_eagle3_layer_list_is_refused_before_any_training(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        zt.main(["--eagle3-layers", "12,2", "--out", "/nonexistent"])
+    assert exit_.value.code == 2 and "--eagle3-layers must be distinct ascending" in capsys.readouterr().err
 
 
 def test_ttt_mask_shape_and_rows():
