@@ -14,6 +14,7 @@ tree up once (`specdec.workers.ngram`).
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,8 @@ from .checks import check_int
 
 #: the earlier occurrences of a matched suffix a step reads (the most recent ones): bounds a step's host time
 MAX_OCCURRENCES = 64
+#: SGLang's speculative_ngram_match_type values (`NgramDraft.match_type`)
+MATCH_TYPES = ("BFS", "PROB")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,11 @@ class NgramDraft:
     branch_length: int = 18
     shared: bool = False
     capacity: int = 1_000_000
+    #: how a step's tree is taken from the trie, SGLang's speculative_ngram_match_type: "BFS" breadth first, each
+    #: node's children by descending count; "PROB" best first by the estimated probability of the node's path
+    #: (each child's count over its counted siblings', times its parent's), so a node count goes where the
+    #: earlier continuations agree, deep along one that always recurred rather than wide over ones seen once
+    match_type: str = "BFS"
 
     def __post_init__(self):
         check_int("min_match_window_size", self.min_match_window_size, 1)
@@ -48,6 +56,8 @@ class NgramDraft:
         check_int("max_bfs_breadth", self.max_bfs_breadth, 1)
         check_int("branch_length", self.branch_length, 1)
         check_int("capacity", self.capacity, 1)
+        if self.match_type not in MATCH_TYPES:
+            raise ValueError(f"match_type must be one of {MATCH_TYPES}, got {self.match_type!r}")
         if not isinstance(self.shared, bool):
             raise ValueError(f"shared must be True or False, got {type(self.shared).__name__} {self.shared!r}")
 
@@ -123,29 +133,66 @@ def ngram_draft_for(target) -> NgramDraft:
     return NgramDraft()
 
 
-def continuation_tree(continuations: list[list[int]], max_nodes: int, breadth: int) -> list[tuple[int, int]]:
-    """Continuations -> up to `max_nodes` nodes (token, parent) of their trie, breadth first (parent 0 is the root,
-    node i >= 1 is the i-th of the list, so parents precede children); each node's children by descending count
-    (ties: the more recent continuation first), at most `breadth` of them."""
-    trie: dict = {}  # token -> [count, first seen, children]
+def _trie(continuations: list[list[int]]) -> dict:
+    """Continuations -> their trie: token -> [count, rank of the first continuation through it, children]."""
+    trie: dict = {}
     for rank, path in enumerate(continuations):
         level = trie
         for t in path:
             entry = level.setdefault(t, [0, rank, {}])
             entry[0] += 1
             level = entry[2]
+    return trie
+
+
+def _ranked_children(level: dict, breadth: int) -> list:
+    """A trie level's first `breadth` children by descending count (ties: the more recent continuation first)."""
+    return sorted(level.items(), key=lambda kv: (-kv[1][0], kv[1][1]))[:breadth]
+
+
+def continuation_tree(continuations: list[list[int]], max_nodes: int, breadth: int,
+                      match_type: str = "BFS") -> list[tuple[int, int]]:
+    """Continuations -> up to `max_nodes` nodes (token, parent) of their trie (parent 0 is the root, node i >= 1 is
+    the i-th of the list, and parents precede children); each node's children ranked by descending count (ties: the
+    more recent continuation first), at most `breadth` of them. "BFS" takes them breadth first; "PROB" best first by
+    path probability, a child's count over the counts of its parent's ranked children times its parent's (ties: the
+    node reached first)."""
+    if match_type == "PROB":
+        return _probability_tree(_trie(continuations), max_nodes, breadth)
+    trie = _trie(continuations)
     nodes: list[tuple[int, int]] = []
     frontier = [(0, trie)]
     while frontier and len(nodes) < max_nodes:
         nxt = []
         for parent, level in frontier:
-            kids = sorted(level.items(), key=lambda kv: (-kv[1][0], kv[1][1]))[:breadth]
-            for token, (_, _, children) in kids:
+            for token, (_, _, children) in _ranked_children(level, breadth):
                 if len(nodes) == max_nodes:
                     break
                 nodes.append((token, parent))
                 nxt.append((len(nodes), children))
         frontier = nxt
+    return nodes
+
+
+def _probability_tree(trie: dict, max_nodes: int, breadth: int) -> list[tuple[int, int]]:
+    nodes: list[tuple[int, int]] = []
+    heap: list = []  # (-path probability, order pushed, token, parent node, children)
+    pushed = 0
+
+    def offer(parent: int, level: dict, prob: float) -> None:
+        nonlocal pushed
+        kids = _ranked_children(level, breadth)
+        total = sum(entry[0] for _, entry in kids)
+        for token, (count, _, children) in kids:
+            # rounded so that paths equal in exact arithmetic tie, and the one reached first wins
+            heapq.heappush(heap, (-round(prob * count / total, 12), pushed, token, parent, children))
+            pushed += 1
+
+    offer(0, trie, 1.0)
+    while heap and len(nodes) < max_nodes:
+        neg_prob, _, token, parent, children = heapq.heappop(heap)
+        nodes.append((token, parent))
+        offer(len(nodes), children, -neg_prob)
     return nodes
 
 

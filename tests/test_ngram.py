@@ -46,6 +46,25 @@ def test_the_tree_is_breadth_first_by_frequency_and_bounded():
     assert continuation_tree([], 10, 3) == []
 
 
+def test_the_prob_tree_is_best_first_by_path_probability():
+    """SGLang's PROB match type, against probabilities worked out by hand: root children 1 (4 of 5) and 6 (1 of 5);
+    under 1: 2 (3 of 4) and 5 (1 of 4); under 1, 2: 3 (2 of 3) and 4 (1 of 3). Path probabilities 1 .8, 1-2 .6,
+    1-2-3 .4, 6 .2, 1-2-4 .2, 1-5 .2; equal ones in the order they were reached."""
+    conts = [[1, 2, 3], [1, 2, 4], [1, 5], [6], [1, 2, 3]]
+    assert continuation_tree(conts, 10, 5, "PROB") == [(1, 0), (2, 1), (3, 2), (6, 0), (5, 1), (4, 2)]
+    assert continuation_tree(conts, 3, 5, "PROB") == [(1, 0), (2, 1), (3, 2)]  # deep where the earlier ones agree
+    assert continuation_tree(conts, 3, 5) == [(1, 0), (6, 0), (2, 1)]  # BFS: wide
+    # breadth 1 renormalises over the one counted child: every path has probability 1, a chain
+    assert continuation_tree(conts, 10, 1, "PROB") == [(1, 0), (2, 1), (3, 2)]
+    assert continuation_tree([], 10, 3, "PROB") == []
+
+
+def test_ngram_prob_trees_decode_as_target_only(small, prompts, baseline):
+    engine = Engine(small.target, draft=NgramDraft(match_type="PROB"), spec=SpecConfig(6, 3, 12), max_seq_len=320)
+    assert_same_as_baseline(engine.generate(prompts, logprob_params(48)), baseline)
+    assert engine.last_stats.mean_accept_len > 1.3
+
+
 def test_the_verify_input_links_only_the_proposal():
     nodes = [(7, 0), (8, 0), (9, 1)]
     cand, mask, pos, ridx, nxt, sib = verify_input([5], [nodes], [10], 6)
@@ -209,6 +228,7 @@ def test_ngram_through_the_graph_buffers(small, prompts, baseline):
     (dict(max_bfs_breadth=0), "max_bfs_breadth"),
     (dict(branch_length=0), "branch_length"),
     (dict(shared=1), "shared must be True or False"),
+    (dict(match_type="prob"), r"match_type must be one of \('BFS', 'PROB'\), got 'prob'"),
 ])
 def test_bad_ngram_drafts_are_value_errors(kw, match):
     with pytest.raises(ValueError, match=match):

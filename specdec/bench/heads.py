@@ -16,6 +16,7 @@ import torch
 
 from .. import Engine, SamplingParams, SpecConfig, zoo
 from ..draft_kinds import draft_kind
+from ..ngram import NgramDraft
 from ..zoo.corpus import heldout_prompts
 
 DEFAULT_SHAPES = ("3", "7", "5,4,16")
@@ -48,7 +49,9 @@ def main(argv=None) -> int:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=zoo.DEEP_NAME, help="zoo pair (default: %(default)s)")
     src.add_argument("--dir", default=None, help="a pair's directory (`specdec zoo train --out OUT --name N`: OUT/N)")
-    p.add_argument("--kinds", default="eagle,eagle3", help="comma-separated draft kinds (default: %(default)s)")
+    p.add_argument("--kinds", default="eagle,eagle3",
+                   help="comma-separated draft kinds of the pair, or ngram (ngram:PROB: its PROB match type) "
+                        "(default: %(default)s)")
     p.add_argument("--swap", action="append", default=[], metavar="KIND=DIR",
                    help="also run KIND with the weights in DIR/KIND (another pair directory of the same target)")
     p.add_argument("--shapes", default=";".join(DEFAULT_SHAPES),
@@ -69,6 +72,12 @@ def main(argv=None) -> int:
     bundle = zoo.load(a.model) if a.dir is None else zoo.load_dir(a.dir, Path(a.dir).name)
     drafts = {}
     for kind in a.kinds.split(","):
+        if kind.split(":")[0] == "ngram":  # no weights: SGLang's default parameters, "ngram:PROB" its match type
+            try:
+                drafts[kind] = NgramDraft(match_type=kind.split(":", 1)[1] if ":" in kind else "BFS")
+            except ValueError as e:
+                p.error(str(e))
+            continue
         if kind not in bundle.drafts:
             p.error(f"the pair {bundle.name} has no {kind!r} draft (it has {sorted(bundle.drafts)})")
         drafts[kind] = bundle.drafts[kind]

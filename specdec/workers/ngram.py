@@ -116,7 +116,8 @@ class NgramWorker(SpeculativeWorkerBase):
                 index.extend(sid, row[:row[T]])
                 seq = index.seqs[sid]
                 found = index.continuations(seq[-max_n:], sid, self.depth)
-                trees.append(continuation_tree(found, self.num_draft_tokens - 1, self.breadth))
+                trees.append(continuation_tree(found, self.num_draft_tokens - 1, self.breadth,
+                                               self.draft_model.match_type))
                 roots.append(seq[-1])
                 committed.append(len(seq) - 1)  # the root (last token) is not committed yet
             self.verify_width = self.width_for(max(len(t) for t in trees) + 1)
