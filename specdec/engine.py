@@ -130,7 +130,7 @@ class Engine:
         if not hasattr(worker, "use_shape"):
             raise ValueError(f"tuned file {tuned.path}: draft.kind {tuned.draft['kind']!r} runs on "
                              f"{type(worker).__name__}, which keeps one shape for a whole run; tune a draft of a kind "
-                             f"that runs on EagleWorkerV2 (EAGLE, EAGLE-3, STANDALONE)")
+                             f"that switches shapes (EAGLE, EAGLE-3, STANDALONE, NGRAM)")
         for size, bucket in tuned.buckets.items():
             fields = [("shape", bucket.shape)] + [(f"candidates[{i}].shape", c.shape)
                                                   for i, c in enumerate(bucket.candidates)]

@@ -22,6 +22,7 @@ mean_accept_len per request and step, bonus token included).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -53,6 +54,8 @@ def fingerprint(model) -> str:
     config = getattr(model, "config", None)
     if config is not None:
         h.update(repr(sorted((k, repr(v)) for k, v in vars(config).items())).encode())
+    if dataclasses.is_dataclass(model):  # a draft of parameters only (NGRAM's)
+        h.update(repr(model).encode())
     if isinstance(model, torch.nn.Module):
         for name, tensor in sorted(model.state_dict().items()):
             h.update(name.encode())

@@ -92,6 +92,52 @@ def test_every_switch_between_allowed_shapes_is_lossless(pair, kind):
     assert any(a > 3 for o in out for a in o.accept_lens)  # the trees accepted deep paths
 
 
+def test_every_switch_between_ngram_shapes_is_lossless(pair):
+    """NgramWorker switches shapes as EagleWorkerV2 does: chains, trees of two match types and no draft at all in
+    turn, each step a request's tokens and logprobs stay target-only's."""
+    from specdec.ngram import NgramDraft
+    b, prompts = pair
+    params = logprob_params(max_new=24)
+    base = Engine(b.target).generate(prompts, params)
+    cycle = [(6, 4, 16), NO_DRAFT, (3, 1, 4), (8, 2, 8), NO_DRAFT, (2, 2, 4)]
+    for draft in (NgramDraft(), NgramDraft(match_type="PROB")):
+        tuned = tuned_for(b.target, draft, {4: ((6, 4, 16), [(s, 2.0, 1.0) for s in cycle])}, adaptive=True,
+                          kind="ngram")
+        engine = Engine(b.target, draft, tuned, max_batch=4)
+        engine.tuned = CyclingSpec(cycle)
+        out = engine.generate(prompts, params)
+        assert_same_as_baseline(out, base)
+        assert set(engine.last_stats.step_shapes) == set(cycle)
+        assert any(a > 1 for o in out for a in o.accept_lens)
+    unfillable = tuned_for(b.target, NgramDraft(max_bfs_breadth=2), {1: ((3, 1, 4), [((2, 4, 12), 2.0, 1.0)])},
+                           adaptive=True, kind="ngram")
+    with pytest.raises(ValueError, match=r"candidates\[0\]\.shape S2 K4 W12 cannot run on this draft: "
+                                         r"num_draft_tokens=12 cannot be filled"):
+        Engine(b.target, NgramDraft(max_bfs_breadth=2), unfillable)
+    with pytest.raises(ValueError, match=r"draft\.fingerprint .* is not this draft's"):  # other parameters
+        Engine(b.target, NgramDraft(max_bfs_breadth=3), tuned_for(b.target, NgramDraft(), {1: ((3, 1, 4), [])},
+                                                                  kind="ngram"))
+
+
+def test_the_tuner_tunes_an_ngram_draft(pair):
+    """`tune` on NGRAM (no model: the trie's host work is the draft step) chooses among measured shapes, and decoding
+    with what it chose repeats target-only."""
+    from specdec.bench.tune import tune
+    from specdec.ngram import NgramDraft
+    b, prompts = pair
+    draft = NgramDraft()
+    tuned, rows, _ = tune(b.target, draft, prompts, [1, 2], max_new_tokens=8, shapes=[(2, 1, 3), (4, 1, 5), (3, 2, 6)],
+                          confirm=2, model_name="stdlib-byte-6l", progress=lambda *a: None)
+    assert tuned.draft["kind"] == "ngram"
+    for size, bucket in tuned.buckets.items():
+        assert bucket.shape in [(r.num_steps, r.topk, r.num_draft_tokens) for r in rows
+                                if r.batch_size == size and r.source == "confirm" and r.chosen]
+    params = logprob_params(max_new=16)
+    base = Engine(b.target).generate(prompts, params)
+    for spec in (tuned, tuned.with_adaptive()):
+        assert_same_as_baseline(Engine(b.target, draft, spec, max_batch=4).generate(prompts, params), base)
+
+
 @pytest.mark.parametrize("temperature, top_k", [(1.0, -1), (0.8, 3)])
 def test_adaptive_sampling_follows_the_target_distribution(temperature, top_k):
     """Sampling through adaptive speculation, its shape moving with the batch's acceptance (no draft among them):

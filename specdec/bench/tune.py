@@ -378,7 +378,7 @@ def _tune_command(a, sizes) -> int:
     kind = draft_kind(a.kind)
     if not hasattr(kind.worker_class(), "use_shape"):
         raise ValueError(f"draft kind {a.kind!r} runs on {kind.worker_class().__name__}, which keeps one shape for a "
-                         f"whole run: tune a kind that runs on EagleWorkerV2 (eagle, eagle3, draft_lm)")
+                         f"whole run: tune a kind that switches shapes (eagle, eagle3, draft_lm, ngram)")
     name = zoo.speed_pair() if a.model == "auto" else a.model
     bundle = zoo.load(name, dtype=DTYPES[a.dtype])
     draft = getattr(bundle, a.kind, None)

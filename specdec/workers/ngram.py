@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..config import SpecConfig
+from ..contract import NO_DRAFT
 from ..kv_cache import KVCache
 from ..ngram import NgramDraft, NgramIndex, continuation_tree, verify_input
 from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
@@ -42,20 +44,60 @@ class NgramWorker(SpeculativeWorkerBase):
 
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
-        self.breadth = min(spec.topk, draft.max_bfs_breadth)
-        self.depth = min(spec.num_steps, draft.branch_length)
-        self.verify_width = spec.num_draft_tokens
         self._tree_bitmask = None  # a grammar batch's per-node masks, filled by the prologue
-        room = tree_capacity(self.depth, self.breadth)
-        if spec.num_draft_tokens - 1 > room:
-            raise ValueError(
-                f"num_draft_tokens={spec.num_draft_tokens} cannot be filled by an n-gram tree of depth "
-                f"min(num_steps, branch_length)={self.depth} with min(topk, max_bfs_breadth)={self.breadth} children "
-                f"per node: at most {room + 1} nodes, the root included")
+        self.allow_shapes([spec])
+        self.use_shape((spec.num_steps, spec.topk, spec.num_draft_tokens))
         self.shared_index = (NgramIndex(draft.min_match_window_size, draft.max_match_window_size, draft.capacity)
                              if draft.shared else None)
         self._indexes: list[NgramIndex] = []
         self._seq_ids: list[int] = []
+
+    # ---- step shapes (a tuned or adaptive engine's, as EagleWorkerV2's) -----------------------------------
+    def check_shape(self, spec: SpecConfig) -> None:
+        """ValueError when an n-gram tree of this draft cannot fill `spec`'s num_draft_tokens."""
+        depth, breadth = min(spec.num_steps, self.draft_model.branch_length), min(spec.topk,
+                                                                                  self.draft_model.max_bfs_breadth)
+        room = tree_capacity(depth, breadth)
+        if spec.num_draft_tokens - 1 > room:
+            raise ValueError(
+                f"num_draft_tokens={spec.num_draft_tokens} cannot be filled by an n-gram tree of depth "
+                f"min(num_steps, branch_length)={depth} with min(topk, max_bfs_breadth)={breadth} children "
+                f"per node: at most {room + 1} nodes, the root included")
+
+    def allow_shapes(self, specs: list[SpecConfig], no_draft: bool = False) -> None:
+        """The shapes `use_shape` may switch among (the worker's own `spec` one of them), and `NO_DRAFT` (propose
+        nothing: a one-node verify, and no draft to catch up afterwards) when `no_draft`. The cache margin, the
+        host's length bound and the emitted tokens' width are the largest shape's. Call before `prefill`."""
+        for s in specs:
+            self.check_shape(s)
+        shapes = [(s.num_steps, s.topk, s.num_draft_tokens) for s in specs]
+        if (self.spec.num_steps, self.spec.topk, self.spec.num_draft_tokens) not in shapes:
+            raise ValueError(f"allow_shapes: the worker's own shape {self.spec} must be among {shapes}")
+        self.shapes = tuple(dict.fromkeys(shapes + ([NO_DRAFT] if no_draft else [])))
+        self._max_steps = max(s.num_steps for s in specs)
+        self._kv_margin = max(self.draft_kind.kv_margin(s) for s in specs)
+
+    def use_shape(self, shape: tuple[int, int, int]) -> None:
+        """The next step's (num_steps, topk, num_draft_tokens), one of `shapes` (ValueError otherwise); host side."""
+        shape = tuple(shape)
+        if shape not in self.shapes:
+            raise ValueError(f"use_shape: {shape} is not among the allowed shapes {list(self.shapes)}")
+        if shape == NO_DRAFT:
+            self.num_steps, self.topk, self.num_draft_tokens, self.depth, self.breadth = 1, 1, 1, 0, 1
+        else:
+            self.num_steps, self.topk, self.num_draft_tokens = shape
+            self.depth = min(self.num_steps, self.draft_model.branch_length)
+            self.breadth = min(self.topk, self.draft_model.max_bfs_breadth)
+        self.verify_width = self.num_draft_tokens
+
+    @property
+    def kv_margin(self) -> int:
+        return self._kv_margin
+
+    @property
+    def max_step_tokens(self) -> int:
+        # the largest allowed shape's: the host's length bound stays valid whichever shape a step ran
+        return self._max_steps + 1
 
     def check_draft(self, target, draft) -> None:
         if not isinstance(draft, NgramDraft):
@@ -93,8 +135,8 @@ class NgramWorker(SpeculativeWorkerBase):
     def count_emitted(self, tokens, num_emitted) -> None:
         super().count_emitted(tokens, num_emitted)
         # kept on the device until the next step's prologue brings them down with one transfer; the prefill's one
-        # token padded to a step's S+1, so that the state keeps one shape (the CUDA graphs copy it)
-        pad = self.num_steps + 1 - tokens.shape[1]
+        # token padded to the largest allowed shape's S+1, so that the state keeps one shape (the CUDA graphs copy it)
+        pad = self._max_steps + 1 - tokens.shape[1]
         self.state.ngram_tokens = torch.nn.functional.pad(tokens, (0, pad)) if pad else tokens
         self.state.ngram_lens = num_emitted
 
