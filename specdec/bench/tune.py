@@ -334,7 +334,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="specdec tune", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="auto", help="a zoo pair (default: the speed pair)")
-    p.add_argument("--kind", default="eagle", help="the pair's draft to tune (a kind that runs on EagleWorkerV2)")
+    p.add_argument("--kind", default="eagle",
+                   help="the pair's draft to tune (a kind that switches shapes: eagle, eagle3, draft_lm, ngram)")
     p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch buckets")
     p.add_argument("--num-prompts", type=int, default=16, help="tuning prompts (held-out, seed 1)")
     p.add_argument("--acceptance-prompts", type=int, default=4, help="of them, how many measure acceptance at B=1")
