@@ -61,6 +61,9 @@ def main(argv=None, after_training=None) -> int:
     p.add_argument("--eagle3-w-reg", type=float, default=0.0,
                    help="weight of EAGLE's hidden-state regression in the EAGLE-3 loss (default: %(default)s, the "
                         "paper's cross-entropy only)")
+    p.add_argument("--eagle3-fc-norm", action="store_true",
+                   help="one RMSNorm per feature before the EAGLE-3 head's fc (SGLang's fc_norm; default: the paper's "
+                        "raw features)")
     p.add_argument("--cost-prompts", type=int, default=4,
                    help="held-out prompts over which `specdec zoo train` measures, after training, the step cost of "
                         "each trained draft whose card states one (the draft LM, DFlash) against the target's "
@@ -92,6 +95,8 @@ def main(argv=None, after_training=None) -> int:
     if not a.eagle3_w_reg >= 0:
         p.error(f"--eagle3-w-reg must be >= 0, got {a.eagle3_w_reg}")
     opts["eagle3"].extra["w_reg"] = a.eagle3_w_reg
+    if a.eagle3_fc_norm:
+        opts["eagle3"].extra["fc_norm"] = True
     shape = TargetShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                         num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate)
     stages = STAGES if a.stage == "all" else () if a.stage == "eval" else (a.stage,)
