@@ -290,8 +290,8 @@ register(DraftKind(
     # unrolls 7 passes (`--eagle3-unroll 7`): 1.7x the CPU time per step on the deep pair, 2x on the small one
     zoo=ZooStage(f"{_TRAIN}:train_eagle3", f"{_EVALUATE}:evaluate_eagle",
                  dict(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "pass_weight_decay": 0.8}),
-                 "EAGLE-3 head (features entering target layers {feature_layers}, its own LM head over "
-                 "{draft_vocab_size} of the {vocab_size} ids)")))
+                 "EAGLE-3 head (features at target layers {feature_layers}: a layer's input, the layer count "
+                 "the last layer's output; its own LM head over {draft_vocab_size} of the {vocab_size} ids)")))
 _MTP = register(DraftKind(
     name="mtp", label="MTP MiMo", model="specdec.models.mtp:MTPDraftModel",
     model_config={"chain_hidden_states": False}, worker="specdec.workers.multi_layer_eagle:MultiLayerEagleWorkerV2",

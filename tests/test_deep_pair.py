@@ -35,10 +35,13 @@ def test_the_deep_pair_is_deep_narrow_trained_and_fits(deep):
     small = zoo.load().card["heldout"]["target"]["heldout_nats_per_byte"]
     assert deep.card["heldout"]["target"]["heldout_nats_per_byte"] <= 1.1 * small
     assert sum(f.stat().st_size for f in deep.path.rglob("*") if f.is_file()) <= 20e6
-    assert list(deep.eagle3.feature_layers) == [2, 12, 21]  # low, middle, high; the peers' default
-    e3 = deep.eagle3  # the whole vocabulary: the identity draft-to-target map, as the card records its training
-    assert e3.config.draft_vocab_size == cfg.vocab_size == deep.card["training"]["eagle3"]["draft_vocab_size"]
-    assert not e3.d2t.any() and e3.t2d.all() and not (e3.config.fc_norm or e3.config.norm_output)
+    e3, trained = deep.eagle3, deep.card["training"]["eagle3"]
+    # low, middle and the last layer's output, each normed before fc, as the card records its training
+    assert list(e3.feature_layers) == trained["feature_layers"] == [2, 12, 24]
+    assert e3.config.fc_norm and trained["fc_norm"] and not e3.config.norm_output
+    # the whole vocabulary: the identity draft-to-target map
+    assert e3.config.draft_vocab_size == cfg.vocab_size == trained["draft_vocab_size"]
+    assert not e3.d2t.any() and e3.t2d.all()
     assert zoo.speed_pair() == zoo.DEEP_NAME
 
 

@@ -181,7 +181,8 @@ def _eagle3_recipe(t: dict, eagle: dict, vocab_size) -> str:
     return (f"the EAGLE-3 head with the EAGLE head's budget ({budget}) and {loss}, against the "
             f"target's distribution {vocab}, with {passes} training-time-test passes (each feeding the head its own "
             f"output hidden state of the pass before, attending as draft steps do at inference), {weights} ({arch}; "
-            f"its LM head and final norm initialised from the target's)")
+            f"its LM head and final norm initialised from the target's)"
+            + (", in fp32 (`--no-amp`)" if t.get("bf16_autocast") is False else ""))
 
 
 # The draft LM's notes are rendered only for a card that has one, so the cards of pairs without it read as before.
