@@ -284,6 +284,14 @@ def test_ttt_ops_attend_as_a_per_position_loop(Hq, Hkv):
                     torch.testing.assert_close(got[b, t, h], w @ v, atol=1e-5, rtol=1e-5)
 
 
+def tiny_eagle3_case():
+    """A random 3-layer target, an EAGLE-3 head on all its layers, and a batch of 2 x 12 tokens (seeded)."""
+    torch.manual_seed(0)
+    tgt = random_llama(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2)
+    return tgt, random_eagle3_head(tgt, feature_layers=[1, 2, 3], seed=3), torch.randint(0, 40, (2, 12))
+
+
 def test_the_eagle3_pass_weights_are_the_paper_s_normalised():
     """Pass j's weight 0.8 ** j over their sum (decay 1: the mean); `eagle3_loss` is that weighted sum of the
     passes' cross-entropies it reports."""
@@ -291,11 +299,7 @@ def test_the_eagle3_pass_weights_are_the_paper_s_normalised():
     assert zt.pass_weights(4) == pytest.approx([0.25] * 4)
     with pytest.raises(ValueError):
         zt.pass_weights(0, 0.8)
-    torch.manual_seed(0)
-    tgt = random_llama(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2)
-    head = random_eagle3_head(tgt, feature_layers=[1, 2, 3], seed=3)
-    batch = torch.randint(0, 40, (2, 12))
+    tgt, head, batch = tiny_eagle3_case()
     loss, parts = zt.eagle3_loss(tgt, head, batch, 3, False, 0.5)
     ce = [parts[f"ce{j}"] for j in (1, 2, 3)]
     assert float(loss.detach()) == pytest.approx((ce[0] + 0.5 * ce[1] + 0.25 * ce[2]) / 1.75, rel=1e-5)
@@ -305,11 +309,7 @@ def test_the_eagle3_regression_term_is_eagle_s_on_what_the_lm_heads_read():
     """w_reg adds, per pass, w_reg times the mean smooth-L1 distance between the head's normed output hidden and
     the target's final-normed hidden one position on, over the pass's positions, weighted as the pass's
     cross-entropy; recomputed here from the target's forward and the unrolled passes, one pass at a time."""
-    torch.manual_seed(0)
-    tgt = random_llama(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2)
-    head = random_eagle3_head(tgt, feature_layers=[1, 2, 3], seed=3)
-    batch = torch.randint(0, 40, (2, 12))
+    tgt, head, batch = tiny_eagle3_case()
     plain, _ = zt.eagle3_loss(tgt, head, batch, 3, False, 0.5)
     with_reg, parts = zt.eagle3_loss(tgt, head, batch, 3, False, 0.5, w_reg=2.0)
     x = batch[:, :-1]
@@ -319,8 +319,9 @@ def test_the_eagle3_regression_term_is_eagle_s_on_what_the_lm_heads_read():
         outs = zt.eagle_unrolled(head, out.features, batch[:, 1:], 3)
     reg = 0.0
     for j, ((_, out_h), w) in enumerate(zip(outs, zt.pass_weights(3, 0.5))):
-        d = [torch.nn.functional.smooth_l1_loss(head.norm(out_h[b, t]), out.hidden[b, t + 1])
-             for b in range(2) for t in range(j, T - 1)]
+        with torch.no_grad():
+            d = [torch.nn.functional.smooth_l1_loss(head.norm(out_h[b, t]), out.hidden[b, t + 1])
+                 for b in range(2) for t in range(j, T - 1)]
         reg += w * 2.0 * float(torch.stack(d).mean())
     assert float(with_reg - plain) == pytest.approx(reg, rel=1e-4)
     assert reg > 0

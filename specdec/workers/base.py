@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SamplingParams
+from ..config import SamplingParams, SpecConfig
+from ..contract import NO_DRAFT
 from ..draft_kinds import kind_of
 from ..kv_cache import KVCache
 from ..logprob_types import LogitsOutput, SamplingInfo, SpecBatch
@@ -433,6 +434,24 @@ class SpeculativeWorkerBase(WorkerBase):
 
     def caches(self) -> list[KVCache]:
         return [self.cache, self.draft_cache]
+
+    # ---- step shapes (for the workers that switch them: `allow_shapes`, `use_shape`) ------------------------
+    def keep_shapes(self, specs: list[SpecConfig], no_draft: bool) -> None:
+        """`allow_shapes`' common part: each of `specs` checked (`check_shape`), the worker's own `spec` among them,
+        and `shapes` set to theirs (and `NO_DRAFT` when `no_draft`)."""
+        for s in specs:
+            self.check_shape(s)
+        shapes = [(s.num_steps, s.topk, s.num_draft_tokens) for s in specs]
+        if (self.spec.num_steps, self.spec.topk, self.spec.num_draft_tokens) not in shapes:
+            raise ValueError(f"allow_shapes: the worker's own shape {self.spec} must be among {shapes}")
+        self.shapes = tuple(dict.fromkeys(shapes + ([NO_DRAFT] if no_draft else [])))
+
+    def allowed_shape(self, shape) -> tuple:
+        """`use_shape`'s argument as a tuple, ValueError unless it is one of `shapes`."""
+        shape = tuple(shape)
+        if shape not in self.shapes:
+            raise ValueError(f"use_shape: {shape} is not among the allowed shapes {list(self.shapes)}")
+        return shape
 
     #: the draft config fields that must equal the target's (a head reads the target's hidden states)
     draft_matches_target = ("vocab_size", "hidden_size")

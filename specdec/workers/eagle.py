@@ -54,12 +54,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         `spec` must be one of them), and `NO_DRAFT` when `no_draft`. Sizes what depends on the largest of them:
         the root's children (the largest topk, best first: a smaller topk reads their head), the in-flight draft
         slots, the cache margin and the host's length bound. Call before `prefill`."""
-        for s in specs:
-            self.check_shape(s)
-        shapes = [(s.num_steps, s.topk, s.num_draft_tokens) for s in specs]
-        if (self.spec.num_steps, self.spec.topk, self.spec.num_draft_tokens) not in shapes:
-            raise ValueError(f"allow_shapes: the worker's own shape {self.spec} must be among {shapes}")
-        self.shapes = tuple(dict.fromkeys(shapes + ([NO_DRAFT] if no_draft else [])))
+        self.keep_shapes(specs, no_draft)
         self.max_topk = max(s.topk for s in specs)
         self._max_step_tokens = max(s.num_steps for s in specs) + 1
         self._kv_margin = max(self.draft_kind.kv_margin(s) for s in specs)
@@ -82,9 +77,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     def use_shape(self, shape: tuple[int, int, int]) -> None:
         """The next decode step's (num_steps, topk, num_draft_tokens), one of `shapes` (ValueError otherwise).
         Host side, between steps: each shape is one fixed-shape step body (one CUDA graph per batch bucket)."""
-        shape = tuple(shape)
-        if shape not in self.shapes:
-            raise ValueError(f"use_shape: {shape} is not among the allowed shapes {list(self.shapes)}")
+        shape = self.allowed_shape(shape)
         self.num_steps, self.topk, self.num_draft_tokens = _ROOT_ONLY if shape == NO_DRAFT else shape
 
     @property

@@ -68,20 +68,13 @@ class NgramWorker(SpeculativeWorkerBase):
         """The shapes `use_shape` may switch among (the worker's own `spec` one of them), and `NO_DRAFT` (propose
         nothing: a one-node verify, and no draft to catch up afterwards) when `no_draft`. The cache margin, the
         host's length bound and the emitted tokens' width are the largest shape's. Call before `prefill`."""
-        for s in specs:
-            self.check_shape(s)
-        shapes = [(s.num_steps, s.topk, s.num_draft_tokens) for s in specs]
-        if (self.spec.num_steps, self.spec.topk, self.spec.num_draft_tokens) not in shapes:
-            raise ValueError(f"allow_shapes: the worker's own shape {self.spec} must be among {shapes}")
-        self.shapes = tuple(dict.fromkeys(shapes + ([NO_DRAFT] if no_draft else [])))
+        self.keep_shapes(specs, no_draft)
         self._max_steps = max(s.num_steps for s in specs)
         self._kv_margin = max(self.draft_kind.kv_margin(s) for s in specs)
 
     def use_shape(self, shape: tuple[int, int, int]) -> None:
         """The next step's (num_steps, topk, num_draft_tokens), one of `shapes` (ValueError otherwise); host side."""
-        shape = tuple(shape)
-        if shape not in self.shapes:
-            raise ValueError(f"use_shape: {shape} is not among the allowed shapes {list(self.shapes)}")
+        shape = self.allowed_shape(shape)
         if shape == NO_DRAFT:
             self.num_steps, self.topk, self.num_draft_tokens, self.depth, self.breadth = 1, 1, 1, 0, 1
         else:
