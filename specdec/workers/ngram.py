@@ -150,7 +150,7 @@ class NgramWorker(SpeculativeWorkerBase):
             for index, sid, row in zip(self._indexes, self._seq_ids, rows):
                 index.extend(sid, row[:row[T]])
                 seq = index.seqs[sid]
-                found = index.continuations(seq[-max_n:], sid, self.depth)
+                found = index.continuations(seq[-max_n:], sid, self.depth) if self.depth else []  # no draft
                 trees.append(continuation_tree(found, self.num_draft_tokens - 1, self.breadth,
                                                self.draft_model.match_type))
                 roots.append(seq[-1])
