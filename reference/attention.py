@@ -44,12 +44,19 @@ def _cache_rows(cache):
         return None
 
 
-def _rotate_half_fp32(x, cos, sin):
-    """x: (B, T, H, D); cos, sin: (B, T, D) fp32 -> x rotated, fp32 (Hugging Face's rotate-half layout)."""
+def _rotate_half_fp32(x, cos, sin, plan):
+    """x: (B, T, H, D); cos, sin: (B, T, D) fp32 -> x rotated, fp32 (Hugging Face's rotate-half layout).
+
+    x·cos + roll(x, D/2)·sin', with sin' the sine whose first half is negated, is rotate-half's
+    x·cos + cat(-x2, x1)·sin bit for bit (a negation is exact) in four ops fewer; sin' and the broadcast
+    views are made once per plan (every layer of a forward passes the same cos and sin)."""
+    memo = plan.tensors.get("rope_factors")
+    if memo is None or memo[0] is not cos or memo[1] is not sin:
+        half = sin.shape[-1] // 2
+        signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        memo = plan.tensors["rope_factors"] = (cos, sin, cos.unsqueeze(2), signed.unsqueeze(2))
     xf = _cast(x, torch.float32)
-    half = xf.shape[-1] // 2
-    rotated = torch.cat([xf[..., half:].neg(), xf[..., :half]], dim=-1)
-    return torch.addcmul(xf * cos.unsqueeze(2), rotated, sin.unsqueeze(2))
+    return torch.addcmul(xf * memo[2], xf.roll(x.shape[-1] // 2, -1), memo[3])
 
 
 def _cast(x, dtype):
@@ -70,7 +77,7 @@ def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_st
     if plan is None:
         plan = plan_tree_attention(slots, cache_start, write_offset, None, write_offset + T, T, max_seq_len)
     # q and k rotate as one tensor: one pass of the elementwise ops instead of two
-    qk = _rotate_half_fp32(torch.cat([q, _cast(k, q.dtype)], dim=2), cos, sin)
+    qk = _rotate_half_fp32(torch.cat([q, _cast(k, q.dtype)], dim=2), cos, sin, plan)
     k_rot = _cast(_cast(qk[:, :, Hq:], k.dtype), k_cache.dtype).flatten(0, 1)
     v_new = _cast(v, v_cache.dtype).flatten(0, 1)
     rows = plan.tensors["write_rows"]

@@ -299,26 +299,37 @@ def _check_query(q) -> tuple[int, int, int, int]:
     return tuple(q.shape)
 
 
-def argument_signature(args) -> tuple:
-    """What the ops' argument checks read of each argument: a tensor's shape, dtype and device, any other value
-    itself. Two calls with equal signatures pass or fail the same checks."""
-    return tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+def _same_signature(args, checked_args) -> bool:
+    """Whether two calls' arguments have the same signature, what the ops' argument checks read of them: a
+    tensor's shape, dtype and device, any other value itself (equal signatures pass or fail the same checks).
+    The same object is compared first: the layers of a forward share most of their arguments (slots, lengths,
+    cos and sin) and differ in the rest only by object."""
+    for a, b in zip(args, checked_args):
+        if a is b:
+            continue
+        if isinstance(a, torch.Tensor):
+            if not (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+                    and a.device == b.device):
+                return False
+        elif isinstance(b, torch.Tensor) or a != b:
+            return False
+    return True
 
 
 def _once_per_plan(plan, op: str, args: tuple, check, check_against_plan):
     """`check(*args)` and, when a plan is given, `check_against_plan(result)` -> check's result. With a plan, both
-    run once per argument signature (`argument_signature`), remembered in `plan.checked`: the layers of one forward
-    share its plan and pass arguments of the same shapes, so a 24-layer forward checks its attention arguments
-    once, not 24 times (about a tenth of a small model's decode step on a CPU)."""
+    run once per argument signature (`_same_signature`), remembered in `plan.checked` with the arguments
+    they passed: the layers of one forward share its plan and pass arguments of the same shapes, so a 24-layer
+    forward checks its attention arguments once, not 24 times (about a tenth of a small model's decode step on
+    a CPU)."""
     if plan is None:
         return check(*args)
-    signature = argument_signature(args)
     seen = plan.checked.get(op) if isinstance(plan, TreeAttentionPlan) else None
-    if seen is not None and seen[0] == signature:
+    if seen is not None and _same_signature(args, seen[0]):
         return seen[1]
     result = check(*args)
     check_against_plan(result)
-    plan.checked[op] = (signature, result)
+    plan.checked[op] = (args, result)
     return result
 
 

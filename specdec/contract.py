@@ -79,7 +79,7 @@ class TreeAttentionPlan:
     attn_len: int
     max_seq_len: int
     tensors: dict
-    #: op name -> (the argument signature its checks passed with this plan, what they returned): each layer of a
+    #: op name -> (the arguments its checks passed with this plan, what they returned): each layer of a
     #: forward passes arguments of the same shapes, so the checks run once per forward
     #: (`checks.check_rope_kv_call`, `checks.check_attention_call`)
     checked: dict = field(default_factory=dict, compare=False, repr=False)

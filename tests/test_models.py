@@ -155,6 +155,28 @@ def test_linear_keeps_autograd_and_single_rows_on_f_linear():
         assert torch.equal(lin(row), torch.nn.functional.linear(row, lin.weight, lin.bias))
 
 
+@pytest.mark.parametrize("out_features,in_features", [(8, 16), (384, 128), (128, 344), (3, 1000), (258, 5)])
+def test_one_row_without_bias_is_bitwise_f_linear(out_features, in_features, monkeypatch):
+    """A decode step's products (one row, no bias) take torch.mv: the same bits as F.linear, 1-D to 3-D inputs."""
+    from specdec.models import linear
+    torch.manual_seed(out_features)
+    lin = linear.Linear(in_features, out_features, bias=False)
+    calls = []
+    mv = torch.mv
+    monkeypatch.setattr(torch, "mv", lambda *a: calls.append(1) or mv(*a))
+    linear.set_cpu_linear_backend("mkl")
+    try:
+        with torch.inference_mode():
+            for shape in ((in_features,), (1, in_features), (1, 1, in_features)):
+                x = torch.randn(shape)
+                ref = torch.nn.functional.linear(x, lin.weight)
+                y = lin(x)
+                assert y.shape == ref.shape and torch.equal(y, ref)
+    finally:
+        linear.set_cpu_linear_backend("auto")
+    assert len(calls) == 3
+
+
 def test_attention_plan_must_match_its_call():
     import fast  # noqa: F401  (its plan type is the shared one; only the ops that built a plan may read it)
     B, T, Hq, Hkv, D, S = 2, 3, 4, 2, 8, 16

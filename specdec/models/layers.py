@@ -53,13 +53,15 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.normalized_shape = (dim,)
 
     def forward(self, x):
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        weight = self._parameters["weight"]  # not nn.Module's attribute lookup: see Linear.forward
+        if x.dtype is torch.float32 and weight.dtype is torch.float32:
+            return torch.rms_norm(x, self.normalized_shape, weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * xf).to(x.dtype)
+        return (weight.float() * xf).to(x.dtype)
 
 
 def apply_rope(x, cos, sin):

@@ -12,7 +12,7 @@ which packs weights itself) takes F.linear. The packed copy is made on first use
 remade when the weight changes, and costs one more copy of it in memory.
 
 `set_cpu_linear_backend("auto" | "mkl" | "onednn")` forces either (`"mkl"` means F.linear, whatever BLAS
-torch was built with); `cpu_linear_choices()` says what "auto" chose; `python -m specdec.bench.linear`
+torch was built with; a single row without a bias goes to torch.mv, the same gemv without F.linear's reshapes); `cpu_linear_choices()` says what "auto" chose; `python -m specdec.bench.linear`
 prints both backends' times on the machine at hand.
 """
 from __future__ import annotations
@@ -93,12 +93,22 @@ class Linear(nn.Linear):
         # a tenth of a small layer's product on a CPU
         params = self._parameters
         weight = params["weight"]
-        if (x.dtype is torch.float32 and weight.dtype is torch.float32 and _state["mode"] != "mkl"
-                and x.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+        if (x.dtype is torch.float32 and weight.dtype is torch.float32 and x.device.type == "cpu"
+                and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
             rows = x.numel() // self.in_features
-            if rows and self._route(rows) == "onednn":
+            if _state["mode"] != "mkl" and rows and self._route(rows) == "onednn":
                 return self._onednn(x)
+            return self._mkl(x, rows)
         return F.linear(x, weight, params["bias"])
+
+    def _mkl(self, x, rows: int):
+        """F.linear's product. One row without a bias is torch.mv, the same BLAS gemv F.linear reaches (bitwise
+        equal, tests/test_models.py) without its 2-D reshapes and transposes: a third less time per call for the
+        decode step's small products on this machine."""
+        params = self._parameters
+        if rows == 1 and params["bias"] is None:
+            return torch.mv(params["weight"], x.reshape(-1)).view(*x.shape[:-1], self.out_features)
+        return F.linear(x, params["weight"], params["bias"])
 
     def _route(self, rows: int) -> str:
         """`backend_for(rows)`, remembered per layer and mode ("mkl" where this torch has no oneDNN linear ops)."""
@@ -124,7 +134,7 @@ class Linear(nn.Linear):
     def _measure(self, rows: int) -> str:
         """Times F.linear and the prepacked product on `rows` random rows with this weight -> the faster."""
         x = torch.randn(rows, self.in_features)
-        runs = {"mkl": lambda: F.linear(x, self.weight, self.bias), "onednn": lambda: self._onednn(x)}
+        runs = {"mkl": lambda: self._mkl(x, rows), "onednn": lambda: self._onednn(x)}
         t0 = time.perf_counter()
         for run in runs.values():
             run()  # the first oneDNN call packs the weight
