@@ -8,8 +8,8 @@ per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engin
    frontier nodes, the verify width), fitted by least squares to measured steps: the acceptance runs at B = 1,
    `probe_shapes` decoded at batch B elsewhere; and no draft at all (`NO_DRAFT`) measured at every bucket.
 3. Prediction and confirmation: tokens per CPU second = B x accepted length / predicted step for every candidate;
-   the `--confirm` best predicted and the best predicted of each topk are decoded at batch B, and the best
-   measured is the bucket's shape. Those measured shapes and NO_DRAFT are the bucket's candidates for adaptive
+   the `--confirm` best predicted and the best predicted of each topk and of each num_steps are decoded at batch
+   B, and the best measured is the bucket's shape. Those measured shapes and NO_DRAFT are the bucket's candidates for adaptive
    speculation.
 4. `--check-grid`: on other prompts than the tuning's (held-out code, and that code alternating with English prose
    no model saw), the tuned shape, adaptive speculation and `CHECK_GRID`'s 12 shapes (the fixed S5 K4 W16 tree among
@@ -235,9 +235,12 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
         predicted = {s: max(predict_step_ms(coef, s), no_draft["step_ms"]) for s in shapes}
         tps = {s: B * accept[s] / (predicted[s] / 1e3) for s in shapes}
         ranked = sorted(shapes, key=lambda s: -tps[s])
-        # the best predicted, and the best of each topk: adaptive speculation's candidates should differ in cost
+        # the best predicted, and the best of each topk and of each depth: adaptive speculation's candidates should
+        # differ in cost, down to the shallow chains a request whose drafts mostly fail is best served by
         to_confirm = list(dict.fromkeys(ranked[:confirm] + [next(s for s in ranked if s[1] == k)
-                                                             for k in sorted({s[1] for s in shapes})]))
+                                                             for k in sorted({s[1] for s in shapes})]
+                                        + [next(s for s in ranked if s[0] == d)
+                                           for d in sorted({s[0] for s in shapes})]))
         measured = {}
         for shape in tqdm(to_confirm, desc=f"confirm (B={B})", file=sys.stderr, leave=False):
             measured[shape] = m.decode_median(shape, batches, repeats)
