@@ -223,3 +223,32 @@ def test_a_plan_checks_each_new_argument_signature(impl):
     with pytest.raises(ValueError, match="scale must be a positive"):
         ops.tree_attention(q, kc, vc, slots, start, 0, None, 8, -1.0, plan=plan)
     ops.tree_attention(q, kc, vc, slots, start, 0, None, 8, 0.5, plan=plan)  # the remembered signature still passes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_rope_is_rotate_half_bit_for_bit(dtype):
+    """The reference op's roll-and-signed-sine rotation against Hugging Face's rotate-half formula written out
+    (cat(-x2, x1); x·cos + rotated·sin as one addcmul, which may fuse the multiply-add as the op's does), q and
+    the k it writes to the cache, fp32 math cast back; and a second forward's new angles are not served from the
+    first's."""
+    torch.manual_seed(0)
+    B, T, Hq, Hkv, D, S = 2, 3, 4, 2, 16, 12
+
+    def rotate_half(x, cos, sin):
+        xf, half = x.float(), x.shape[-1] // 2
+        rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+        return torch.addcmul(xf * cos[:, :, None], rotated, sin[:, :, None]).to(x.dtype)
+
+    slots, start = torch.tensor([1, 0]), torch.tensor([4, 2])
+    plan = reference.plan_tree_attention(slots, start, 0, None, 8, T, S)
+    for _ in range(2):
+        q, k, v = (torch.randn(B, T, H, D).to(dtype) for H in (Hq, Hkv, Hkv))
+        angles = torch.randn(B, T, D // 2) * 3
+        cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+        kc, vc = torch.zeros(B, S, Hkv, D, dtype=dtype), torch.zeros(B, S, Hkv, D, dtype=dtype)
+        q_rot = reference.apply_rope_and_write_kv(q, k, v, cos, sin, kc, vc, slots, start, 0, plan=plan)
+        assert torch.equal(q_rot, rotate_half(q, cos, sin))
+        for b in range(B):
+            rows = slice(int(start[b]), int(start[b]) + T)
+            assert torch.equal(kc[slots[b], rows], rotate_half(k, cos, sin)[b])
+            assert torch.equal(vc[slots[b], rows], v[b])
