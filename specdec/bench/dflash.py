@@ -15,26 +15,19 @@ import torch
 from .. import Engine, SamplingParams, SpecConfig, zoo
 from ..zoo.corpus import heldout_prompts
 from .acceptance import draft_step_cost
+from .heads import accepted_per_step
 
 
-def block_acceptance(bundle, prompts, max_new_tokens: int, num_steps: int) -> dict:
+def block_acceptance(bundle, prompts, base, max_new_tokens: int, num_steps: int) -> dict:
     """-> per block position j, the fraction of decode steps accepting >= j drafts; the mean tokens per step; and
-    whether every output equals target-only's."""
+    whether every output equals `base`, target-only's of the same prompts."""
     params = SamplingParams(max_new_tokens=max_new_tokens)
-    base = [Engine(bundle.target, max_batch=1, impl="reference").generate([p], params)[0] for p in prompts]
     engine = Engine(bundle.target, bundle.dflash, SpecConfig(num_steps), max_batch=1, impl="reference")
     outs = [engine.generate([p], params)[0] for p in prompts]
     lens = [a for o in outs for a in o.accept_lens]
     return {"steps": len(lens), "tokens_per_step": round(sum(lens) / len(lens), 4),
             "accept_at_least": {j: round(sum(a > j for a in lens) / len(lens), 4) for j in range(1, num_steps + 1)},
             "identical": all(o.token_ids == b.token_ids for o, b in zip(outs, base))}
-
-
-def mean_accept(bundle, kind: str, spec: SpecConfig, prompts, max_new_tokens: int) -> float:
-    engine = Engine(bundle.target, getattr(bundle, kind), spec, max_batch=1, impl="reference")
-    lens = [a for p in prompts for a in engine.generate([p], SamplingParams(max_new_tokens=max_new_tokens))[0]
-            .accept_lens]
-    return round(sum(lens) / len(lens), 4)
 
 
 def main(argv=None) -> int:
@@ -49,11 +42,15 @@ def main(argv=None) -> int:
     bundle = zoo.load(a.model)
     prompts = heldout_prompts(a.num_prompts, a.prompt_len, seed=0)
     S = bundle.dflash.block_size - 1
+    params = SamplingParams(max_new_tokens=a.max_new_tokens)
+    base = [Engine(bundle.target, max_batch=1, impl="reference").generate([p], params)[0] for p in prompts]
+    chain, tree = (accepted_per_step(bundle.target, bundle.eagle, spec, prompts, base, a.max_new_tokens)
+                   for spec in (SpecConfig(3), SpecConfig(5, 4, 16)))
     res = {"pair": bundle.name, "threads": a.threads, "dflash_block": S + 1,
-           "dflash": block_acceptance(bundle, prompts, a.max_new_tokens, S),
-           "eagle_chain_S3_tokens_per_step": mean_accept(bundle, "eagle", SpecConfig(3), prompts, a.max_new_tokens),
-           "eagle_tree_S5K4W16_tokens_per_step": mean_accept(bundle, "eagle", SpecConfig(5, 4, 16), prompts,
-                                                             a.max_new_tokens)}
+           "dflash": block_acceptance(bundle, prompts, base, a.max_new_tokens, S),
+           "eagle_chain_S3_tokens_per_step": chain["tokens_per_step"],
+           "eagle_tree_S5K4W16_tokens_per_step": tree["tokens_per_step"],
+           "eagle_identical": chain["identical"] and tree["identical"]}
     cost_prompts = heldout_prompts(4, 64, seed=0)
     eagle, dflash = (draft_step_cost(bundle.target, d, cost_prompts) for d in (bundle.eagle, bundle.dflash))
     res["cost"] = {"target_only_step_ms": eagle["target_only_step_ms"],

@@ -35,13 +35,13 @@ def parse_shape(text: str) -> SpecConfig:
 
 def accepted_per_step(target, draft, spec: SpecConfig, prompts, base, max_new_tokens: int) -> dict:
     """-> mean accepted tokens per decode step over `prompts` (B = 1, greedy, reference ops) and whether every
-    output equals `base`, target-only's outputs of the same prompts."""
+    output equals `base`, target-only's outputs of the same prompts (None when no `base` is given)."""
     engine = Engine(target, draft, spec, max_batch=1, impl="reference")
     params = SamplingParams(max_new_tokens=max_new_tokens)
     outs = [engine.generate([p], params)[0] for p in prompts]
     lens = [a for o in outs for a in o.accept_lens]
     return {"tokens_per_step": round(sum(lens) / len(lens), 4), "steps": len(lens),
-            "identical": all(o.token_ids == b.token_ids for o, b in zip(outs, base))}
+            "identical": None if base is None else all(o.token_ids == b.token_ids for o, b in zip(outs, base))}
 
 
 def main(argv=None) -> int:
