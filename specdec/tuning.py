@@ -276,9 +276,15 @@ class AdaptiveShapes(ShapePolicy):
     with the shape it ran (q = 1: as the tuning prompts, 0: nothing accepted). A shape c is predicted to give request b
     1 + q_b (a_c - 1) tokens per step (a_c its tuned mean, at most num_steps + 1); each step runs the bucket candidate
     with the most predicted tokens per millisecond over the batch. NO_DRAFT (a_c = 1) wins when drafts keep failing;
-    since it measures nothing, after `probe_every` such steps in a row the cheapest drafting candidate runs once."""
+    since it measures nothing, after `probe_every` such steps in a row the cheapest drafting candidate runs once.
 
-    def __init__(self, tuned: TunedSpec, decay: float = 0.5, probe_every: int = 4):
+    decay: the EMA's weight of the newest step. A step's accepted length varies widely around a request's mean, so a
+    fast EMA leaves the best shape after one unlucky step, and a slow one keeps drafting for a request whose drafts
+    all fail (with 0.25 it gives up after four such steps, with 0.1 after nine). On the deep pair (EAGLE, held-out
+    code and code mixed with prose, B = 1 and 16, two passes in turn on a loaded machine) 0.5 ran 0.94-1.03x the best
+    static shape, 0.25 0.98-1.00x (one outlier at 1.16x) and 0.1 0.99-1.03x."""
+
+    def __init__(self, tuned: TunedSpec, decay: float = 0.25, probe_every: int = 4):
         self.tuned = tuned
         self.decay = decay
         self.probe_every = probe_every
