@@ -100,10 +100,15 @@ def render_model_card(card: dict) -> str:
                      f"{m['intermediate_size']} | {m['num_attention_heads']} ({m['num_key_value_heads']}) | "
                      f"{t.get('steps')} | {t.get('tokens_seen', 0):,} | {t.get('train_seconds', 0) / 60:.1f} min | "
                      f"{t.get('bytes_on_disk', 0) / 1e6:.2f} MB |")
+    stages = [(name, t) for name, t in tr.items() if isinstance(t, dict)]
+    default_threads = card.get("environment", {}).get("torch_threads")  # stages trained before it was recorded
+    threads = sorted({t.get("torch_threads") or default_threads for _, t in stages} - {None}) or [default_threads]
+    fp32 = [f"`{name}`" for name, t in stages if t.get("bf16_autocast") is False]
     lines += ["", f"Total training time: {card.get('total_train_seconds', 0) / 60:.1f} min on "
               f"{card.get('environment', {}).get('cpu_count')} CPU cores "
-              f"({card.get('environment', {}).get('torch_threads')} torch threads, bf16 autocast, fp32 master "
-              f"weights); total on disk {card.get('total_bytes_on_disk', 0) / 1e6:.1f} MB "
+              f"({' or '.join(map(str, threads))} torch threads, bf16 autocast, fp32 master weights"
+              + (f"; {', '.join(fp32)} in fp32" if fp32 else "")
+              + f"); total on disk {card.get('total_bytes_on_disk', 0) / 1e6:.1f} MB "
               f"(stored: {card.get('stored_dtype')}; loaded as fp32).", "",
               "## Held-out metrics", "",
               "Measured on the stored weights in fp32 over windows of the held-out files "
