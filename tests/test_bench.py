@@ -164,6 +164,8 @@ def test_old_csvs_read_in_todays_schema(tmp_path):
                                         "e2e,MTP Step-3.5 S3,3\n")
     e2e = read_results(tmp_path / "e2e-1.csv")
     assert list(e2e["worker"]) == ["target-only", "eagle3", "mtp_chain"]
+    (tmp_path / "acceptance-2.csv").write_text("suite,run_id,commit\nacceptance,20261202-161310,43e4079\n")
+    assert read_results(tmp_path / "acceptance-2.csv")["commit"].tolist() == ["43e4079"]  # not inf
     assert list(e2e["label"]) == ["target-only", "EAGLE-3 tree S5 K4 W16", "MTP Step-3.5 S3"]
 
 

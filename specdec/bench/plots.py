@@ -35,9 +35,10 @@ def read_results(path) -> pd.DataFrame:
     """One benchmark CSV in today's schema, however old the file: a file without a `suite` column takes it
     from its name (`<suite>-<run_id>.csv`); a file without a `label` column gets one, and where its `worker`
     column held the label (e2e and gpu-check files before the `label` column) `worker` becomes the draft
-    kind, as in every file since."""
+    kind, as in every file since. `commit` and `run_id` read as text."""
     path = Path(path)
-    df = pd.read_csv(path)
+    # a short commit hash of digits around one "e" (43e4079) would otherwise read as a float: inf
+    df = pd.read_csv(path, dtype={"commit": str, "run_id": str})
     if "suite" not in df:
         df.insert(0, "suite", path.stem.split("-", 1)[0])
     if "label" not in df and "worker" in df and len(df):

@@ -52,7 +52,7 @@ def print_report(csv_path) -> int:
         raise ValueError(f"{path}: no such file")
     if path.name.startswith("penalties-"):
         from .penalties import penalties_table
-        df = pd.read_csv(path, keep_default_na=False)
+        df = pd.read_csv(path, keep_default_na=False, dtype={"commit": str, "run_id": str})
         info = df.iloc[0]
         repeats = next((r for r in df["repeats"] if r != ""), "?")
         print(f"{path.name}: {info['model']} on {info['device']}, impl={info['impl']}, commit {info['commit']}, "
