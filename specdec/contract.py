@@ -70,7 +70,7 @@ class TreeAttentionPlan:
 
     impl: the building module's name (a plan is read only by the ops that built it); batch, num_new,
     write_offset, attn_len, max_seq_len: the call it was built for; tensors: the module's precomputed
-    masks and indices."""
+    masks and indices (and what its ops derive once per forward, as the reference RoPE's factors)."""
 
     impl: str
     batch: int

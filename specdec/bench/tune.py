@@ -9,8 +9,8 @@ per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engin
    `probe_shapes` decoded at batch B elsewhere; and no draft at all (`NO_DRAFT`) measured at every bucket.
 3. Prediction and confirmation: tokens per CPU second = B x accepted length / predicted step for every candidate;
    the `--confirm` best predicted and the best predicted of each topk and of each num_steps are decoded at batch
-   B, and the best measured is the bucket's shape. Those measured shapes and NO_DRAFT are the bucket's candidates for adaptive
-   speculation.
+   B, and the best measured is the bucket's shape. Those measured shapes and NO_DRAFT are the bucket's candidates
+   for adaptive speculation.
 4. `--check-grid`: on other prompts than the tuning's (held-out code, and that code alternating with English prose
    no model saw), the tuned shape, adaptive speculation and `CHECK_GRID`'s 12 shapes (the fixed S5 K4 W16 tree among
    them) decode side by side at every bucket, with target-only as the baseline whose tokens each must repeat: the

@@ -12,8 +12,9 @@ which packs weights itself) takes F.linear. The packed copy is made on first use
 remade when the weight changes, and costs one more copy of it in memory.
 
 `set_cpu_linear_backend("auto" | "mkl" | "onednn")` forces either (`"mkl"` means F.linear, whatever BLAS
-torch was built with; a single row without a bias goes to torch.mv, the same gemv without F.linear's reshapes); `cpu_linear_choices()` says what "auto" chose; `python -m specdec.bench.linear`
-prints both backends' times on the machine at hand.
+torch was built with; a single row without a bias goes to torch.mv, the same gemv without F.linear's reshapes);
+`cpu_linear_choices()` says what "auto" chose; `python -m specdec.bench.linear` prints both backends' times on the
+machine at hand.
 """
 from __future__ import annotations
 
@@ -132,7 +133,8 @@ class Linear(nn.Linear):
         return _choices[key]
 
     def _measure(self, rows: int) -> str:
-        """Times F.linear and the prepacked product on `rows` random rows with this weight -> the faster."""
+        """Times the "mkl" product (`_mkl`) and the prepacked one on `rows` random rows with this weight -> the
+        faster."""
         x = torch.randn(rows, self.in_features)
         runs = {"mkl": lambda: self._mkl(x, rows), "onednn": lambda: self._onednn(x)}
         t0 = time.perf_counter()
