@@ -206,9 +206,10 @@ def main(argv=None) -> int:
     bench.add_argument("--dtype", default="float32", choices=list(DTYPES),
                        help="the models' dtype (acceptance suite; greedy agreement with target-only in low "
                             "precision is in the identical_request_fraction column)")
-    bench.add_argument("--tuned", default=None, metavar="PATH",
+    bench.add_argument("--tuned", action="append", default=None, metavar="PATH",
                        help="a file `specdec tune` wrote for this pair: its draft also runs with the tuned shape per "
-                            "batch size and with adaptive speculation (acceptance suite; the shape_policy column)")
+                            "batch size and with adaptive speculation (acceptance suite; the shape_policy column); "
+                            "repeat it for several drafts")
     bench.add_argument("--out", default="results", help="directory for the CSV and its plot")
     bench.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     bench.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)

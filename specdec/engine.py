@@ -245,6 +245,13 @@ class Engine:
         with self._lock, torch.inference_mode():
             return self._generate(prompts, params, seed, stream)
 
+    def flush_cache(self) -> None:
+        """Forget what the draft has learned across requests (SGLang's `flush_cache`, which clears the NGRAM worker's
+        cache pool): an `NgramDraft(shared=True)`'s index over every sequence decoded so far. The next request then
+        drafts as on a fresh engine. Nothing else an engine keeps between calls depends on earlier requests."""
+        with self._lock:
+            self.worker.clear_cache_pool()
+
     def _generate(self, prompts, params, seed, stream=None) -> list[GenerateOutput]:
         prompts, params, grammars = self._validate(prompts, params)
         seed = check_int("seed", seed)

@@ -117,6 +117,22 @@ def test_ngram_is_greedy_identical_to_target_only(small, prompts, baseline, spec
         assert engine.last_stats.mean_accept_len >= first
 
 
+def test_flush_cache_forgets_what_the_shared_index_saw(small, prompts, baseline):
+    """After `flush_cache` a shared draft proposes what a fresh engine's proposes: the same accepted lengths, step by
+    step; without it the second run drafts from the first run's outputs."""
+    params = logprob_params(48)
+    first = [o.accept_lens for o in Engine(small.target, draft=NgramDraft(shared=True), spec=SPECS[0],
+                                           max_seq_len=320).generate(prompts, params)]
+    engine = Engine(small.target, draft=NgramDraft(shared=True), spec=SPECS[0], max_seq_len=320)
+    engine.generate(prompts, params)
+    remembered = [o.accept_lens for o in engine.generate(prompts, params)]
+    engine.flush_cache()
+    outs = engine.generate(prompts, params)
+    assert_same_as_baseline(outs, baseline)
+    assert [o.accept_lens for o in outs] == first and remembered != first
+    Engine(small.target, max_seq_len=320).flush_cache()  # nothing to forget: a no-op
+
+
 def test_ngram_fast_path_is_identical_on_a_tiny_target():
     from specdec.models import random_llama
     target = random_llama(vocab_size=64, hidden_size=32, num_hidden_layers=2, seed=7)

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from .. import Engine, SamplingParams, SpecConfig
-from .cases import ASSISTED_CASE, CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds, tuned_cases
+from .cases import (ASSISTED_CASE, CASES, NGRAM_SHARED_CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds,
+                    tuned_cases)
 from .common import DTYPES, Run, RunRow, cpu_model, dtype_name, median_of, quantile
 
 #: the phases of a decode step that are model forwards (drafting, the draft's extend, the target's verify)
@@ -77,6 +78,7 @@ def _forward_pass(runner, batches, params):
     worker = runner.worker
     worker.timer = PhaseTimer(worker.device)
     steps = 0
+    runner.flush_cache()
     try:
         for batch in batches:
             runner.generate(batch, params, seed=0)
@@ -93,18 +95,23 @@ def _logprob_pass(runner, batches, params) -> list:
     if not isinstance(runner, Engine):
         return None
     lp_params = dataclasses.replace(params, return_logprob=True)
+    runner.flush_cache()
     return [o for batch in batches for o in runner.generate(batch, lp_params, seed=0)]
 
 
 def _measure(runners, batches, params, repeats):
     """Every runner (an Engine or a peer with its `generate`) on every batch, `repeats` passes, the runners
-    taken round-robin within a pass so that a drift of the machine's speed lands on all of them alike.
+    taken round-robin within a pass so that a drift of the machine's speed lands on all of them alike. Every pass of
+    an Engine starts from a flushed draft cache (`Engine.flush_cache`): a shared NGRAM index learns from the pass's
+    earlier requests only, never from an earlier pass's outputs of the same prompts.
     -> per runner: the passes, each with wall and process-CPU seconds, tokens, steps and outputs."""
     for runner in runners:  # warm-up
         runner.generate(batches[0][:1], SamplingParams(max_new_tokens=4))
     passes = [[] for _ in runners]
     for _ in range(repeats):
         for r, runner in enumerate(runners):
+            if isinstance(runner, Engine):
+                runner.flush_cache()
             outs, wall, cpu, steps, tokens = [], 0.0, 0.0, 0, 0
             for batch in batches:
                 c0 = time.process_time()
@@ -155,8 +162,8 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                                                 assistant_dir=assistant)
                     runners.append(peers[key])
                 else:
-                    runners.append(Engine(target, drafts.get(c.kind) if c.spec else None, c.spec, impl=impl,
-                                          max_batch=B, max_seq_len=max_len))
+                    runners.append(Engine(target, c.draft_for(drafts.get(c.kind)) if c.spec else None, c.spec,
+                                          impl=impl, max_batch=B, max_seq_len=max_len))
             measured = _measure(runners, batches, params, repeats)
             lp_outs = [_logprob_pass(r, batches, params) for r in runners]
             forward_s = [_forward_pass(r, batches, params) for r in runners]
@@ -224,10 +231,10 @@ def main_bench(args) -> int:
     print(f"specdec bench: zoo pair {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target)")
     drafts = {kind: getattr(bundle, kind) for kind in offered_kinds(bundle, args.workers)}
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
-    cases = [c for c in by_kind(CASES) if c.spec is None or c.kind in drafts]
-    if args.tuned:
+    cases = [c for c in by_kind(CASES + NGRAM_SHARED_CASES) if c.spec is None or c.kind in drafts]
+    for path in args.tuned or []:
         from ..tuning import TunedSpec
-        tuned = TunedSpec.load(args.tuned)
+        tuned = TunedSpec.load(path)
         if tuned.draft["kind"] not in drafts:
             drafts[tuned.draft["kind"]] = getattr(bundle, tuned.draft["kind"])
         cases += tuned_cases(tuned)

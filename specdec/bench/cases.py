@@ -18,12 +18,21 @@ class WorkerCase:
     (Step-3.5 style), ...), or a peer from Hugging Face transformers: "hf-target-only" (`generate`) and
     "hf-prompt-lookup" (`generate` with `prompt_lookup_num_tokens=prompt_lookup`), "hf-assisted" (`generate` with
     `assistant_model=` the pair's draft LM, STANDALONE's peer); both batch size 1 only, as transformers allows.
-    e2e: whether the e2e suite runs it."""
+    e2e: whether the e2e suite runs it. draft_options: (field, value) pairs that replace the kind's draft's own
+    (`dataclasses.replace`; a dataclass draft: `NgramDraft`), named in the label ("NGRAM shared tree S5 K4 W16")."""
 
     kind: str
     spec: SpecConfig | None  # or a `specdec.tuning.TunedSpec`: the shapes `specdec tune` chose, tuned or adaptive
     prompt_lookup: int = 0
     e2e: bool = True
+    draft_options: tuple = ()
+
+    def draft_for(self, draft):
+        """The draft this case runs: the kind's `draft`, with `draft_options` in place of its own fields."""
+        if not self.draft_options or draft is None:
+            return draft
+        import dataclasses
+        return dataclasses.replace(draft, **dict(self.draft_options))
 
     @property
     def shape_policy(self) -> str:
@@ -53,9 +62,13 @@ class WorkerCase:
     def label(self) -> str:
         if self.is_peer:
             return peer_label(self.kind, self.prompt_lookup)
+        from ..draft_kinds import draft_kind
+        options = " ".join(name if value is True else f"{name}={value}" for name, value in self.draft_options)
         if self.shape_policy != "static":  # "EAGLE tuned", "EAGLE adaptive": the shape moves with the batch
-            from ..draft_kinds import draft_kind
-            return f"{draft_kind(self.kind).label} {self.shape_policy}"
+            return " ".join(filter(None, (draft_kind(self.kind).label, options, self.shape_policy)))
+        if options:
+            kind = draft_kind(self.kind)
+            return f"{kind.label} {options} {kind.shape_label(self.spec)}"
         return worker_label(self.kind, self.spec)
 
 
@@ -81,10 +94,17 @@ PEER_CASES = [WorkerCase("hf-target-only", None), WorkerCase("hf-prompt-lookup",
 ASSISTED_CASE = WorkerCase("hf-assisted", None)
 
 
+#: NGRAM with one index shared across requests (SGLang's NGRAM worker keeps one cache for every request), at its
+#: demo shapes; the acceptance suite runs them beside the per-request index, each pass from an empty index
+NGRAM_SHARED_CASES = [WorkerCase("ngram", spec, e2e=False, draft_options=(("shared", True),))
+                      for spec in DRAFT_KINDS["ngram"].demo_specs]
+
+
 def tuned_cases(tuned) -> list[WorkerCase]:
     """A tuned file's two cases (`specdec bench --tuned PATH`): its shapes per bucket, and adaptive speculation."""
     return [WorkerCase(tuned.draft["kind"], tuned.with_adaptive(False), e2e=False),
             WorkerCase(tuned.draft["kind"], tuned.with_adaptive(True), e2e=False)]
+
 
 def by_kind(cases: list[WorkerCase]) -> list[WorkerCase]:
     """The cases grouped by kind (target-only first, then `DRAFT_KINDS`' order), each kind's in list order: the

@@ -221,6 +221,10 @@ class WorkerBase(LogitShaping):
             c.free(self.slot_list)
         self.slot_list = []
 
+    def clear_cache_pool(self) -> None:
+        """Drop what drafting keeps across requests (`Engine.flush_cache`); a draft that keeps nothing has nothing
+        to drop."""
+
     def filter(self, keep: list[int]) -> None:
         """Keep only the requests at batch positions `keep` (drop finished ones; free their slots)."""
         kept = set(keep)

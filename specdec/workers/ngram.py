@@ -47,8 +47,8 @@ class NgramWorker(SpeculativeWorkerBase):
         self._tree_bitmask = None  # a grammar batch's per-node masks, filled by the prologue
         self.allow_shapes([spec])
         self.use_shape((spec.num_steps, spec.topk, spec.num_draft_tokens))
-        self.shared_index = (NgramIndex(draft.min_match_window_size, draft.max_match_window_size, draft.capacity)
-                             if draft.shared else None)
+        self.shared_index = None
+        self.clear_cache_pool()
         self._indexes: list[NgramIndex] = []
         self._seq_ids: list[int] = []
 
@@ -98,6 +98,12 @@ class NgramWorker(SpeculativeWorkerBase):
 
     def caches(self) -> list[KVCache]:
         return [self.cache]
+
+    def clear_cache_pool(self) -> None:
+        """A shared draft's index starts empty again (SGLang's NGRAM worker's `clear_cache_pool`)."""
+        d = self.draft_model
+        if d.shared:
+            self.shared_index = NgramIndex(d.min_match_window_size, d.max_match_window_size, d.capacity)
 
     # ---- the requests' indexed sequences ------------------------------------------------------------
     def start(self, prompts, params, seed, grammars=None) -> None:
