@@ -26,12 +26,11 @@ def plan_tree_attention(slots, cache_start, write_offset, tree_mask, attn_len, n
     B = check_plan_args(slots, cache_start, write_offset, tree_mask, attn_len, num_new, max_seq_len)
     T, device = num_new, slots.device
     visible = build_attention_mask(cache_start, T, write_offset, tree_mask, attn_len)[:, None]
-    bias = torch.zeros(visible.shape, dtype=torch.float32, device=device).masked_fill_(~visible, float("-inf"))
-    end = cache_start + (write_offset + T)
+    bias = torch.where(visible, 0.0, float("-inf"))  # fp32, the default dtype of a where over two Python floats
     row0 = slots * max_seq_len
-    key_pos = torch.minimum(torch.arange(attn_len, device=device)[None, :], (end - 1)[:, None])
-    key_rows = (row0[:, None] + key_pos).reshape(-1)
-    write_rows = (row0 + cache_start + write_offset)[:, None] + torch.arange(T, device=device)
+    last = cache_start + (write_offset + T - 1)  # the request's last in-flight slot
+    key_rows = (row0[:, None] + torch.minimum(torch.arange(attn_len, device=device)[None, :], last[:, None])).reshape(-1)
+    write_rows = (row0 + cache_start)[:, None] + (torch.arange(T, device=device) + write_offset)
     return TreeAttentionPlan(_IMPL, B, T, write_offset, attn_len, max_seq_len,
                              dict(mask_bias=bias, key_rows=key_rows, write_rows=write_rows.reshape(-1)))
 
@@ -98,17 +97,12 @@ def build_attention_mask(cache_start, num_new: int, write_offset: int, tree_mask
     without a tree mask, r <= write_offset + t: causal over the in-flight tokens).
     """
     device = cache_start.device
-    rel = torch.arange(attn_len, device=device)[None, None, :] - cache_start[:, None, None]  # (B,1,L)
-    prefix = rel < 0
-    n_inflight = write_offset + num_new
-    if tree_mask is None:
-        t = torch.arange(num_new, device=device)[None, :, None]
-        inflight = (rel >= 0) & (rel <= write_offset + t)
-    else:
-        in_range = (rel >= 0) & (rel < n_inflight)
-        idx = rel.clamp(0, n_inflight - 1).expand(-1, num_new, -1)
-        inflight = in_range & torch.gather(tree_mask, 2, idx)
-    return prefix | inflight
+    rel = torch.arange(attn_len, device=device)[None, None, :] - cache_start[:, None, None]  # (B, 1, L)
+    if tree_mask is None:  # causal: every committed slot (rel < 0) also passes rel <= write_offset + t
+        return rel <= (torch.arange(num_new, device=device) + write_offset)[None, :, None]
+    # committed (rel < 0), in flight (0 <= rel < write_offset + T: the tree mask's column rel) or neither
+    idx = rel.clamp(0, write_offset + num_new - 1)
+    return torch.where(idx == rel, torch.gather(tree_mask, 2, idx.expand(-1, num_new, -1)), rel < 0)
 
 
 def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask, attn_len, scale, plan=None):
