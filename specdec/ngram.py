@@ -6,7 +6,9 @@ as SGLang's cache keeps them across requests) is indexed by its n-grams of `min_
 collects what followed each earlier occurrence (up to `branch_length` tokens, and the step's depth), merges those
 continuations into a trie weighted by how often each prefix occurred, and takes up to W - 1 nodes of it breadth
 first, each node's children by descending frequency, at most `max_bfs_breadth` of them (and at most the
-SpecConfig's topk). The target verifies the tree with the same tree verify as EAGLE's; a request whose suffix
+SpecConfig's topk). When that trie leaves room, the next shorter suffix that occurred before fills it the same way,
+and so on down to `min_match_window_size` (SGLang's match anchors, deepest first), a path already in the tree
+keeping its node. The target verifies the tree with the same tree verify as EAGLE's; a request whose suffix
 never occurred before proposes nothing and decodes one token that step.
 
 Everything here is host work on Python lists: the worker brings the last step's tokens down once and sends the
@@ -113,6 +115,12 @@ class NgramIndex:
         """The tokens (up to `length`) that followed each earlier occurrence of the longest matchable suffix of
         `suffix`, most recent first; [] when none occurred (the occurrence ending the sequence `sid` itself is not
         an earlier one)."""
+        return next(iter(self.anchored_continuations(suffix, sid, length)), [])
+
+    def anchored_continuations(self, suffix: list[int], sid: int, length: int):
+        """For each suffix length of `suffix` that occurred before, longest first (SGLang's match anchors): the
+        tokens (up to `length`) that followed each of its earlier occurrences, most recent first, at most
+        `MAX_OCCURRENCES` of them. A generator: a tree that is full after the longest stops reading."""
         here = len(self.seqs[sid]) if sid in self.seqs else -1
         for n in range(min(self.max_n, len(suffix)), self.min_n - 1, -1):
             found = []
@@ -125,8 +133,7 @@ class NgramIndex:
                     if len(found) == MAX_OCCURRENCES:
                         break
             if found:
-                return found
-        return []
+                yield found
 
 
 def ngram_draft_for(target) -> NgramDraft:
@@ -158,25 +165,47 @@ def continuation_tree(continuations: list[list[int]], max_nodes: int, breadth: i
     more recent continuation first), at most `breadth` of them. "BFS" takes them breadth first; "PROB" best first by
     path probability, a child's count over the counts of its parent's ranked children times its parent's (ties: the
     node reached first)."""
-    if match_type == "PROB":
-        return _probability_tree(_trie(continuations), max_nodes, breadth)
-    trie = _trie(continuations)
+    return anchored_tree([continuations], max_nodes, breadth, match_type)
+
+
+def anchored_tree(anchors, max_nodes: int, breadth: int, match_type: str = "BFS") -> list[tuple[int, int]]:
+    """One tree from several anchors' continuations (`NgramIndex.anchored_continuations`, longest match first), as
+    SGLang builds it: each anchor's trie in turn adds its nodes as `continuation_tree` takes them, a path already in
+    the tree reusing its nodes, until `max_nodes`. The first anchor's nodes are `continuation_tree`'s; a later
+    anchor's only fill what the earlier ones left."""
     nodes: list[tuple[int, int]] = []
-    frontier = [(0, trie)]
-    while frontier and len(nodes) < max_nodes:
-        nxt = []
-        for parent, level in frontier:
-            for token, (_, _, children) in _ranked_children(level, breadth):
-                if len(nodes) == max_nodes:
-                    break
-                nodes.append((token, parent))
-                nxt.append((len(nodes), children))
-        frontier = nxt
+    index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+
+    def place(token: int, parent: int) -> int | None:
+        """The node for `token` under `parent`: the one already there, a new one, or None when the tree is full."""
+        node = index.get((parent, token))
+        if node is None and len(nodes) < max_nodes:
+            nodes.append((token, parent))
+            node = index[(parent, token)] = len(nodes)
+        return node
+
+    grow = _grow_by_probability if match_type == "PROB" else _grow_breadth_first
+    for continuations in anchors:
+        if len(nodes) == max_nodes:
+            break
+        grow(_trie(continuations), place, breadth)
     return nodes
 
 
-def _probability_tree(trie: dict, max_nodes: int, breadth: int) -> list[tuple[int, int]]:
-    nodes: list[tuple[int, int]] = []
+def _grow_breadth_first(trie: dict, place, breadth: int) -> None:
+    frontier = [(0, trie)]
+    while frontier:
+        nxt = []
+        for parent, level in frontier:
+            for token, (_, _, children) in _ranked_children(level, breadth):
+                node = place(token, parent)
+                if node is None:
+                    return
+                nxt.append((node, children))
+        frontier = nxt
+
+
+def _grow_by_probability(trie: dict, place, breadth: int) -> None:
     heap: list = []  # (-path probability, order pushed, token, parent node, children)
     pushed = 0
 
@@ -190,11 +219,12 @@ def _probability_tree(trie: dict, max_nodes: int, breadth: int) -> list[tuple[in
             pushed += 1
 
     offer(0, trie, 1.0)
-    while heap and len(nodes) < max_nodes:
+    while heap:
         neg_prob, _, token, parent, children = heapq.heappop(heap)
-        nodes.append((token, parent))
-        offer(len(nodes), children, -neg_prob)
-    return nodes
+        node = place(token, parent)
+        if node is None:
+            return
+        offer(node, children, -neg_prob)
 
 
 def verify_input(roots: list[int], trees: list[list[tuple[int, int]]], committed: list[int], W: int):

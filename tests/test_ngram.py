@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.ngram import NgramDraft, NgramIndex, continuation_tree, verify_input
+from specdec.ngram import NgramDraft, NgramIndex, anchored_tree, continuation_tree, verify_input
 from specdec.zoo import corpus
 from tests.helpers import (FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue, logprob_params,
                            near_bigram_target)
@@ -23,6 +23,43 @@ def brute_continuations(seq, min_n, max_n, length):
         if found:
             return found
     return []
+
+
+def brute_anchors(seq, min_n, max_n, length):
+    """Per suffix length n (max_n down to min_n) that occurred before: the continuations after each earlier
+    occurrence of the last n tokens, most recent first."""
+    out = []
+    for n in range(min(max_n, len(seq)), min_n - 1, -1):
+        found = [seq[end:end + length] for end in range(len(seq) - 1, n - 1, -1)
+                 if seq[end - n:end] == seq[-n:] and seq[end:end + length]]
+        if found:
+            out.append(found[:64])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_index_finds_every_anchor_brute_force_finds(seed):
+    rng = random.Random(seed)
+    seq = [rng.randrange(4) for _ in range(rng.randint(1, 80))]
+    min_n, max_n = rng.randint(1, 3), rng.randint(3, 6)
+    index = NgramIndex(min_n, max_n)
+    sid = index.add(seq[:7])
+    index.extend(sid, seq[7:])
+    for length in (1, 3):
+        assert list(index.anchored_continuations(seq[-max_n:], sid, length)) == brute_anchors(seq, min_n, max_n,
+                                                                                              length)
+
+
+def test_a_later_anchor_fills_what_the_longest_match_left():
+    """Worked by hand. Anchor 1 (the longest match) is one path 1-2-3; anchor 2 has 1-2-4 and 5: its 1 and 2 are
+    already in the tree, so it adds 5 under the root, then 4 under 2 (breadth first)."""
+    anchors = [[[1, 2, 3]], [[1, 2, 4], [5]]]
+    assert anchored_tree(anchors, 10, 5) == [(1, 0), (2, 1), (3, 2), (5, 0), (4, 2)]
+    assert anchored_tree(anchors, 4, 5) == [(1, 0), (2, 1), (3, 2), (5, 0)]
+    assert anchored_tree(anchors, 3, 5) == continuation_tree(anchors[0], 3, 5)  # full: anchor 2 adds nothing
+    # best first: anchor 2's paths all weigh .5, taken in the order offered (1, 5, 1-2, 1-2-4); 1 and 2 are there
+    assert anchored_tree(anchors, 10, 5, "PROB") == [(1, 0), (2, 1), (3, 2), (5, 0), (4, 2)]
+    assert anchored_tree([[], [[7]]], 10, 5) == [(7, 0)] and anchored_tree([], 10, 5) == []
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -7,7 +7,7 @@ import torch
 from ..config import SpecConfig
 from ..contract import NO_DRAFT
 from ..kv_cache import KVCache
-from ..ngram import NgramDraft, NgramIndex, continuation_tree, verify_input
+from ..ngram import NgramDraft, NgramIndex, anchored_tree, verify_input
 from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
 from .graphs import batch_buckets
 
@@ -156,9 +156,9 @@ class NgramWorker(SpeculativeWorkerBase):
             for index, sid, row in zip(self._indexes, self._seq_ids, rows):
                 index.extend(sid, row[:row[T]])
                 seq = index.seqs[sid]
-                found = index.continuations(seq[-max_n:], sid, self.depth) if self.depth else []  # no draft
-                trees.append(continuation_tree(found, self.num_draft_tokens - 1, self.breadth,
-                                               self.draft_model.match_type))
+                found = index.anchored_continuations(seq[-max_n:], sid, self.depth) if self.depth else ()
+                trees.append(anchored_tree(found, self.num_draft_tokens - 1, self.breadth,
+                                           self.draft_model.match_type))
                 roots.append(seq[-1])
                 committed.append(len(seq) - 1)  # the root (last token) is not committed yet
             self.verify_width = self.width_for(max(len(t) for t in trees) + 1)
