@@ -29,7 +29,8 @@ def plan_tree_attention(slots, cache_start, write_offset, tree_mask, attn_len, n
     bias = torch.where(visible, 0.0, float("-inf"))  # fp32, the default dtype of a where over two Python floats
     row0 = slots * max_seq_len
     last = cache_start + (write_offset + T - 1)  # the request's last in-flight slot
-    key_rows = (row0[:, None] + torch.minimum(torch.arange(attn_len, device=device)[None, :], last[:, None])).reshape(-1)
+    key_cols = torch.minimum(torch.arange(attn_len, device=device)[None, :], last[:, None])
+    key_rows = (row0[:, None] + key_cols).reshape(-1)
     write_rows = (row0 + cache_start)[:, None] + (torch.arange(T, device=device) + write_offset)
     return TreeAttentionPlan(_IMPL, B, T, write_offset, attn_len, max_seq_len,
                              dict(mask_bias=bias, key_rows=key_rows, write_rows=write_rows.reshape(-1)))

@@ -216,6 +216,21 @@ def test_one_plot_entry_point_draws_every_committed_schema(tmp_path):
     assert main(["plot", str(tmp_path / "odd-1.csv")]) == 1  # the CLI's one-line error: no plot for suite 'odd'
 
 
+def test_every_committed_results_csv_has_its_plot_committed_beside_it():
+    """What the notebooks and the README show is committed: a CSV written without its PNG would have notebook 02 draw
+    it (into a scratch directory) on every run, and the README point at a missing file."""
+    from pathlib import Path
+
+    from specdec.bench.plots import SUITE_PLOTS, TABLE_SUITES, read_results
+
+    csvs = [f for f in sorted(Path("results").glob("*.csv")) if not f.stem.startswith("grammar-fill-")]
+    suites = {f: str(read_results(f)["suite"].iloc[0]) for f in csvs}
+    assert set(suites.values()) <= set(SUITE_PLOTS) | set(TABLE_SUITES)  # `specdec plot` reads every one
+    drawn = [f for f, suite in suites.items() if suite in SUITE_PLOTS]
+    assert {"acceptance", "tune"} <= {suites[f] for f in drawn}
+    assert [f.name for f in drawn if not f.with_suffix(".png").is_file()] == []
+
+
 def test_dflash_scaling_rows(tmp_path):
     """Each variant changes one setting of the shipped stage; its row's expected accepted length is 1 + the sum of the
     prefix-acceptance column, and every fraction is one per block position."""

@@ -31,6 +31,14 @@ def load_results(results_dir="results", pattern="*.csv") -> pd.DataFrame:
     return pd.concat([read_results(f).assign(file=f.name) for f in files], ignore_index=True)
 
 
+def suite_of_name(path) -> str:
+    """`target-step-20261202-150125.csv` -> "target-step": the name less its run id (date-time)."""
+    parts = Path(path).stem.split("-")
+    if len(parts) >= 3 and parts[-2].isdigit() and parts[-1].isdigit():
+        return "-".join(parts[:-2])
+    return parts[0]
+
+
 def read_results(path) -> pd.DataFrame:
     """One benchmark CSV in today's schema, however old the file: a file without a `suite` column takes it
     from its name (`<suite>-<run_id>.csv`); a file without a `label` column gets one, and where its `worker`
@@ -40,7 +48,7 @@ def read_results(path) -> pd.DataFrame:
     # a short commit hash of digits around one "e" (43e4079) would otherwise read as a float: inf
     df = pd.read_csv(path, dtype={"commit": str, "run_id": str})
     if "suite" not in df:
-        df.insert(0, "suite", path.stem.split("-", 1)[0])
+        df.insert(0, "suite", suite_of_name(path))
     if "label" not in df and "worker" in df and len(df):
         from ..draft_kinds import DRAFT_KINDS
         from .cases import kind_of_label
@@ -427,11 +435,13 @@ def plot_tune(df: pd.DataFrame, out_png):
 
 SUITE_PLOTS = {"acceptance": plot_acceptance_and_speedup, "kernels": plot_kernels, "e2e": plot_e2e,
                "penalties": plot_penalties, "grammar": plot_grammar, "tune": plot_tune}
+# schemas read as tables (the README quotes them), with no figure
+TABLE_SUITES = ("dflash-scaling", "target-step")
 
 
 def plot_csv(path) -> Path | None:
     """One results CSV -> its plot beside it (`<name>.png`), by its schema; None for a grammar-fill file (drawn
-    with its grammar run) or a file with no rows."""
+    with its grammar run), a table with no figure (`TABLE_SUITES`) or a file with no rows."""
     path = Path(path)
     if path.stem.startswith("grammar-fill-"):
         return None
@@ -439,6 +449,8 @@ def plot_csv(path) -> Path | None:
     if df.empty:
         return None
     suite = str(df["suite"].iloc[0])
+    if suite in TABLE_SUITES:
+        return None
     if suite not in SUITE_PLOTS:
         raise ValueError(f"{path}: no plot for suite {suite!r} (known: {', '.join(SUITE_PLOTS)})")
     if suite == "grammar":

@@ -402,7 +402,9 @@ def _tune_command(a, sizes) -> int:
         mixed = mixed_prompts(code, prose_prompts(a.num_prompts, a.prompt_len, seed=0))[:a.num_prompts]
         check_grid(m, tuned, {"code": code, "mixed": mixed}, sizes, a.check_repeats, rows, run, name)
     csv = write_csv(rows, a.results, f"tune-{run.run_id}.csv")
-    print(f"wrote {out} and {csv} in {time.monotonic() - t0:.0f} s")
+    from .plots import plot_csv
+    png = plot_csv(csv)  # committed beside its CSV, as every bench's plot is
+    print(f"wrote {out}, {csv} and {png} in {time.monotonic() - t0:.0f} s")
     return 0
 
 
