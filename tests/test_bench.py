@@ -287,6 +287,30 @@ def test_heads_bench_compares_a_swapped_head(capsys):
         main(["--shapes", "x"])
 
 
+def test_runners_take_turns_on_every_batch_of_a_pass():
+    """The runners a bench compares alternate batch by batch within each pass, so that a slow spell of the machine
+    lands on all of them rather than on one runner's whole pass; each pass sums its own batches."""
+    from types import SimpleNamespace
+
+    from specdec.bench.acceptance import _measure
+
+    calls = []
+
+    class Runner:
+        def __init__(self, name):
+            self.name = name
+
+        def generate(self, batch, params, seed=0):
+            calls.append((self.name, batch[0]))
+            self.last_stats = SimpleNamespace(wall_s=0.5, num_decode_steps=2, num_tokens=3)
+            return [batch[0]]
+
+    passes = _measure([Runner("a"), Runner("b")], [["p0"], ["p1"]], None, repeats=2)
+    assert calls[2:] == [("a", "p0"), ("b", "p0"), ("a", "p1"), ("b", "p1")] * 2  # after one warm-up call each
+    assert [p["outs"] for p in passes[0]] == [["p0", "p1"]] * 2
+    assert {(p["wall"], p["steps"], p["tokens"]) for r in passes for p in r} == {(1.0, 4, 6)}
+
+
 def test_a_shared_ngram_case_starts_every_pass_from_an_empty_index(small, tmp_path):
     """`NGRAM shared` rows: each pass starts from an empty shared index (the warm-up and the passes before it leave
     nothing behind), so the row's accepted lengths are those of a fresh engine over the same prompts in order."""

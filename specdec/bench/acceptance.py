@@ -100,27 +100,30 @@ def _logprob_pass(runner, batches, params) -> list:
 
 
 def _measure(runners, batches, params, repeats):
-    """Every runner (an Engine or a peer with its `generate`) on every batch, `repeats` passes, the runners
-    taken round-robin within a pass so that a drift of the machine's speed lands on all of them alike. Every pass of
-    an Engine starts from a flushed draft cache (`Engine.flush_cache`): a shared NGRAM index learns from the pass's
-    earlier requests only, never from an earlier pass's outputs of the same prompts.
+    """Every runner (an Engine or a peer with its `generate`) on every batch, `repeats` passes, the runners taken
+    round-robin on each batch of a pass, so that a drift of the machine's speed (another process on a shared core)
+    lands on all of them alike, within seconds rather than within a runner's whole pass. Every pass of an Engine
+    starts from a flushed draft cache (`Engine.flush_cache`): a shared NGRAM index learns from the pass's earlier
+    requests only, never from an earlier pass's outputs of the same prompts.
     -> per runner: the passes, each with wall and process-CPU seconds, tokens, steps and outputs."""
     for runner in runners:  # warm-up
         runner.generate(batches[0][:1], SamplingParams(max_new_tokens=4))
     passes = [[] for _ in runners]
     for _ in range(repeats):
-        for r, runner in enumerate(runners):
+        this_pass = [dict(outs=[], wall=0.0, cpu=0.0, steps=0, tokens=0) for _ in runners]
+        for runner in runners:
             if isinstance(runner, Engine):
                 runner.flush_cache()
-            outs, wall, cpu, steps, tokens = [], 0.0, 0.0, 0, 0
-            for batch in batches:
+        for batch in batches:
+            for runner, acc in zip(runners, this_pass):
                 c0 = time.process_time()
-                outs += runner.generate(batch, params, seed=0)
-                cpu += time.process_time() - c0
-                wall += runner.last_stats.wall_s
-                steps += runner.last_stats.num_decode_steps
-                tokens += runner.last_stats.num_tokens
-            passes[r].append(dict(outs=outs, wall=wall, cpu=cpu, steps=steps, tokens=tokens))
+                acc["outs"] += runner.generate(batch, params, seed=0)
+                acc["cpu"] += time.process_time() - c0
+                acc["wall"] += runner.last_stats.wall_s
+                acc["steps"] += runner.last_stats.num_decode_steps
+                acc["tokens"] += runner.last_stats.num_tokens
+        for r, acc in enumerate(this_pass):
+            passes[r].append(acc)
     return passes
 
 
