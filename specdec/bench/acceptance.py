@@ -71,12 +71,14 @@ class AcceptanceRow(RunRow):
 def _forward_pass(runner, batches, params):
     """One untimed pass with the phase timer on -> (seconds of model forwards per decode step, seconds of the
     draft phase per decode step), or None for a peer. What a step costs with zero overhead: its draft,
-    draft-extend and verify forwards. NGRAM's draft phase is its host work (the index and the tree)."""
+    draft-extend and verify forwards. NGRAM's draft phase is its host work (the index and the tree). Off CUDA the
+    phases are timed in process CPU seconds, as the timed passes' ratios are: a single pass timed by the wall clock
+    took another process's burst whole (a bound below the measured speedup, in an idle-machine run)."""
     if not isinstance(runner, Engine):
         return None
     from ..workers.base import PhaseTimer
     worker = runner.worker
-    worker.timer = PhaseTimer(worker.device)
+    worker.timer = PhaseTimer(worker.device, clock=time.process_time)
     steps = 0
     runner.flush_cache()
     try:
