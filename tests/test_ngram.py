@@ -37,19 +37,6 @@ def brute_anchors(seq, min_n, max_n, length):
     return out
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_the_index_finds_every_anchor_brute_force_finds(seed):
-    rng = random.Random(seed)
-    seq = [rng.randrange(4) for _ in range(rng.randint(1, 80))]
-    min_n, max_n = rng.randint(1, 3), rng.randint(3, 6)
-    index = NgramIndex(min_n, max_n)
-    sid = index.add(seq[:7])
-    index.extend(sid, seq[7:])
-    for length in (1, 3):
-        assert list(index.anchored_continuations(seq[-max_n:], sid, length)) == brute_anchors(seq, min_n, max_n,
-                                                                                              length)
-
-
 def test_a_later_anchor_fills_what_the_longest_match_left():
     """Worked by hand. Anchor 1 (the longest match) is one path 1-2-3; anchor 2 has 1-2-4 and 5: its 1 and 2 are
     already in the tree, so it adds 5 under the root, then 4 under 2 (breadth first)."""
@@ -64,14 +51,18 @@ def test_a_later_anchor_fills_what_the_longest_match_left():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_index_finds_what_brute_force_finds(seed):
+    """The longest match's continuations, and every anchor's (deepest first), from an index grown in two parts."""
     rng = random.Random(seed)
     seq = [rng.randrange(4) for _ in range(rng.randint(1, 80))]
     min_n, max_n = rng.randint(1, 3), rng.randint(3, 6)
     index = NgramIndex(min_n, max_n)
-    sid = index.add(seq[:5])
-    index.extend(sid, seq[5:])
-    for length in (1, 4):
+    split = rng.randint(1, 8)
+    sid = index.add(seq[:split])
+    index.extend(sid, seq[split:])
+    for length in (1, 3, 4):
         assert index.continuations(seq[-max_n:], sid, length) == brute_continuations(seq, min_n, max_n, length)[:64]
+        assert list(index.anchored_continuations(seq[-max_n:], sid, length)) == brute_anchors(seq, min_n, max_n,
+                                                                                              length)
 
 
 def test_the_tree_is_breadth_first_by_frequency_and_bounded():

@@ -314,3 +314,28 @@ def test_the_tune_command_refuses_a_kind_that_keeps_one_shape(capsys):
     assert err.startswith("specdec tune: error: draft kind 'mtp' runs on MultiLayerEagleWorkerV2") and "\n" not in err
     assert main(["--model", "stdlib-byte-6l", "--kind", "medusa"]) == 1
     assert "unknown draft kind 'medusa'" in capsys.readouterr().err
+
+
+def test_the_check_grid_measures_every_shape_in_turn_with_the_outputs_of_target_only(pair):
+    """`check_grid` (the goal's comparison, its batches taken in turn by every shape): a row per shape, the tuned
+    shape and adaptive at each bucket, each pass's figures summed from its batches as one decode of them all gives,
+    and every output target-only's."""
+    from specdec.bench.common import Run
+    from specdec.bench.tune import CHECK_GRID, FIXED_TREE, Measurer, check_grid
+    from specdec.ngram import NgramDraft
+    b, prompts = pair
+    draft = NgramDraft()
+    tuned = tuned_for(b.target, draft, {1: ((3, 1, 4), CANDIDATES[1:3]), 2: ((2, 2, 4), CANDIDATES[1:3])}, kind="ngram")
+    m = Measurer(b.target, draft, max_seq_len=64, max_new_tokens=6)
+    rows = []
+    out = check_grid(m, tuned, {"code": prompts}, [1, 2], 2, rows, Run("tune", "cpu"), "stdlib-byte-6l",
+                     progress=lambda *a: None)
+    assert set(out) == {("code", 1), ("code", 2)} and all(r["same_tokens"] for r in out.values())
+    for B in (1, 2):
+        labels = [r.label for r in rows if r.batch_size == B]
+        assert len(labels) == len(CHECK_GRID) + 3 and "target-only" in labels and "adaptive" in labels
+        assert all(r.same_tokens_as_target_only for r in rows if r.batch_size == B)
+        assert out["code", B]["best_grid"] in CHECK_GRID
+        tree = next(r for r in rows if r.batch_size == B and (r.num_steps, r.topk, r.num_draft_tokens) == FIXED_TREE)
+        whole = m.decode(FIXED_TREE, [prompts[i:i + B] for i in range(0, len(prompts), B)])
+        assert tree.mean_accept_len == round(whole["accept"], 4) and tree.num_prompts == len(prompts)

@@ -135,22 +135,26 @@ class Measurer:
     def decode(self, key, batches) -> dict:
         """-> tokens, decode steps, process CPU seconds, mean accepted length, the outputs."""
         e = self.engine(key, len(batches[0]))
-        cpu = steps = tokens = 0
-        outs, accepted = [], []
+        parts = []
         for batch in batches:
             c0 = time.process_time()
             out = e.generate(batch, self.params, seed=0)
-            cpu += time.process_time() - c0
-            steps += e.last_stats.num_decode_steps
-            tokens += e.last_stats.num_tokens
-            outs += out
-            accepted += [a for o in out for a in o.accept_lens]
-        return dict(tokens=tokens, steps=steps, cpu=cpu, outs=outs,
-                    accept=sum(accepted) / len(accepted) if accepted else 1.0,
-                    step_ms=1e3 * cpu / max(steps, 1), tokens_per_cpu_s=tokens / cpu if cpu else float("nan"))
+            parts.append(dict(tokens=e.last_stats.num_tokens, steps=e.last_stats.num_decode_steps,
+                              cpu=time.process_time() - c0, outs=out))
+        return combine_decodes(parts)
 
     def decode_median(self, key, batches, repeats: int) -> dict:
         return median_of([self.decode(key, batches) for _ in range(repeats)], key=lambda m: m["tokens_per_cpu_s"])
+
+
+def combine_decodes(parts: list[dict]) -> dict:
+    """Decodes of consecutive batches (each with tokens, steps, cpu, outs) -> one `Measurer.decode` result."""
+    tokens, steps, cpu = (sum(p[k] for p in parts) for k in ("tokens", "steps", "cpu"))
+    outs = [o for p in parts for o in p["outs"]]
+    accepted = [a for o in outs for a in o.accept_lens]
+    return dict(tokens=tokens, steps=steps, cpu=cpu, outs=outs,
+                accept=sum(accepted) / len(accepted) if accepted else 1.0,
+                step_ms=1e3 * cpu / max(steps, 1), tokens_per_cpu_s=tokens / cpu if cpu else float("nan"))
 
 
 def cost_features(shape) -> list[float]:
@@ -273,7 +277,8 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
 def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, repeats: int, rows_out: list,
                run: Run, model_name: str, progress=print) -> dict:
     """The goal's comparison on each named prompt set (not the tuning prompts): target-only, the 12-shape grid
-    (S5 K4 W16 among them), the tuned shape and adaptive speculation at each bucket, in turn within each repeat.
+    (S5 K4 W16 among them), the tuned shape and adaptive speculation at each bucket, in turn on every batch of
+    each repeat.
     -> per (prompt set, bucket) the ratios."""
     from ..draft_kinds import kind_of
     kind = kind_of(m.draft).name
@@ -284,9 +289,15 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
             batches = batches_of(prompts, B)
             keys = [None, *CHECK_GRID, tuned, adaptive]
             passes = {i: [] for i in range(len(keys))}
-            for r in range(repeats):  # in turn, each pass starting elsewhere: a drift of the machine hits all alike
-                for i in [(j + r * len(keys) // repeats) % len(keys) for j in range(len(keys))]:
-                    passes[i].append(m.decode(keys[i], batches))
+            for r in range(repeats):
+                # in turn on every batch, each pass starting elsewhere: a drift of the machine hits all alike
+                order = [(j + r * len(keys) // repeats) % len(keys) for j in range(len(keys))]
+                parts = {i: [] for i in order}
+                for batch in batches:
+                    for i in order:
+                        parts[i].append(m.decode(keys[i], [batch]))
+                for i in order:
+                    passes[i].append(combine_decodes(parts[i]))
             med = {i: median_of(p, key=lambda r: r["tokens_per_cpu_s"]) for i, p in passes.items()}
             base = med[0]
             for i, key in enumerate(keys):
