@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from .. import Engine, SamplingParams, SpecConfig
 from ..contract import NO_DRAFT, max_num_draft_tokens
@@ -143,8 +144,23 @@ class Measurer:
                               cpu=time.process_time() - c0, outs=out))
         return combine_decodes(parts)
 
-    def decode_median(self, key, batches, repeats: int) -> dict:
-        return median_of([self.decode(key, batches) for _ in range(repeats)], key=lambda m: m["tokens_per_cpu_s"])
+    def decode_in_turn(self, keys: list, batches, repeats: int, desc: str = "") -> list[dict]:
+        """Each of `keys` decoding `batches`, `repeats` passes: the keys take turns on every batch and each pass
+        starts at another key, so that a drift of the machine's speed lands on all of them alike -> per key its
+        median pass by tokens per CPU second (a `decode` result)."""
+        passes = [[] for _ in keys]
+        with tqdm(total=repeats * len(batches) * len(keys), desc=desc or "in turn", file=sys.stderr,
+                  leave=False, disable=not desc) as bar:
+            for r in range(repeats):
+                order = [(j + r * len(keys) // repeats) % len(keys) for j in range(len(keys))]
+                parts = {i: [] for i in order}
+                for batch in batches:
+                    for i in order:
+                        parts[i].append(self.decode(keys[i], [batch]))
+                        bar.update()
+                for i in order:
+                    passes[i].append(combine_decodes(parts[i]))
+        return [median_of(p, key=lambda res: res["tokens_per_cpu_s"]) for p in passes]
 
 
 def combine_decodes(parts: list[dict]) -> dict:
@@ -188,7 +204,6 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
     `acceptance_prompts` of `tune_prompts` (all by default), costs at batch B on all of them. Every figure is process
     CPU time at the current thread count."""
     from ..draft_kinds import kind_of
-    from tqdm import tqdm
 
     shapes = list(shapes or candidate_shapes())
     kind = kind_of(draft).name
@@ -245,9 +260,7 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
                                                              for k in sorted({s[1] for s in shapes})]
                                         + [next(s for s in ranked if s[0] == d)
                                            for d in sorted({s[0] for s in shapes})]))
-        measured = {}
-        for shape in tqdm(to_confirm, desc=f"confirm (B={B})", file=sys.stderr, leave=False):
-            measured[shape] = m.decode_median(shape, batches, repeats)
+        measured = dict(zip(to_confirm, m.decode_in_turn(to_confirm, batches, repeats, desc=f"confirm (B={B})")))
         best = max(measured, key=lambda s: measured[s]["tokens_per_cpu_s"])
         for shape in ranked:
             if shape in measured:
@@ -288,17 +301,7 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
         for B in batch_sizes:
             batches = batches_of(prompts, B)
             keys = [None, *CHECK_GRID, tuned, adaptive]
-            passes = {i: [] for i in range(len(keys))}
-            for r in range(repeats):
-                # in turn on every batch, each pass starting elsewhere: a drift of the machine hits all alike
-                order = [(j + r * len(keys) // repeats) % len(keys) for j in range(len(keys))]
-                parts = {i: [] for i in order}
-                for batch in batches:
-                    for i in order:
-                        parts[i].append(m.decode(keys[i], [batch]))
-                for i in order:
-                    passes[i].append(combine_decodes(parts[i]))
-            med = {i: median_of(p, key=lambda r: r["tokens_per_cpu_s"]) for i, p in passes.items()}
+            med = dict(enumerate(m.decode_in_turn(keys, batches, repeats)))
             base = med[0]
             for i, key in enumerate(keys):
                 if key is None:
