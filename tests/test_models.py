@@ -112,6 +112,21 @@ def test_prepacked_cpu_linear_equals_f_linear(shape, bias):
         linear.set_cpu_linear_backend("auto")
 
 
+def test_a_model_built_under_inference_mode_runs_on_either_backend():
+    """Weights made under torch.inference_mode are inference tensors, which keep no version counter: the oneDNN
+    path's packed copy must not ask for one (a RuntimeError before)."""
+    from specdec.models import linear
+    try:
+        for mode in ("onednn", "mkl"):
+            linear.set_cpu_linear_backend(mode)
+            with torch.inference_mode():
+                lin = linear.Linear(48, 37, bias=False)
+                x = torch.randn(4, 48)
+                torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
+    finally:
+        linear.set_cpu_linear_backend("auto")
+
+
 def test_auto_cpu_linear_measures_once_per_shape_and_row_bucket(monkeypatch):
     """"auto" times both backends at the first use of a (shape, row bucket), caches the winner, and every
     choice computes F.linear's product; "mkl" never packs; a bad mode is a ValueError."""
@@ -197,6 +212,44 @@ def test_attention_plan_must_match_its_call():
         reference.tree_attention(q, kc, vc, slots, start, 0, None, 8, 0.5, plan={"visible": None})
     with pytest.raises(ValueError, match="attn_len=17 exceeds"):
         reference.plan_tree_attention(slots, start, 0, None, 17, T, S)
+
+
+def _attention_per_token(q, kc, vc, slot, start, write_offset, tree_mask, scale):
+    """One request's attention written out token by token: q (T, Hq, D) over its committed keys and the in-flight
+    ones its tree row (or causality) lets it see -> (T, Hq, D)."""
+    T, Hq, D = q.shape
+    group = Hq // kc.shape[2]
+    out = torch.empty_like(q)
+    for t in range(T):
+        seen = [r for r in range(write_offset + T)
+                if (tree_mask[t, r] if tree_mask is not None else r <= write_offset + t)]
+        cols = list(range(start)) + [start + r for r in seen]
+        for h in range(Hq):
+            keys, values = kc[slot, cols, h // group], vc[slot, cols, h // group]
+            out[t, h] = torch.softmax(keys @ q[t, h] * scale, 0) @ values
+    return out
+
+
+@pytest.mark.parametrize("T, tree, spare", [(1, False, 0), (1, False, 3), (4, True, 0), (4, False, 2), (1, True, 0)])
+def test_one_requests_attention_equals_it_written_out_per_token(T, tree, spare):
+    """reference.tree_attention for one request, causal or over a tree, with an exact attn_len or one `spare` keys
+    too long: the output equals attention written out per token, and the NaN the cache holds past the request and
+    in the other slots does not reach it."""
+    Hq, Hkv, D, S, start, wo = 4, 2, 8, 24, 6, 1
+    g = torch.Generator().manual_seed(T + spare)
+    kc, vc = torch.full((3, S, Hkv, D), float("nan")), torch.full((3, S, Hkv, D), float("nan"))
+    slot = 2
+    n = start + wo + T
+    kc[slot, :n], vc[slot, :n] = torch.randn(n, Hkv, D, generator=g), torch.randn(n, Hkv, D, generator=g)
+    q = torch.randn(1, T, Hq, D, generator=g)
+    mask = None
+    if tree:  # random ancestors; every token sees itself
+        mask = torch.rand(1, T, wo + T, generator=g) < 0.6
+        mask[0, torch.arange(T), wo + torch.arange(T)] = True
+    slots, starts = torch.tensor([slot]), torch.tensor([start])
+    out = reference.tree_attention(q, kc, vc, slots, starts, wo, mask, n + spare, 0.3)
+    expected = _attention_per_token(q[0], kc, vc, slot, start, wo, None if mask is None else mask[0], 0.3)
+    torch.testing.assert_close(out[0], expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("impl", ["reference", "fast"])

@@ -94,8 +94,8 @@ class Linear(nn.Linear):
         # a tenth of a small layer's product on a CPU
         params = self._parameters
         weight = params["weight"]
-        if (x.dtype is torch.float32 and weight.dtype is torch.float32 and x.device.type == "cpu"
-                and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+        if (x.is_cpu and x.dtype is torch.float32 and weight.dtype is torch.float32 and not torch.is_grad_enabled()
+                and not torch.compiler.is_compiling()):
             rows = x.numel() // self.in_features
             if _state["mode"] != "mkl" and rows and self._route(rows) == "onednn":
                 return self._onednn(x)
@@ -113,7 +113,9 @@ class Linear(nn.Linear):
 
     def _route(self, rows: int) -> str:
         """`backend_for(rows)`, remembered per layer and mode ("mkl" where this torch has no oneDNN linear ops)."""
-        routes = self.__dict__.setdefault("_routes", {})
+        routes = self.__dict__.get("_routes")
+        if routes is None:
+            routes = self.__dict__["_routes"] = {}
         key = (_state["mode"], rows)
         backend = routes.get(key)
         if backend is None:
@@ -153,7 +155,8 @@ class Linear(nn.Linear):
 
     def _prepacked_weight(self) -> torch.Tensor:
         w = self.weight
-        key = (w.data_ptr(), w._version, tuple(w.shape))
+        # an inference tensor (a model built under torch.inference_mode) keeps no version counter
+        key = (w.data_ptr(), None if w.is_inference() else w._version, tuple(w.shape))
         if self._packed_key != key:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
             self._packed_key = key
