@@ -5,7 +5,7 @@ matmul instead of three (two) per layer. State dicts keep Hugging Face's separat
 directions (`load_state_dict` fuses, `state_dict` splits), so checkpoints are unchanged.
 
 Inside a layer, submodules are run through `.forward`, not called: `nn.Module.__call__` costs about 3 us, and a
-decode layer of a small model on a CPU makes seven such calls in about 300 us. Hooks on a submodule of a layer do
+decode layer of a small model on a CPU makes eight such calls in about 300 us. Hooks on a submodule of a layer do
 not fire; hooks on the layers and the model do.
 """
 from __future__ import annotations
