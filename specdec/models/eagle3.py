@@ -88,9 +88,10 @@ class Eagle3MidLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
 
     def forward(self, embeds, hidden, cos, sin, kv_cache=None, meta=None):
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        h = hidden + self.self_attn(x, cos, sin, kv_cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        # submodules through .forward, as LlamaDecoderLayer's (specdec/models/layers.py says why)
+        x = torch.cat([self.input_layernorm.forward(embeds), self.hidden_norm.forward(hidden)], dim=-1)
+        h = hidden + self.self_attn.forward(x, cos, sin, kv_cache, meta)
+        return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
 
 
 class Eagle3DraftHead(DraftHeadBase):
