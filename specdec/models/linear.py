@@ -113,9 +113,7 @@ class Linear(nn.Linear):
 
     def _route(self, rows: int) -> str:
         """`backend_for(rows)`, remembered per layer and mode ("mkl" where this torch has no oneDNN linear ops)."""
-        routes = self.__dict__.get("_routes")
-        if routes is None:
-            routes = self.__dict__["_routes"] = {}
+        routes = self.__dict__.setdefault("_routes", {})
         key = (_state["mode"], rows)
         backend = routes.get(key)
         if backend is None:
