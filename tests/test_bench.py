@@ -261,7 +261,28 @@ def test_target_step_times_trees_and_transformers(tmp_path):
     (path,) = tmp_path.glob("target-step-*.csv")
     rows = list(csv.DictReader(path.open()))
     assert [r["tree"] for r in rows] == ["this", TRANSFORMERS]
-    assert all(float(r["target_only_step_ms"]) > 0 for r in rows)
+    assert all(float(r["decode_step_ms"]) > 0 and r["worker"] == "target-only" for r in rows)
+
+
+def test_target_step_times_a_speculative_workers_step_and_refuses_a_bad_shape(tmp_path):
+    """With --draft and --spec the tree's rows time that worker's decode step; a shape SpecConfig refuses, or a
+    --draft without --spec, stops before any tree runs."""
+    from pathlib import Path
+
+    from specdec.bench.target_step import main
+    tree = str(Path(__file__).resolve().parents[1])
+    assert main(["--trees", tree, "--labels", "this", "--model", "stdlib-byte-6l", "--draft", "eagle", "--spec",
+                 "2,2,4", "--rounds", "1", "--prompts", "1", "--tokens", "8", "--repeats", "1",
+                 "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("target-step-*.csv")
+    (row,) = list(csv.DictReader(path.open()))
+    assert row["worker"] == "eagle S2 K2 W4" and float(row["decode_step_ms"]) > 0
+    with pytest.raises(ValueError, match="num_draft_tokens=9"):
+        main(["--trees", tree, "--draft", "eagle", "--spec", "2,2,9", "--out", str(tmp_path / "bad")])
+    for bad in (["--draft", "eagle"], ["--draft", "eagle", "--spec", "2,2"]):
+        with pytest.raises(SystemExit):
+            main(["--trees", tree, *bad, "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
 
 
 def test_heads_bench_compares_a_swapped_head(capsys):

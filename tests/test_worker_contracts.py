@@ -2,6 +2,7 @@
 device), steps without length syncs, stop tokens inside an accepted window, the CUDA-graph buffers, identical op
 shapes per step, scaled ropes."""
 import importlib
+import threading
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 import reference
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_llama, random_mtp
+from specdec.checks import calls_are_trusted, trusted_calls
 from specdec.contract import TreeAttentionPlan
 from specdec.workers import EagleWorkerV2, MultiLayerEagleWorkerV2
 from tests.equivalence import no_host_sync
@@ -282,6 +284,86 @@ def test_decode_steps_have_identical_op_shapes(kind, impl):
     assert all(calls == per_step[0] for calls in per_step[1:])
     if kind != "target-only":
         assert len(accepted) > 1  # the steps accepted different lengths
+
+
+class _TrustRecordingOps:
+    """An ops module that records, per op call, whether the call ran inside `checks.trusted_calls`."""
+
+    def __init__(self, ops):
+        self._ops = ops
+        self.trusted = []
+
+    def __getattr__(self, name):
+        fn = getattr(self._ops, name)
+
+        def recorded(*args, **kwargs):
+            self.trusted.append(calls_are_trusted())
+            return fn(*args, **kwargs)
+
+        return recorded
+
+
+@pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp"])
+def test_a_kind_of_steps_first_decode_checks_its_op_calls_and_the_rest_skip_the_checks(kind):
+    """Each kind of step (batch size, sampling flags, shape, grammar) runs its first decode body with the ops'
+    argument checks and later ones without; a new batch size or new sampling flags is checked again."""
+    ops = _TrustRecordingOps(reference)
+    w = _unbound_worker(kind, near_bigram_target(seed=3, mix=0.5), ops, max_batch=2, max_seq_len=96)
+
+    def steps(n):
+        seen = []
+        for _ in range(n):
+            ops.trusted = []
+            w.decode_step()
+            assert ops.trusted and len(set(ops.trusted)) == 1  # every op call of one body alike
+            seen.append(ops.trusted[0])
+        return seen
+
+    w.prefill([[1, 2, 3], [4, 5]], [SamplingParams(max_new_tokens=30)] * 2, seed=0)
+    assert steps(3) == [False, True, True]
+    w.filter([0])  # one request left: a new batch size
+    assert steps(2) == [False, True]
+    w.finish()
+    w.prefill([[1, 2, 3]], [SamplingParams(max_new_tokens=30, temperature=0.7)], seed=0)  # new sampling flags
+    assert steps(2) == [False, True]
+    w.finish()
+    w.prefill([[6, 7]], [SamplingParams(max_new_tokens=30)], seed=0)  # greedy at B = 1 again: already checked
+    assert steps(1) == [True]
+    assert not calls_are_trusted()
+
+
+def test_trusted_calls_cover_only_their_own_block_and_thread():
+    """A bad op call outside the block, after an exception left it, or from another thread while it is open,
+    still raises its ValueError; inside it, the same call is not checked."""
+    def bad_call():
+        reference.select_top_k_tokens(0, torch.rand(2, 3), torch.zeros(2, 2, dtype=torch.int64), torch.rand(2, 4),
+                                      None, 3)
+
+    with pytest.raises(ValueError, match="topk_index must have shape"):
+        bad_call()
+    with trusted_calls():
+        try:
+            bad_call()
+        except ValueError:
+            raise AssertionError("checked inside trusted_calls()") from None
+        except Exception:  # what the unchecked op itself makes of the bad shapes
+            pass
+        errors = []
+        thread = threading.Thread(target=lambda: errors.append(pytest.raises(ValueError, bad_call)))
+        thread.start()
+        thread.join()
+        assert len(errors) == 1
+        with trusted_calls(False):
+            with pytest.raises(ValueError, match="topk_index must have shape"):
+                bad_call()
+    with pytest.raises(RuntimeError), trusted_calls():
+        raise RuntimeError
+    with pytest.raises(ValueError, match="topk_index must have shape"):
+        bad_call()
+    engine = Engine(near_bigram_target(seed=3), impl="reference", max_seq_len=32)
+    engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="topk_index must have shape"):
+        bad_call()
 
 
 @pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},

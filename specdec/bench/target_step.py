@@ -1,13 +1,15 @@
-"""One target-only decode step's process CPU time, side by side for several source trees of specdec (a change and
-the commit before it), in one run: `python -m specdec.bench.target_step --trees BEFORE,AFTER`.
+"""One decode step's process CPU time, side by side for several source trees of specdec (a change and the commit
+before it), in one run: `python -m specdec.bench.target_step --trees BEFORE,AFTER`. Target-only by default; with
+`--draft eagle --spec 5,2,12` a speculative worker's step (the pair's zoo draft of that name, that shape).
 
 Each tree is timed in a fresh process (`PYTHONPATH=<tree>`), the trees alternating round by round so that the
 machine's drift falls on both alike. A process decodes held-out prompts of the asked pair at B = 1 on the reference
 path and takes a decode step's CPU time as the difference of a long and a short decode over the decode steps they
 differ by (the prefill cancels), as `specdec.bench.draft_step_cost` does; the row is the median over its repeats.
-With `--transformers`, transformers' greedy `generate` on the pair's target directory is timed the same way in
-every round. Writes results/target-step-<run_id>.csv: one row per (tree, round), and prints each tree's median over
-rounds (and its speed relative to transformers').
+With `--transformers`, transformers' greedy target-only `generate` on the pair's target directory is timed the same
+way in every round. Writes results/target-step-<run_id>.csv: one row per (tree, round), and prints each tree's
+median over rounds (and its speed relative to transformers': for a speculative worker, per decode step, not per
+token).
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from ..config import SpecConfig
 
 #: what each timed process runs after its setup, which defines `prompts` and `decode(prompt, n) -> decode steps`:
 #: a decode step's CPU time as the difference of a long and a 2-token decode (the prefill cancels)
@@ -40,16 +44,19 @@ per_step.sort()
 print(json.dumps({"step_ms": 1e3 * per_step[len(per_step) // 2], "steps": sl - ss}))
 """
 
-#: specdec's setup: only the public API, present in every tree
+#: specdec's setup: only the public API, present in every tree (argv 5 and 6: the draft's bundle name and the
+#: shape "S,K,W", or "-" for target-only)
 _MEASURE = r"""
 import json, sys, time, torch
 torch.set_num_threads(1)
-from specdec import Engine, SamplingParams, zoo
+from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.zoo.corpus import heldout_prompts
 name, n_prompts, long_n, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-target = zoo.load(name).target
+bundle = zoo.load(name)
+draft = None if sys.argv[5] == "-" else getattr(bundle, sys.argv[5])
+spec = None if draft is None else SpecConfig(*(int(v) for v in sys.argv[6].split(",")))
 prompts = heldout_prompts(n_prompts, 64, seed=0)
-engine = Engine(target, max_batch=1, max_seq_len=64 + long_n + 64, impl="reference")
+engine = Engine(bundle.target, draft=draft, spec=spec, max_batch=1, max_seq_len=64 + long_n + 64, impl="reference")
 def decode(p, n):
     engine.generate([p], SamplingParams(max_new_tokens=n))
     return engine.last_stats.num_decode_steps
@@ -76,9 +83,11 @@ def decode(p, n):
 TRANSFORMERS = "transformers"
 
 
-def measure(tree: str, model: str, prompts: int, tokens: int, repeats: int, script: str = _MEASURE) -> dict:
+def measure(tree: str, model: str, prompts: int, tokens: int, repeats: int, script: str = _MEASURE,
+            draft: str | None = None, spec: str | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()), OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", script, model, str(prompts), str(tokens), str(repeats)], env=env,
+    args = [model, str(prompts), str(tokens), str(repeats), draft or "-", spec or "-"]
+    out = subprocess.run([sys.executable, "-c", script, *args], env=env,
                          capture_output=True, text=True, check=True, cwd=str(Path(tree).resolve()))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -94,8 +103,23 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="results")
     p.add_argument("--transformers", action="store_true",
-                   help="also time transformers' greedy generate on the pair's target, in every round")
+                   help="also time transformers' greedy target-only generate on the pair's target, in every round")
+    p.add_argument("--draft", default=None,
+                   help="time a speculative worker's step instead: the zoo bundle's draft of this name (eagle, "
+                        "eagle3, draft_lm, mtp, ...), with --spec")
+    p.add_argument("--spec", default=None, help="the worker's shape as num_steps,topk,num_draft_tokens (with --draft)")
     a = p.parse_args(argv)
+    if (a.draft is None) != (a.spec is None):
+        p.error("--draft and --spec go together")
+    if a.spec is not None:
+        try:
+            shape = [int(v) for v in a.spec.split(",")]
+        except ValueError:
+            shape = []
+        if len(shape) != 3:
+            p.error(f"--spec must be num_steps,topk,num_draft_tokens (three integers), got {a.spec!r}")
+        SpecConfig(*shape)  # a bad shape is refused here, before any tree runs
+    worker = "target-only" if a.draft is None else f"{a.draft} S{shape[0]} K{shape[1]} W{shape[2]}"
     trees = a.trees.split(",")
     labels = a.labels.split(",") if a.labels else trees
     scripts = [_MEASURE] * len(trees)
@@ -105,9 +129,12 @@ def main(argv=None) -> int:
     rows = []
     for r in range(a.rounds):
         for tree, label, script in zip(trees, labels, scripts):
-            m = measure(tree, a.model, a.prompts, a.tokens, a.repeats, script)
+            spec_worker = script is _MEASURE
+            m = measure(tree, a.model, a.prompts, a.tokens, a.repeats, script,
+                        a.draft if spec_worker else None, a.spec if spec_worker else None)
             rows.append({"run_id": run_id, "tree": label, "round": r, "model": a.model, "threads": 1,
-                         "target_only_step_ms": round(m["step_ms"], 4),
+                         "worker": worker if spec_worker else "target-only",
+                         "decode_step_ms": round(m["step_ms"], 4),
                          "load_average_1min": round(os.getloadavg()[0], 2)})
             print(json.dumps(rows[-1]), flush=True)
     path = Path(a.out) / f"target-step-{run_id}.csv"
@@ -116,11 +143,12 @@ def main(argv=None) -> int:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    medians = {label: statistics.median(r["target_only_step_ms"] for r in rows if r["tree"] == label)
+    medians = {label: statistics.median(r["decode_step_ms"] for r in rows if r["tree"] == label)
                for label in labels}
     for label, ms in medians.items():
         versus = f" ({medians[TRANSFORMERS] / ms:.3f}x transformers' speed)" if TRANSFORMERS in medians else ""
-        print(f"{label}: median {ms:.4f} ms per target-only decode step{versus}")
+        kind = "target-only" if label == TRANSFORMERS else worker
+        print(f"{label}: median {ms:.4f} ms per {kind} decode step{versus}")
     print(path)
     return 0
 

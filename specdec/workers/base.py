@@ -16,6 +16,7 @@ import torch
 
 from ..config import SamplingParams, SpecConfig
 from ..contract import NO_DRAFT
+from ..checks import trusted_calls
 from ..draft_kinds import kind_of
 from ..kv_cache import KVCache
 from ..logprob_types import LogitsOutput, SamplingInfo, SpecBatch
@@ -179,6 +180,8 @@ class WorkerBase(LogitShaping):
         self.target_features: tuple[int, ...] | None = None
         #: the requests' grammar matchers (`specdec.grammar.GrammarBatch`), None when no request has a grammar
         self.grammar = None
+        #: the `step_kind`s whose decode body has run with the ops' argument checks on
+        self._checked_step_kinds: set[tuple] = set()
 
     # ---- request lifecycle -------------------------------------------------------------------
     @property
@@ -247,9 +250,20 @@ class WorkerBase(LogitShaping):
 
     # ---- one decode step: host prologue, device body (capturable), host epilogue --------------
     def decode_step(self) -> StepOutput:
-        """One decode step for every request in the batch."""
+        """One decode step for every request in the batch. Its body runs the ops' argument checks the first time
+        its kind of step (`step_kind`) runs, and runs inside `trusted_calls` afterwards (`specdec.checks`)."""
         self.prepare_decode()
-        return self.finish_decode(self.decode_body())
+        kind = self.step_kind
+        with trusted_calls(kind in self._checked_step_kinds):
+            step = self.decode_body()
+        self._checked_step_kinds.add(kind)
+        return self.finish_decode(step)
+
+    @property
+    def step_kind(self) -> tuple:
+        """What fixes the shapes of every op call in a decode body: the batch size, the sampling flags, the step
+        shape and whether a grammar masks the step (a CUDA graph is captured per value of the first three)."""
+        return (self.state.seq_lens.shape[0], *self.sampling.flags, *self.step_shape, self.grammar is not None)
 
     @property
     def uniforms_per_step(self) -> int:
