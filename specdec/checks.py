@@ -12,7 +12,7 @@ checks cost no host synchronisation inside a decode step.
 Inside `trusted_calls()` the tensor, integer and real checks pass their value through without looking at it.
 A worker runs a decode step that way once the same kind of step (batch size, sampling flags, step shape, grammar)
 has run checked: its op calls then repeat shapes that already passed, as a replayed CUDA graph repeats them, and
-the checks' Python would be about 5 % of a small model's decode step on a CPU.
+the checks' Python costs a few percent of a small model's decode step on a CPU.
 """
 from __future__ import annotations
 
