@@ -36,7 +36,8 @@ _TRUSTED = contextvars.ContextVar("specdec_trusted_calls", default=False)
 
 class trusted_calls:
     """`with trusted_calls(on):` -- when `on`, `check_tensor`, `check_int` and `check_real` return their value
-    unchecked inside the block (in this thread or task only); when not, the block is checked as anywhere else.
+    unchecked inside the block (in this thread or task only), and the attention ops' once-per-plan checks
+    (`check_attention_call`, `check_rope_kv_call`) return q's shape; when not, the block is checked as anywhere else.
     For a caller whose op calls repeat argument shapes that already passed the checks (see the module docstring)."""
 
     __slots__ = ("on", "_token")
