@@ -205,8 +205,39 @@ def test_a_short_proposal_is_verified_in_the_narrowest_width_that_holds_it(small
     outs = engine.generate(prompts[:2], logprob_params(32))
     ref = Engine(small.target, max_seq_len=320).generate(prompts[:2], logprob_params(32))
     assert_same_as_baseline(outs, ref)
-    widths = {key[-1] for key in graphs.entries}
+    widths = {key[-2] for key in graphs.entries}
     assert len(widths) > 1 and widths <= {1, 2, 4, 8, 11}  # one set of static buffers per width seen
+
+
+def test_an_ngram_step_moves_kv_in_its_commit_only_when_a_tree_branches():
+    """topk = 1 bounds each anchor's children, but a shorter anchor can still add a sibling: a step skips the commit
+    exactly when every verify tree it sent up is a chain in index order (no sibling links, node i's child i + 1),
+    and the output stays target-only's."""
+    from specdec.models import random_llama
+    target = random_llama(vocab_size=6, hidden_size=32, num_hidden_layers=2, seed=7)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(6) for _ in range(60)] for _ in range(3)]
+    engine = Engine(target, draft=NgramDraft(), spec=SpecConfig(4, 1), max_seq_len=128)
+    w = engine.worker
+    commits, steps = [], []
+    commit = w.cache.commit
+    w.cache.commit = lambda *a: (commits.append(1), commit(*a))
+    decode = engine._decode
+
+    def recorded():
+        commits.clear()
+        out = decode()
+        nxt, sib = w.state.ngram_next_token, w.state.ngram_next_sibling
+        node = torch.arange(nxt.shape[1])
+        chain = bool((sib < 0).all() and ((nxt < 0) | (nxt == node + 1)).all())
+        steps.append((chain, len(commits)))
+        return out
+
+    engine._decode = recorded
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=40))
+    ref = Engine(target, max_seq_len=128).generate(prompts, SamplingParams(max_new_tokens=40))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    assert set(steps) == {(True, 0), (False, 1)}
 
 
 def test_ngram_under_penalties_grammars_and_a_ragged_mixed_batch(small, prompts):

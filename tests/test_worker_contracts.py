@@ -361,6 +361,36 @@ def test_trusted_calls_cover_only_their_own_block_and_thread():
         bad_call()
 
 
+@pytest.mark.parametrize("kind, spec", [("eagle", SpecConfig(3, 1)), ("mtp", SpecConfig(3)),
+                                        ("eagle", SpecConfig(3, 2, 6))], ids=str)
+def test_only_a_step_whose_tree_branches_moves_kv_in_its_commit(kind, spec, monkeypatch):
+    """A chain's accepted path is nodes 0..a, whose KV the verify wrote in place: its steps skip the commit, and
+    every layer's cache ends bitwise equal to that of a run that commits every step. A branching tree commits."""
+    target = near_bigram_target(seed=3, mix=0.5)
+    draft = perfect_drafts_by_kind(target)[kind][0]
+    params = [logprob_params(temperature=0.7, top_k=5, top_p=0.9), logprob_params(max_new=30)]
+
+    def run(commit_always):
+        ops = _RecordingOps(reference)
+        cls = EagleWorkerV2 if kind == "eagle" else MultiLayerEagleWorkerV2
+        w = cls(target, draft, spec, ops, max_batch=2, max_seq_len=96)
+        if commit_always:
+            monkeypatch.setattr(type(w), "accepts_in_place", property(lambda self: False))
+        w.prefill([[1, 2, 3], [4, 5]], params, seed=0)
+        ops.calls, accepted = [], []
+        for _ in range(5):
+            accepted.append(w.decode_step().accept_lens.tolist())
+        monkeypatch.undo()
+        return w.cache.kv.clone(), [c[0] for c in ops.calls].count("commit_kv_cache"), accepted
+
+    kv, commits, accepted = run(commit_always=False)
+    assert commits == (0 if spec.topk == 1 else 5)
+    kv_committed, commits_forced, accepted_forced = run(commit_always=True)
+    assert commits_forced == 5 and accepted_forced == accepted and len({a for s in accepted for a in s}) > 1
+    if spec.topk == 1:
+        assert torch.equal(kv, kv_committed)
+
+
 @pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
                                   {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 16}])

@@ -519,6 +519,14 @@ class SpeculativeWorkerBase(WorkerBase):
         raise NotImplementedError
 
     @property
+    def accepts_in_place(self) -> bool:
+        """Whether this step's verify tree is a chain in index order (node i at depth i, as every topk = 1 tree is):
+        its accepted path is then nodes 0..a, whose KV the verify forward already wrote at seq_len + 0..a, and the
+        commit has nothing to move (SGLang skips the move for topk = 1 as well). Fixed per step shape, so that a
+        shape keeps one step body (and one CUDA graph)."""
+        return self.topk == 1
+
+    @property
     def uniforms_per_step(self) -> int:
         # a coin per tree node and one for the bonus token, drawn only when some request samples
         return 0 if self.sampling.all_greedy else self.num_draft_tokens + 1
@@ -573,7 +581,8 @@ class SpeculativeWorkerBase(WorkerBase):
             predict = torch.where(g.repeat_interleave(W), greedy[0], sampled[0])
             accept_index = torch.where(g[:, None], greedy[1], sampled[1])
             accept_length = torch.where(g, greedy[2], sampled[2])
-        self.cache.commit(self.ops, st.slots, st.seq_lens, accept_index, W)
+        if not self.accepts_in_place:
+            self.cache.commit(self.ops, st.slots, st.seq_lens, accept_index, W)
         accept_lens = accept_length + 1
         st.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
         step = StepOutput(predict, accept_index, accept_lens, LogitsOutput(next_token_logits=logits.view(B * W, -1)),

@@ -82,6 +82,7 @@ class NgramWorker(SpeculativeWorkerBase):
             self.depth = min(self.num_steps, self.draft_model.branch_length)
             self.breadth = min(self.topk, self.draft_model.max_bfs_breadth)
         self.verify_width = self.num_draft_tokens
+        self.chains = True
 
     @property
     def kv_margin(self) -> int:
@@ -162,6 +163,8 @@ class NgramWorker(SpeculativeWorkerBase):
                 roots.append(seq[-1])
                 committed.append(len(seq) - 1)  # the root (last token) is not committed yet
             self.verify_width = self.width_for(max(len(t) for t in trees) + 1)
+            # a later anchor can branch even a breadth-1 tree: whether the commit has nothing to move is read here
+            self.chains = all(parent == i for t in trees for i, (_, parent) in enumerate(t))
             host = verify_input(roots, trees, committed, self.verify_width)
             for name, tensor in zip(VERIFY_INPUT, host):
                 setattr(st, name, tensor.to(self.device, non_blocking=True))
@@ -193,7 +196,12 @@ class NgramWorker(SpeculativeWorkerBase):
 
     @property
     def step_shape(self) -> tuple:
-        return (self.verify_width,)
+        return (self.verify_width, self.chains)
+
+    @property
+    def accepts_in_place(self) -> bool:
+        """Every request's proposal is a chain in index order (`prepare_decode` reads it from the host trees)."""
+        return self.chains
 
     def draft(self) -> EagleVerifyInput:
         st = self.state
