@@ -93,7 +93,7 @@ class Engine:
             if draft is None:
                 raise ValueError(f"tuned file {self.tuned.path}: a tuned spec needs the draft it was tuned with")
             self.tuned.check_pair(target, draft)
-            spec = next(shape_spec(s) for s in self.tuned.shapes() if s != NO_DRAFT)
+            spec = shape_spec(self.tuned.drafting_shape)
         self.spec = spec
         self.impl = self._resolve_impl(impl, target.device)
         ops = self._ops_module(self.impl)
@@ -135,7 +135,7 @@ class Engine:
             fields = [("shape", bucket.shape)] + [(f"candidates[{i}].shape", c.shape)
                                                   for i, c in enumerate(bucket.candidates)]
             for name, shape in fields:
-                if shape == NO_DRAFT or (not tuned.adaptive and name != "shape"):
+                if shape == NO_DRAFT or (not tuned.adaptive and name != "shape" and shape != tuned.drafting_shape):
                     continue
                 try:
                     worker.check_shape(shape_spec(shape))

@@ -17,8 +17,9 @@ The file (`FORMAT`):
      "buckets": {"<batch size>": {"shape": SHAPE,
                                   "candidates": [{"shape": SHAPE, "mean_accept_len": float, "step_ms": float}, ...]}}}
 with SHAPE = {"num_steps": int, "topk": int, "num_draft_tokens": int}. A bucket serves batches up to its size (the
-largest serves bigger ones); its candidates are what adaptive speculation chooses among (step_ms at that batch size,
-mean_accept_len per request and step, bonus token included).
+largest serves bigger ones); its shape may be no draft (SHAPE of `NO_DRAFT`), where the tuner measured no drafting
+shape beating it at that batch size, and some candidate of the file must draft; its candidates are what adaptive
+speculation chooses among (step_ms at that batch size, mean_accept_len per request and step, bonus token included).
 """
 from __future__ import annotations
 
@@ -178,9 +179,10 @@ class TunedSpec:
                                         number(c, "mean_accept_len", cw), number(c, "step_ms", cw)))
             if best not in [c.shape for c in parsed]:
                 raise bad(f"{where}.shape", f"{shape_name(best)} must be one of the bucket's candidates")
-            if best == NO_DRAFT:
-                raise bad(f"{where}.shape", "must draft (no draft is a candidate for adaptive speculation only)")
             buckets[int(key)] = Bucket(best, tuple(parsed))
+        if all(c.shape == NO_DRAFT for b in buckets.values() for c in b.candidates):
+            raise bad("buckets", "hold no drafting shape: a file whose every candidate is no draft is target-only "
+                                 "decoding (run without a draft)")
         known = {"format", "target", "draft", "machine", "buckets"}
         return cls(dict(target), dict(draft), dict(machine), dict(sorted(buckets.items())), adaptive, path,
                    {k: v for k, v in data.items() if k not in known})
@@ -210,11 +212,19 @@ class TunedSpec:
         return next((b for size, b in self.buckets.items() if size >= batch_size), list(self.buckets.values())[-1])
 
     def shapes(self) -> list[Shape]:
-        """Every shape the engine may run with this file: the buckets' best, and with `adaptive` their candidates."""
-        out = []
+        """Every shape the engine may run with this file: `drafting_shape` first, the buckets' best, and with
+        `adaptive` their candidates."""
+        out = [self.drafting_shape]
         for b in self.buckets.values():
             out += [b.shape] + ([c.shape for c in b.candidates] if self.adaptive else [])
         return list(dict.fromkeys(out))
+
+    @property
+    def drafting_shape(self) -> Shape:
+        """The worker's own SpecConfig's shape: the first bucket's best that drafts, else the first drafting candidate
+        (a file may tune every bucket to no draft, where no shape beat it: its batches then decode target-only)."""
+        best = [b.shape for b in self.buckets.values()]
+        return next(s for s in best + [c.shape for b in self.buckets.values() for c in b.candidates] if s != NO_DRAFT)
 
     def check_pair(self, target, draft) -> None:
         """ValueError naming the field when this file was tuned for another target or draft."""

@@ -72,6 +72,25 @@ def test_tuned_and_adaptive_decoding_equal_target_only(pair, tmp_path, adaptive)
             assert set(engine.last_stats.step_shapes) == {(3, 1, 4)}
 
 
+def test_a_bucket_tuned_to_no_draft_decodes_target_only_steps(pair):
+    """Where the tuner measured no shape beating no draft (a large batch on a CPU), the bucket's shape is no draft:
+    its batches run one-node steps, a smaller batch drafts with its own bucket's shape, and the output is
+    target-only's; a file whose every bucket is no draft runs no drafting step at all."""
+    b, prompts = pair
+    params = logprob_params(max_new=24)
+    base = Engine(b.target).generate(prompts, params)
+    engine = Engine(b.target, b.eagle, tuned_for(b.target, b.eagle, {1: ((3, 1, 4), CANDIDATES),
+                                                                     4: (NO_DRAFT, CANDIDATES)}), max_batch=4)
+    assert_same_as_baseline(engine.generate(prompts, params), base)
+    assert engine.last_stats.step_shapes[0] == NO_DRAFT and set(engine.last_stats.step_shapes) <= {NO_DRAFT, (3, 1, 4)}
+    assert engine.generate(prompts[:1], params)[0].token_ids == base[0].token_ids
+    assert set(engine.last_stats.step_shapes) == {(3, 1, 4)}
+    never = Engine(b.target, b.eagle, tuned_for(b.target, b.eagle, {4: (NO_DRAFT, CANDIDATES)}), max_batch=4)
+    assert_same_as_baseline(never.generate(prompts, params), base)
+    assert set(never.last_stats.step_shapes) == {NO_DRAFT}
+    assert never.last_stats.mean_accept_len == 1.0
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "draft_lm"])
 def test_every_switch_between_allowed_shapes_is_lossless(pair, kind):
     """The worker contract adaptive speculation rests on: whatever allowed shape each step runs (no draft, chains,
@@ -189,6 +208,9 @@ def test_the_adaptive_policy_falls_back_to_no_draft_and_probes(pair):
 
 # ---- the boundary ------------------------------------------------------------------------------
 
+NO_DRAFT_SHAPE = dict(num_steps=0, topk=0, num_draft_tokens=1)
+
+
 def _write(tmp_path, data) -> str:
     path = tmp_path / "tuned.json"
     path.write_text(data if isinstance(data, str) else json.dumps(data))
@@ -212,6 +234,9 @@ def test_a_corrupt_or_incomplete_file_is_one_line_naming_the_field(pair, tmp_pat
         (lambda d: d["buckets"]["1"].update(shape={"num_steps": 4, "topk": 1, "num_draft_tokens": 5}),
          r"buckets\['1'\]\.shape S4 K1 W5 must be one of the bucket's candidates"),
         (lambda d: d["draft"].pop("fingerprint"), r"draft\.fingerprint is missing"),
+        (lambda d: d["buckets"]["1"].update(shape=NO_DRAFT_SHAPE, candidates=[dict(shape=NO_DRAFT_SHAPE,
+                                                                                    mean_accept_len=1, step_ms=1)]),
+         r"buckets hold no drafting shape"),
     ]
     for edit, message in cases:
         data = json.loads(json.dumps(good))

@@ -8,9 +8,10 @@ per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engin
    frontier nodes, the verify width), fitted by least squares to measured steps: the acceptance runs at B = 1,
    `probe_shapes` decoded at batch B elsewhere; and no draft at all (`NO_DRAFT`) measured at every bucket.
 3. Prediction and confirmation: tokens per CPU second = B x accepted length / predicted step for every candidate;
-   the `--confirm` best predicted and the best predicted of each topk and of each num_steps are decoded at batch
-   B, and the best measured is the bucket's shape. Those measured shapes and NO_DRAFT are the bucket's candidates
-   for adaptive speculation.
+   the `--confirm` best predicted, the best predicted of each topk and of each num_steps, and NO_DRAFT are decoded
+   at batch B in turn, and the best measured is the bucket's shape: no draft where no shape beat it (the batch then
+   decodes target-only, as vLLM's `speculative_disable_by_batch_size` does by hand). Those measured shapes are the
+   bucket's candidates for adaptive speculation.
 4. `--check-grid`: on other prompts than the tuning's (held-out code, and that code alternating with English prose
    no model saw), the tuned shape, adaptive speculation and `CHECK_GRID`'s 12 shapes (the fixed S5 K4 W16 tree among
    them) decode side by side at every bucket, with target-only as the baseline whose tokens each must repeat: the
@@ -252,14 +253,17 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
         row(B, "probe", NO_DRAFT, no_draft, label="no draft")
         # a linear model can extrapolate below what no step costs: no drafting step is cheaper than no draft
         predicted = {s: max(predict_step_ms(coef, s), no_draft["step_ms"]) for s in shapes}
-        tps = {s: B * accept[s] / (predicted[s] / 1e3) for s in shapes}
-        ranked = sorted(shapes, key=lambda s: -tps[s])
+        predicted[NO_DRAFT] = no_draft["step_ms"]
+        tps = {s: B * (accept[s] if s != NO_DRAFT else 1.0) / (predicted[s] / 1e3) for s in predicted}
+        ranked = sorted(predicted, key=lambda s: -tps[s])
+        drafting = [s for s in ranked if s != NO_DRAFT]
         # the best predicted, and the best of each topk and of each depth: adaptive speculation's candidates should
-        # differ in cost, down to the shallow chains a request whose drafts mostly fail is best served by
-        to_confirm = list(dict.fromkeys(ranked[:confirm] + [next(s for s in ranked if s[1] == k)
+        # differ in cost, down to the shallow chains a request whose drafts mostly fail is best served by; and no
+        # draft, measured in turn with them: where no shape beats it at this batch size, the bucket does not draft
+        to_confirm = list(dict.fromkeys(ranked[:confirm] + [next(s for s in drafting if s[1] == k)
                                                              for k in sorted({s[1] for s in shapes})]
-                                        + [next(s for s in ranked if s[0] == d)
-                                           for d in sorted({s[0] for s in shapes})]))
+                                        + [next(s for s in drafting if s[0] == d)
+                                           for d in sorted({s[0] for s in shapes})] + [NO_DRAFT]))
         measured = dict(zip(to_confirm, m.decode_in_turn(to_confirm, batches, repeats, desc=f"confirm (B={B})")))
         best = max(measured, key=lambda s: measured[s]["tokens_per_cpu_s"])
         for shape in ranked:
@@ -268,7 +272,6 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
             else:
                 row(B, "predicted", shape, None, predicted[shape], tps[shape])
         cands = [Candidate(s, round(measured[s]["accept"], 4), round(measured[s]["step_ms"], 4)) for s in measured]
-        cands.append(Candidate(NO_DRAFT, 1.0, round(no_draft["step_ms"], 4)))
         buckets[B] = Bucket(best, tuple(cands))
         progress(f"B={B:<3d} chose {shape_name(best):12s} predicted {tps[best]:8.1f} tok/cpu-s, measured "
                  f"{measured[best]['tokens_per_cpu_s']:8.1f} (accept {measured[best]['accept']:.2f}, step "
