@@ -391,6 +391,22 @@ def test_only_a_step_whose_tree_branches_moves_kv_in_its_commit(kind, spec, monk
         assert torch.equal(kv, kv_committed)
 
 
+@pytest.mark.parametrize("num_steps", [1, 3])
+def test_a_no_draft_steps_greedy_verify_is_the_ops_result_without_the_op(num_steps):
+    """A one-node tree (a no-draft step) has nothing to verify: the worker builds verify_tree_greedy's result (the
+    root's argmax as the bonus, the root accepted, no draft token) without calling it, equal in value and dtype."""
+    w = _unbound_worker("eagle", near_bigram_target(seed=3, mix=0.5), reference, max_batch=4, max_seq_len=32)
+    w.num_steps = num_steps
+    gen = torch.Generator().manual_seed(num_steps)
+    for B in (1, 4):
+        predict = torch.randint(0, 50, (B, 1), generator=gen)
+        candidates = torch.randint(0, 50, (B, 1), generator=gen)
+        none = torch.full((B, 1), -1)
+        want = reference.verify_tree_greedy(candidates, torch.arange(B)[:, None], none, none, predict, num_steps)
+        got = w._root_only_greedy(predict)
+        assert all(torch.equal(g, x) and g.dtype == x.dtype for g, x in zip(got, want))
+
+
 @pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
                                   {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 16}])

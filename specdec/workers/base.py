@@ -554,6 +554,16 @@ class SpeculativeWorkerBase(WorkerBase):
             step = self._verify_and_commit(logits, tree, bitmask)
         return step, hidden.view(B * W, -1)
 
+    def _root_only_greedy(self, target_predict):
+        """`verify_tree_greedy`'s result for one-node trees (a no-draft step), without its ~70 ops: nothing to verify,
+        the root's argmax is the bonus token. target_predict: (B, 1) -> (predict (B,) int32, accept_index (B, S+1)
+        int32, accept_length (B,) int32)."""
+        B = target_predict.shape[0]
+        accept_index = torch.full((B, self.num_steps + 1), -1, dtype=torch.int32, device=self.device)
+        accept_index[:, 0] = torch.arange(B, dtype=torch.int32, device=self.device)
+        return (target_predict.view(B).to(torch.int32), accept_index,
+                torch.zeros(B, dtype=torch.int32, device=self.device))
+
     def _verify_and_commit(self, raw_logits, tree: EagleVerifyInput, bitmask=None):
         candidates, tree_mask, retrieve_index = tree.candidates, tree.tree_mask, tree.retrieve_index
         retrieve_next_token, retrieve_next_sibling = tree.retrieve_next_token, tree.retrieve_next_sibling
@@ -570,8 +580,8 @@ class SpeculativeWorkerBase(WorkerBase):
                 candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
                 uniforms[:, :W].contiguous(), uniforms[:, W].contiguous(), probs, S)
         if s.any_greedy:
-            greedy = self.ops.verify_tree_greedy(candidates, retrieve_index, retrieve_next_token,
-                                                 retrieve_next_sibling, target_predict, S)
+            greedy = self._root_only_greedy(target_predict) if W == 1 else self.ops.verify_tree_greedy(
+                candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, target_predict, S)
         if s.all_greedy:
             predict, accept_index, accept_length = greedy
         elif not s.any_greedy:
