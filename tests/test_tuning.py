@@ -285,11 +285,48 @@ def test_the_tuner_writes_a_file_the_engine_decodes_with(pair, tmp_path):
         confirmed = [r for r in rows if r.batch_size == size and r.source == "confirm"]
         assert bucket.shape in [(r.num_steps, r.topk, r.num_draft_tokens) for r in confirmed if r.chosen]
         assert NO_DRAFT in [c.shape for c in bucket.candidates]
-    assert {(r.num_steps, r.topk, r.num_draft_tokens) for r in rows if r.source == "acceptance"} == set(shapes)
+    assert {(r.num_steps, r.topk, r.num_draft_tokens) for r in rows if r.source == "acceptance"} == {*shapes,
+                                                                                                      NO_DRAFT}
     params = logprob_params(max_new=16)
     base = Engine(b.target).generate(prompts, params)
     for spec in (loaded, loaded.with_adaptive()):
         assert_same_as_baseline(Engine(b.target, b.eagle, spec, max_batch=4).generate(prompts, params), base)
+
+
+def _emptying_batch_ms(steps, one_ms, full_ms, B):
+    """Step by step: a batch whose requests take `steps` decode steps, a step of b requests costing
+    one_ms + (b - 1) / (B - 1) (full_ms - one_ms)."""
+    total = 0.0
+    for t in range(max(steps)):
+        b = sum(n > t for n in steps)
+        total += one_ms + (b - 1) / (B - 1) * (full_ms - one_ms) if B > 1 else one_ms
+    return total
+
+
+def test_the_tuners_cost_model_takes_a_batchs_emptying_out_and_prices_it_back():
+    """`full_batch_step_ms` recovers a full batch's step from a decode whose requests finished unevenly, and
+    `predicted_tokens_per_cpu_s` prices batches of the sample's requests; both against a step-by-step sum."""
+    from types import SimpleNamespace
+
+    from specdec.bench.tune import full_batch_step_ms, predicted_tokens_per_cpu_s
+    one_ms, full_ms = 10.0, 26.0
+    batches = [[3, 9, 4, 9], [7, 2, 2, 5]]
+    cpu_ms = sum(_emptying_batch_ms(b, one_ms, full_ms, 4) for b in batches)
+    steps = sum(max(b) for b in batches)
+    res = dict(steps=steps, cpu=cpu_ms / 1e3, step_ms=cpu_ms / steps,
+               outs=[SimpleNamespace(accept_lens=[2] * n) for b in batches for n in b])
+    assert full_batch_step_ms(res, one_ms, 4) == pytest.approx(full_ms)
+    assert res["step_ms"] < full_ms  # the average step, emptying included, is cheaper than a full one
+    sample, tokens = [3, 9, 4, 9, 7], [10, 30, 12, 31, 20]
+    for B in (1, 2, 4, 16):
+        virtual = (list(zip(sample, tokens)) * 16)[:len(sample) * -(-B // len(sample))]
+        cut = [virtual[i:i + B] for i in range(0, len(virtual) - B + 1, B)]
+        want = sum(k for b in cut for _, k in b) / (sum(
+            _emptying_batch_ms([n for n, _ in b], one_ms, full_ms, B) for b in cut) / 1e3)
+        assert predicted_tokens_per_cpu_s(sample, tokens, one_ms, full_ms, B) == pytest.approx(want)
+    # a request that lags holds the batch: the same steps spread unevenly predict fewer tokens per second
+    even = predicted_tokens_per_cpu_s([6] * 4, [20] * 4, one_ms, full_ms, 4)
+    assert predicted_tokens_per_cpu_s([3, 3, 3, 15], [20] * 4, one_ms, full_ms, 4) < even
 
 
 def test_the_acceptance_bench_runs_a_tuned_file_tuned_and_adaptive(pair, tmp_path):

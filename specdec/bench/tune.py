@@ -4,10 +4,14 @@ per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engin
 
 1. Acceptance by shape: every candidate shape (`candidate_shapes`) decodes the tuning prompts greedily at B = 1 (a
    request's greedy acceptance does not depend on its batch); each run's process CPU per step is also the B = 1 cost.
-2. The cost model per bucket B: a step's CPU time, linear in (1, S - 1, (S - 1) K, W) (the draft forwards, their
-   frontier nodes, the verify width), fitted by least squares to measured steps: the acceptance runs at B = 1,
-   `probe_shapes` decoded at batch B elsewhere; and no draft at all (`NO_DRAFT`) measured at every bucket.
-3. Prediction and confirmation: tokens per CPU second = B x accepted length / predicted step for every candidate;
+2. The cost model per bucket B: a full batch's step CPU time, linear in (1, S - 1, (S - 1) K, W) (the draft
+   forwards, their frontier nodes, the verify width), fitted by least squares to measured steps: the acceptance runs
+   at B = 1, `probe_shapes` decoded at batch B elsewhere, each decode's emptying taken out (`full_batch_step_ms`: a
+   step of b requests costs linearly between the one-request step and the full one); and no draft at all
+   (`NO_DRAFT`) measured at every bucket.
+3. Prediction and confirmation: tokens per CPU second for every candidate from how the acceptance run's requests
+   finished (`predicted_tokens_per_cpu_s`: batches of B such requests decode until their slowest is done, a step
+   priced by how many requests it still holds, so a shape whose requests finish unevenly pays for its stragglers);
    the `--confirm` best predicted, the best predicted of each topk and of each num_steps, and NO_DRAFT are decoded
    at batch B in turn, and the best measured is the bucket's shape: no draft where no shape beat it (the batch then
    decodes target-only, as vLLM's `speculative_disable_by_batch_size` does by hand). Those measured shapes are the
@@ -50,7 +54,8 @@ class TuneRow(RunRow):
     cost-model probe), "predicted" (the model only: no measured columns), "confirm" (a best predicted, measured),
     "check" (--check-grid, on the evaluation prompts; `policy` "static", "tuned", "adaptive" or "target-only").
     prompt_set: "tuning" (held-out code, seed 1), "code" (held-out code, seed 0) or "mixed" (that code alternating
-    with English prose no model saw, `specdec.zoo.corpus.prose_prompts`)."""
+    with English prose no model saw, `specdec.zoo.corpus.prose_prompts`). step_ms: the measured decode's CPU per
+    decode step (its batches' emptying included); predicted_step_ms: the cost model's step of a full batch."""
 
     model: str
     kind: str
@@ -191,6 +196,38 @@ def predict_step_ms(coef: torch.Tensor, shape) -> float:
     return float(torch.tensor(cost_features(shape), dtype=torch.float64) @ coef)
 
 
+def request_steps(res: dict) -> list[int]:
+    """A `Measurer.decode` result -> each request's decode steps."""
+    return [len(o.accept_lens) for o in res["outs"]]
+
+
+def full_batch_step_ms(res: dict, one_ms: float, B: int) -> float:
+    """A decode at batch B -> the cost of a step of the full batch, the batch's emptying taken out. A step of b
+    requests is taken to cost one_ms + (b - 1) / (B - 1) (full - one_ms), linear between a one-request step (one_ms,
+    measured at B = 1) and a full one, so the decode's CPU is one_ms T + (full - one_ms) (R - T) / (B - 1), T its
+    batches' steps and R its requests' steps summed (R = B T when every request takes as many steps)."""
+    T, R = res["steps"], sum(request_steps(res))
+    if B == 1 or R <= T:
+        return res["step_ms"]
+    return one_ms + (1e3 * res["cpu"] - one_ms * T) * (B - 1) / (R - T)
+
+
+def predicted_tokens_per_cpu_s(steps: list[int], tokens: list[int], one_ms: float, full_ms: float, B: int) -> float:
+    """Tokens per CPU second of batches of B requests that take the steps and emit the tokens the sample's requests
+    did at B = 1 (a request's greedy acceptance does not depend on its batch): the sample repeated until it fills a
+    batch, cut into batches of B, each decoding until its slowest request is done, a step priced by how many requests
+    it still holds (`full_batch_step_ms`'s linear cost). This is what the batch's emptying costs: its last steps
+    serve a few slow requests at nearly a full step's price."""
+    virtual = list(zip(steps, tokens)) * -(-B // len(steps))
+    cost_ms = emitted = 0.0
+    for i in range(0, len(virtual) - B + 1, B):
+        batch = virtual[i:i + B]
+        T, R = max(n for n, _ in batch), sum(n for n, _ in batch)
+        cost_ms += R * one_ms if B == 1 else T * one_ms + (full_ms - one_ms) * (R - T) / (B - 1)
+        emitted += sum(k for _, k in batch)
+    return emitted / (cost_ms / 1e3)
+
+
 def batches_of(prompts, batch_size: int) -> list:
     n = len(prompts) - len(prompts) % batch_size
     if n == 0:
@@ -231,30 +268,35 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
             if res and base else "", same_tokens_as_target_only=same, chosen=chosen))
 
     one = batches_of(tune_prompts[:acceptance_prompts or len(tune_prompts)], 1)
-    accept, cost_at_one = {}, {}
-    for shape in tqdm(shapes, desc="acceptance by shape (B=1)", file=sys.stderr, leave=False):
+    # per shape at B = 1: acceptance, a step's cost, and each request's steps and tokens (how a batch empties)
+    accept, cost_at_one, drain = {}, {}, {}
+    for shape in tqdm(shapes + [NO_DRAFT], desc="acceptance by shape (B=1)", file=sys.stderr, leave=False):
         res = m.decode(shape, one)
         accept[shape], cost_at_one[shape] = res["accept"], res["step_ms"]
+        drain[shape] = (request_steps(res), [len(o.token_ids) for o in res["outs"]])
         row(1, "acceptance", shape, res, n=len(one))
     buckets = {}
     for B in batch_sizes:
         batches = batches_of(tune_prompts, B)
+        # the cost model prices a full batch's step: each measured decode's emptying is taken out
         if B == 1:
-            observed = dict(cost_at_one)
+            observed = {s: cost_at_one[s] for s in shapes}
         else:
             observed = {}
             for shape in tqdm(probe_shapes(shapes), desc=f"cost probes (B={B})",
                               file=sys.stderr, leave=False):
                 res = m.decode(shape, batches)
-                observed[shape] = res["step_ms"]
+                observed[shape] = full_batch_step_ms(res, cost_at_one[shape], B)
                 row(B, "probe", shape, res)
         coef = fit_cost_model(observed)
         no_draft = m.decode(NO_DRAFT, batches)
         row(B, "probe", NO_DRAFT, no_draft, label="no draft")
+        no_draft_ms = full_batch_step_ms(no_draft, cost_at_one[NO_DRAFT], B)
         # a linear model can extrapolate below what no step costs: no drafting step is cheaper than no draft
-        predicted = {s: max(predict_step_ms(coef, s), no_draft["step_ms"]) for s in shapes}
-        predicted[NO_DRAFT] = no_draft["step_ms"]
-        tps = {s: B * (accept[s] if s != NO_DRAFT else 1.0) / (predicted[s] / 1e3) for s in predicted}
+        predicted = {s: max(predict_step_ms(coef, s), no_draft_ms) for s in shapes}
+        predicted[NO_DRAFT] = no_draft_ms
+        tps = {s: predicted_tokens_per_cpu_s(*drain[s], cost_at_one[s] if B > 1 else predicted[s], predicted[s], B)
+               for s in predicted}
         ranked = sorted(predicted, key=lambda s: -tps[s])
         drafting = [s for s in ranked if s != NO_DRAFT]
         # the best predicted, and the best of each topk and of each depth: adaptive speculation's candidates should
@@ -274,9 +316,9 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
         cands = [Candidate(s, round(measured[s]["accept"], 4), round(measured[s]["step_ms"], 4)) for s in measured]
         buckets[B] = Bucket(best, tuple(cands))
         progress(f"B={B:<3d} chose {shape_name(best):12s} predicted {tps[best]:8.1f} tok/cpu-s, measured "
-                 f"{measured[best]['tokens_per_cpu_s']:8.1f} (accept {measured[best]['accept']:.2f}, step "
-                 f"{measured[best]['step_ms']:.2f} ms; predicted {predicted[best]:.2f} ms); no draft "
-                 f"{no_draft['step_ms']:.2f} ms per step")
+                 f"{measured[best]['tokens_per_cpu_s']:8.1f} (accept {measured[best]['accept']:.2f}, a full batch's "
+                 f"step {full_batch_step_ms(measured[best], cost_at_one[best], B):.2f} ms; predicted "
+                 f"{predicted[best]:.2f} ms); no draft {no_draft_ms:.2f} ms per full step")
         for shape in to_confirm:
             if shape != best:
                 progress(f"        also measured {shape_name(shape):12s} predicted {tps[shape]:8.1f}, measured "
