@@ -313,7 +313,9 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
                 row(B, "confirm", shape, measured[shape], predicted[shape], tps[shape], chosen=shape == best)
             else:
                 row(B, "predicted", shape, None, predicted[shape], tps[shape])
-        cands = [Candidate(s, round(measured[s]["accept"], 4), round(measured[s]["step_ms"], 4)) for s in measured]
+        # adaptive speculation prices one step of the batch in hand: a full batch's step, not the emptying average
+        cands = [Candidate(s, round(measured[s]["accept"], 4),
+                           round(full_batch_step_ms(measured[s], cost_at_one[s], B), 4)) for s in measured]
         buckets[B] = Bucket(best, tuple(cands))
         progress(f"B={B:<3d} chose {shape_name(best):12s} predicted {tps[best]:8.1f} tok/cpu-s, measured "
                  f"{measured[best]['tokens_per_cpu_s']:8.1f} (accept {measured[best]['accept']:.2f}, a full batch's "
