@@ -317,6 +317,8 @@ def test_the_tuners_cost_model_takes_a_batchs_emptying_out_and_prices_it_back():
                outs=[SimpleNamespace(accept_lens=[2] * n) for b in batches for n in b])
     assert full_batch_step_ms(res, one_ms, 4) == pytest.approx(full_ms)
     assert res["step_ms"] < full_ms  # the average step, emptying included, is cheaper than a full one
+    slow_one = dict(res, cpu=steps * 9.0 / 1e3, step_ms=9.0)  # one_ms measured in a slow spell: the floor holds
+    assert full_batch_step_ms(slow_one, one_ms, 4) == 9.0
     sample, tokens = [3, 9, 4, 9, 7], [10, 30, 12, 31, 20]
     for B in (1, 2, 4, 16):
         virtual = (list(zip(sample, tokens)) * 16)[:len(sample) * -(-B // len(sample))]

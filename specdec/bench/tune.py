@@ -205,11 +205,12 @@ def full_batch_step_ms(res: dict, one_ms: float, B: int) -> float:
     """A decode at batch B -> the cost of a step of the full batch, the batch's emptying taken out. A step of b
     requests is taken to cost one_ms + (b - 1) / (B - 1) (full - one_ms), linear between a one-request step (one_ms,
     measured at B = 1) and a full one, so the decode's CPU is one_ms T + (full - one_ms) (R - T) / (B - 1), T its
-    batches' steps and R its requests' steps summed (R = B T when every request takes as many steps)."""
+    batches' steps and R its requests' steps summed (R = B T when every request takes as many steps). Never below
+    the decode's average step, which its emptying can only have lowered (a noisy one_ms could say otherwise)."""
     T, R = res["steps"], sum(request_steps(res))
     if B == 1 or R <= T:
         return res["step_ms"]
-    return one_ms + (1e3 * res["cpu"] - one_ms * T) * (B - 1) / (R - T)
+    return max(res["step_ms"], one_ms + (1e3 * res["cpu"] - one_ms * T) * (B - 1) / (R - T))
 
 
 def predicted_tokens_per_cpu_s(steps: list[int], tokens: list[int], one_ms: float, full_ms: float, B: int) -> float:
