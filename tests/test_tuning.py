@@ -338,7 +338,7 @@ def test_the_acceptance_bench_runs_a_tuned_file_tuned_and_adaptive(pair, tmp_pat
     from specdec.bench.acceptance import run_benchmark
     from specdec.bench.cases import CASES, tuned_cases
     b, prompts = pair
-    tuned = tuned_for(b.target, b.eagle, {1: ((3, 1, 4), CANDIDATES), 2: ((2, 2, 4), CANDIDATES)})
+    tuned = tuned_for(b.target, b.eagle, {1: ((3, 1, 4), CANDIDATES), 2: (NO_DRAFT, CANDIDATES)})
     cases = [CASES[0], *tuned_cases(tuned)]
     path = run_benchmark(b.target, {"eagle": b.eagle}, cases, prompts[:2], [1, 2], [0.0], 8, "stdlib-byte-6l",
                          out_dir=tmp_path, progress=lambda *a: None)
@@ -348,7 +348,8 @@ def test_the_acceptance_bench_runs_a_tuned_file_tuned_and_adaptive(pair, tmp_pat
     assert set(rows["shape_policy"]) == {"tuned", "adaptive"}
     assert rows["same_tokens_as_target_only"].all()
     shapes = {(r.batch_size, r.num_steps, r.topk, r.num_draft_tokens) for r in rows.itertuples()}
-    assert shapes == {(1, 3, 1, 4), (2, 2, 2, 4)}
+    assert shapes == {(1, 3, 1, 4), (2, 0, 0, 1)}  # bucket 2 tuned to no draft
+    assert (rows["draft_ms_per_step"] >= 0).all()  # a no-draft step's draft phase reported too (EAGLE's: none)
 
 
 def test_adaptive_through_the_graph_buffers_keeps_one_entry_per_bucket_and_shape(pair):
