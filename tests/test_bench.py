@@ -348,3 +348,17 @@ def test_a_shared_ngram_case_starts_every_pass_from_an_empty_index(small, tmp_pa
     fresh = Engine(small.target, NgramDraft(shared=True), case.spec)
     lens = [a for p in prompts for a in fresh.generate([p], SamplingParams(max_new_tokens=32))[0].accept_lens]
     assert float(row["mean_accept_len"]) == round(sum(lens) / len(lens), 4)
+
+
+def test_case_label_names_every_row_of_the_committed_acceptance_csvs():
+    """Notebook 02 labels every row of results/acceptance-*.csv: a tuned row whose bucket ran no draft (shape
+    0, 0, 1) is named by its label, a static row by its shape as `worker_label` names it."""
+    from pathlib import Path
+
+    from specdec.bench.plots import case_label, load_results
+    df = load_results(Path(__file__).resolve().parent.parent / "results", "acceptance-*.csv")
+    labels = df.apply(case_label, axis=1)
+    tuned = df[(df.get("shape_policy") == "tuned") & (df["num_steps"] == 0)]
+    assert len(tuned) > 0 and set(labels[tuned.index]) <= {"NGRAM tuned"}
+    static = df[(df["worker"] == "eagle") & (df["num_steps"] == 5) & (df["topk"] == 4) & (df["num_draft_tokens"] == 16)]
+    assert set(labels[static.index]) == {"EAGLE tree S5 K4 W16"}

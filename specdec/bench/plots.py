@@ -73,6 +73,10 @@ def case_label(row) -> str:
         return peer_label(row["worker"], int(row.get("prompt_lookup_num_tokens", 0) or 0))
     if row["worker"] == "target-only":
         return "target-only"
+    label = row.get("label")
+    if isinstance(label, str) and label and row.get("shape_policy", "static") != "static":
+        # a tuned or adaptive row's shape is its bucket's (no draft included): its label says how it ran
+        return label
     spec = SpecConfig(int(row["num_steps"]), int(row["topk"]), int(row["num_draft_tokens"]))
     return worker_label(row["worker"], spec)
 
