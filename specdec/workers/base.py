@@ -520,10 +520,9 @@ class SpeculativeWorkerBase(WorkerBase):
 
     @property
     def accepts_in_place(self) -> bool:
-        """Whether this step's verify tree is a chain in index order (node i at depth i, as every topk = 1 tree is):
-        its accepted path is then nodes 0..a, whose KV the verify forward already wrote at seq_len + 0..a, and the
-        commit has nothing to move (SGLang skips the move for topk = 1 as well). Fixed per step shape, so that a
-        shape keeps one step body (and one CUDA graph)."""
+        """Whether this step's verify tree is a chain in index order (every topk = 1 tree): its accepted path is nodes
+        0..a, whose KV the verify wrote at seq_len + 0..a, so the commit has nothing to move (as SGLang at topk = 1).
+        Fixed per step shape: a shape keeps one step body and one CUDA graph."""
         return self.topk == 1
 
     @property
@@ -555,9 +554,8 @@ class SpeculativeWorkerBase(WorkerBase):
         return step, hidden.view(B * W, -1)
 
     def _root_only_greedy(self, target_predict):
-        """`verify_tree_greedy`'s result for one-node trees (a no-draft step), without its ~70 ops: nothing to verify,
-        the root's argmax is the bonus token. target_predict: (B, 1) -> (predict (B,) int32, accept_index (B, S+1)
-        int32, accept_length (B,) int32)."""
+        """`verify_tree_greedy`'s result for one-node trees (no draft), without its ~70 ops: the root's argmax is the
+        bonus. target_predict: (B, 1) -> (predict (B,), accept_index (B, S+1), accept_length (B,)), all int32."""
         B = target_predict.shape[0]
         accept_index = torch.full((B, self.num_steps + 1), -1, dtype=torch.int32, device=self.device)
         accept_index[:, 0] = torch.arange(B, dtype=torch.int32, device=self.device)
