@@ -191,7 +191,7 @@ class NgramWorker(SpeculativeWorkerBase):
         """The verify width of a step whose largest tree has `nodes` nodes (root included): the smallest of the
         widths 1, 2, 4, ... num_draft_tokens that holds it. A step with no proposal verifies the root alone (a
         one-token target forward); a short proposal pays for its own width, not the configured one. Each width is
-        one fixed shape (one CUDA graph per batch bucket and width)."""
+        one fixed shape (one CUDA graph per batch bucket, width and whether every tree is a chain)."""
         return next(w for w in batch_buckets(self.num_draft_tokens) if w >= nodes)
 
     @property
