@@ -53,6 +53,7 @@ class AcceptanceRow(RunRow):
     tokens_per_s_p80: float
     cpu_s: float
     cpu_tokens_per_s: float
+    cpu_tokens_per_s_by_pass: str
     mean_accept_len: float | str
     step_cost_in_target_only_steps: float | str
     speedup_vs_target_only: float
@@ -204,6 +205,7 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                     tokens_per_s_p20=round(quantile(tps_all, 0.2), 2),
                     tokens_per_s_p80=round(quantile(tps_all, 0.8), 2),
                     cpu_s=round(med["cpu"], 4), cpu_tokens_per_s=round(cpu_tps, 2),
+                    cpu_tokens_per_s_by_pass=";".join(f"{p['tokens'] / p['cpu']:.2f}" for p in ps),
                     mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
                     step_cost_in_target_only_steps=(round(med["cpu"] / med["steps"] / base_step_cpu, 4)
                                                     if not case.is_peer else ""),

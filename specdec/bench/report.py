@@ -2,6 +2,7 @@
 README never quotes a number that no file backs."""
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -46,6 +47,67 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
     return "\n".join(lines)
 
 
+#: the goals of #32 and #34 that one acceptance CSV decides: (what, the row, the row it is compared with, batch
+#: size or None for every one the CSV has, the goal). "best worker" is the specdec row with the highest ratio.
+GOALS = (
+    ("best worker / transformers' target-only", "best worker", "transformers target-only", 1, 2.5),
+    ("specdec's target-only / transformers'", "target-only", "transformers target-only", None, 1.0),
+    ("STANDALONE tuned / assisted generation", "STANDALONE tuned", "transformers assisted", 1, 1.2),
+    ("NGRAM tuned / prompt lookup 10", "NGRAM tuned", "transformers prompt-lookup 10", 1, 1.2),
+    ("NGRAM tuned / prompt lookup 3", "NGRAM tuned", "transformers prompt-lookup 3", 1, 1.2),
+    ("NGRAM tuned / specdec's target-only", "NGRAM tuned", "target-only", None, 1.0),
+    ("EAGLE tuned / EAGLE tree S5 K4 W16", "EAGLE tuned", "EAGLE tree S5 K4 W16", 16, 1.1),
+)
+
+
+def _passes(row) -> list[float] | None:
+    cell = row.get("cpu_tokens_per_s_by_pass")
+    if cell is None or pd.isna(cell) or cell == "":
+        return None
+    return [float(x) for x in str(cell).split(";")]
+
+
+def paired_ratio(a, b) -> tuple[float, bool]:
+    """Two rows of one (batch size, temperature) -> (a's CPU tokens/s over b's, whether pass by pass). Pass p of
+    both ran in the same minutes, so the median of the per-pass ratios leaves out a drift of the machine's speed
+    that the ratio of the two median passes keeps; a CSV without `cpu_tokens_per_s_by_pass` gives that ratio."""
+    pa, pb = _passes(a), _passes(b)
+    if pa is None or pb is None or len(pa) != len(pb):
+        return a["cpu_tokens_per_s"] / b["cpu_tokens_per_s"], False
+    return statistics.median(x / y for x, y in zip(pa, pb)), True
+
+
+def goals_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
+    """Markdown: each goal of `GOALS` whose two rows the CSV has, the paired ratio per batch size and whether it
+    meets the goal. Empty when the CSV has none."""
+    df = df[df["temperature"] == temperature]
+    specdec = df[~df["worker"].astype(str).str.startswith("hf-") & (df["worker"] != "target-only")]
+    lines = []
+    for what, label, base, size, goal in GOALS:
+        sizes = [size] if size is not None else sorted(df["batch_size"].unique())
+        for B in sizes:
+            here = df[df["batch_size"] == B].set_index("label")
+            if base not in here.index:
+                continue
+            if label == "best worker":
+                rows = specdec[specdec["batch_size"] == B].set_index("label")
+                if rows.empty:
+                    continue
+                found = {name: paired_ratio(r, here.loc[base]) for name, r in rows.iterrows()}
+                name = max(found, key=lambda n: found[n][0])
+                (ratio, paired), cell = found[name], f" ({name})"
+            elif label in here.index:
+                (ratio, paired), cell = paired_ratio(here.loc[label], here.loc[base]), ""
+            else:
+                continue
+            mark = "" if paired else " (median passes)"
+            lines.append(f"| {what}, B = {B} | {ratio:.2f}x{cell}{mark} | {goal:.1f}x | "
+                         f"{'yes' if ratio >= goal else '**no**'} |")
+    if not lines:
+        return ""
+    return "\n".join(["| goal | measured | goal | met |", "|---|---|---|---|"] + lines)
+
+
 def print_report(csv_path) -> int:
     path = Path(csv_path)
     if not path.is_file():
@@ -69,4 +131,10 @@ def print_report(csv_path) -> int:
           f"new tokens, {int(info['repeats'])} repeats (median); CPU tokens/s relative to transformers' target-only")
     print()
     print(results_table(df))
+    goals = goals_table(df)
+    if goals:
+        print()
+        print("Against the goals of #32 and #34 (CPU tokens/s, the median over passes of the per-pass ratio):")
+        print()
+        print(goals)
     return 0
