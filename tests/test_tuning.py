@@ -404,3 +404,20 @@ def test_the_check_grid_measures_every_shape_in_turn_with_the_outputs_of_target_
         tree = next(r for r in rows if r.batch_size == B and (r.num_steps, r.topk, r.num_draft_tokens) == FIXED_TREE)
         whole = m.decode(FIXED_TREE, [prompts[i:i + B] for i in range(0, len(prompts), B)])
         assert tree.mean_accept_len == round(whole["accept"], 4) and tree.num_prompts == len(prompts)
+        for r in rows:  # the check's rows keep every pass: the median pass is one of the two
+            passes = [float(x) for x in r.tokens_per_cpu_s_by_pass.split(";")]
+            assert len(passes) == 2 and r.tokens_per_cpu_s in passes
+        assert all(out["code", B][k] > 0 for k in ("tuned_over_best_grid_held_out", "adaptive_over_best_grid_held_out"))
+
+
+def test_the_grids_best_is_chosen_on_other_passes_than_the_one_compared():
+    """`held_out_ratio` against a hand computation: in each pass the grid's best is the shape with the highest median
+    over the other passes. Here the two shapes' medians tie at 100 and the candidate's median pass is 98 (0.98x the
+    naive best), while pass by pass it beats whichever shape the other passes pick."""
+    from specdec.bench.tune import held_out_ratio
+    grid = {"A": [100.0, 90.0, 110.0], "B": [95.0, 105.0, 100.0]}
+    # pass 0: A 100 vs B 102.5 on passes 1, 2 -> B, 98 / 95; pass 1: A 105 vs B 97.5 -> A, 97 / 90; pass 2: A 95 vs
+    # B 100 -> B, 104 / 100
+    assert held_out_ratio([98.0, 97.0, 104.0], grid) == pytest.approx(1.04)
+    assert held_out_ratio([98.0], {"A": [100.0]}) is None  # one pass: nothing to choose on
+    assert held_out_ratio([98.0, 97.0], grid) is None  # the passes do not line up

@@ -29,6 +29,7 @@ side. Timing is process CPU time: run it at one thread (`--threads 1`, the defau
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ class TuneRow(RunRow):
     predicted_step_ms: float | str
     predicted_tokens_per_cpu_s: float | str
     tokens_per_cpu_s: float | str
+    tokens_per_cpu_s_by_pass: str
     speedup_vs_target_only: float | str
     same_tokens_as_target_only: bool | str
     chosen: bool
@@ -153,7 +155,8 @@ class Measurer:
     def decode_in_turn(self, keys: list, batches, repeats: int, desc: str = "") -> list[dict]:
         """Each of `keys` decoding `batches`, `repeats` passes: the keys take turns on every batch and each pass
         starts at another key, so that a drift of the machine's speed lands on all of them alike -> per key its
-        median pass by tokens per CPU second (a `decode` result)."""
+        median pass by tokens per CPU second (a `decode` result), with "passes": every pass's tokens per CPU second
+        in pass order (pass r of every key ran in the same stretch)."""
         passes = [[] for _ in keys]
         with tqdm(total=repeats * len(batches) * len(keys), desc=desc or "in turn", file=sys.stderr,
                   leave=False, disable=not desc) as bar:
@@ -166,7 +169,32 @@ class Measurer:
                         bar.update()
                 for i in order:
                     passes[i].append(combine_decodes(parts[i]))
-        return [median_of(p, key=lambda res: res["tokens_per_cpu_s"]) for p in passes]
+        return [dict(median_of(p, key=lambda res: res["tokens_per_cpu_s"]),
+                     passes=[res["tokens_per_cpu_s"] for res in p]) for p in passes]
+
+
+def by_pass(res: dict | None) -> str:
+    """A measured result's tokens per CPU second of every pass, `;`-separated (the CSV's by-pass column); "" where
+    it was measured once."""
+    return ";".join(f"{x:.2f}" for x in res["passes"]) if res and "passes" in res else ""
+
+
+def held_out_ratio(candidate: list[float], grid: dict) -> float | None:
+    """A candidate's tokens/s against the best of a grid, the best chosen on other passes than the one compared.
+
+    candidate: its tokens/s in each pass; grid: shape -> its tokens/s in the same passes (pass r of all taken in
+    turn). For each pass r the grid's best is the shape with the highest median over the other passes, and the
+    pass's ratio is candidate[r] over that shape's tokens/s in pass r; -> the median of those ratios (None with
+    fewer than two passes). The best of twelve noisy medians, picked and compared on the same passes, is biased
+    high by the noise itself (its largest error wins), which this estimate is not."""
+    n = len(candidate)
+    if n < 2 or any(len(v) != n for v in grid.values()):
+        return None
+    ratios = []
+    for r in range(n):
+        best = max(grid, key=lambda k: statistics.median(v for j, v in enumerate(grid[k]) if j != r))
+        ratios.append(candidate[r] / grid[best][r])
+    return statistics.median(ratios)
 
 
 def combine_decodes(parts: list[dict]) -> dict:
@@ -265,6 +293,7 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
             predicted_step_ms=round(pred_ms, 4) if pred_ms != "" else "",
             predicted_tokens_per_cpu_s=round(pred_tps, 2) if pred_tps != "" else "",
             tokens_per_cpu_s=round(res["tokens_per_cpu_s"], 2) if res else "",
+            tokens_per_cpu_s_by_pass=by_pass(res),
             speedup_vs_target_only=round(res["tokens_per_cpu_s"] / base["tokens_per_cpu_s"], 4)
             if res and base else "", same_tokens_as_target_only=same, chosen=chosen))
 
@@ -369,22 +398,28 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
                     label=label, num_steps=s, topk=k, num_draft_tokens=w, num_prompts=len(prompts) - len(prompts) % B,
                     max_new_tokens=m.params.max_new_tokens, mean_accept_len=round(r["accept"], 4),
                     step_ms=round(r["step_ms"], 4), predicted_step_ms="", predicted_tokens_per_cpu_s="",
-                    tokens_per_cpu_s=round(r["tokens_per_cpu_s"], 2),
+                    tokens_per_cpu_s=round(r["tokens_per_cpu_s"], 2), tokens_per_cpu_s_by_pass=by_pass(r),
                     speedup_vs_target_only=round(r["tokens_per_cpu_s"] / base["tokens_per_cpu_s"], 4),
                     same_tokens_as_target_only=same, chosen=policy == "tuned"))
             grid = {key: med[i + 1]["tokens_per_cpu_s"] for i, key in enumerate(CHECK_GRID)}
             best_grid = max(grid, key=grid.get)
             t, a = med[len(keys) - 2]["tokens_per_cpu_s"], med[len(keys) - 1]["tokens_per_cpu_s"]
+            grid_passes = {key: med[i + 1]["passes"] for i, key in enumerate(CHECK_GRID)}
+            t_held = held_out_ratio(med[len(keys) - 2]["passes"], grid_passes)
+            a_held = held_out_ratio(med[len(keys) - 1]["passes"], grid_passes)
             same_all = all(all(x.token_ids == y.token_ids for x, y in zip(med[i]["outs"], base["outs"])) for i in med)
             out[set_name, B] = dict(tuned_over_best_grid=t / grid[best_grid],
                                     tuned_over_fixed_tree=t / grid[FIXED_TREE],
                                     adaptive_over_best_grid=a / grid[best_grid], best_grid=best_grid,
+                                    tuned_over_best_grid_held_out=t_held, adaptive_over_best_grid_held_out=a_held,
                                     same_tokens=same_all)
             progress(f"check {set_name} B={B:<3d} tuned {shape_name(tuned.bucket(B).shape)}: {t:8.1f} tok/cpu-s = "
                      f"{t / grid[best_grid]:.3f}x the grid's best ({shape_name(best_grid)} {grid[best_grid]:.1f}), "
                      f"{t / grid[FIXED_TREE]:.3f}x S5 K4 W16; adaptive {a:8.1f} = {a / grid[best_grid]:.3f}x the "
                      f"best; target-only {base['tokens_per_cpu_s']:.1f}; every output identical to target-only: "
-                     f"{same_all}")
+                     f"{same_all}" + ("" if t_held is None else
+                                      f"; against the grid's best chosen on other passes (median of per-pass ratios): "
+                                      f"tuned {t_held:.3f}x, adaptive {a_held:.3f}x"))
     return out
 
 
