@@ -36,8 +36,8 @@ def test_the_deep_pair_is_deep_narrow_trained_and_fits(deep):
     assert deep.card["heldout"]["target"]["heldout_nats_per_byte"] <= 1.1 * small
     assert sum(f.stat().st_size for f in deep.path.rglob("*") if f.is_file()) <= 20e6
     e3, trained = deep.eagle3, deep.card["training"]["eagle3"]
-    # low, middle and the last layer's output, each normed before fc, as the card records its training
-    assert list(e3.feature_layers) == trained["feature_layers"] == [2, 12, 24]
+    # layers 16 and 20 and the last layer's output, each normed before fc, as the card records its training
+    assert list(e3.feature_layers) == trained["feature_layers"] == [16, 20, 24]
     assert e3.config.fc_norm and trained["fc_norm"] and not e3.config.norm_output
     # the whole vocabulary: the identity draft-to-target map
     assert e3.config.draft_vocab_size == cfg.vocab_size == trained["draft_vocab_size"]
