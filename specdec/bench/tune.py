@@ -174,8 +174,8 @@ class Measurer:
 
 
 def by_pass(res: dict | None) -> str:
-    """A measured result's tokens per CPU second of every pass, `;`-separated (the CSV's by-pass column); "" where
-    it was measured once."""
+    """A measured result's tokens per CPU second of every pass, `;`-separated (the CSV's by-pass column): one value
+    where `decode_in_turn` took one pass; "" for a single `decode` (no passes)."""
     return ";".join(f"{x:.2f}" for x in res["passes"]) if res and "passes" in res else ""
 
 
