@@ -421,3 +421,37 @@ def test_the_grids_best_is_chosen_on_other_passes_than_the_one_compared():
     assert held_out_ratio([98.0, 97.0, 104.0], grid) == pytest.approx(1.04)
     assert held_out_ratio([98.0], {"A": [100.0]}) is None  # one pass: nothing to choose on
     assert held_out_ratio([98.0, 97.0], grid) is None  # the passes do not line up
+
+
+def test_a_sampled_check_set_decodes_every_other_request_with_its_own_params(pair):
+    """`sampled_prompts` pairs every other prompt with temperature-1 params: the measurer decodes each request with its
+    own params (what a plain engine gives for them, request by request), and the grid check judges token identity on
+    the greedy requests only."""
+    from specdec.bench.common import Run
+    from specdec.bench.tune import Measurer, check_grid, sampled_prompts
+    b, prompts = pair
+    m = Measurer(b.target, b.eagle, max_seq_len=64, max_new_tokens=8)
+    sampled = sampled_prompts(prompts, m.params)
+    params = [m.params, SamplingParams(max_new_tokens=8, temperature=1.0)] * 2
+    assert [x[1] if isinstance(x, tuple) else m.params for x in sampled] == params
+    got = m.decode(None, [sampled])["outs"]
+    want = Engine(b.target).generate(prompts, params, seed=0)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    greedy = Engine(b.target).generate(prompts, m.params, seed=0)
+    assert any(got[i].token_ids != greedy[i].token_ids for i in (1, 3))  # the odd ones did sample
+    tuned = tuned_for(b.target, b.eagle, {2: ((3, 1, 4), CANDIDATES)})
+    rows = []
+    out = check_grid(m, tuned, {"sampled": sampled}, [2], 1, rows, Run("tune", "cpu"), "stdlib-byte-6l",
+                     progress=lambda *a: None)
+    assert out["sampled", 2]["same_tokens"] and all(r.same_tokens_as_target_only for r in rows)
+    assert {r.prompt_set for r in rows} == {"sampled"}
+
+
+def test_the_tune_command_checks_a_tuned_file_and_refuses_an_unknown_check_set(capsys, tmp_path):
+    from specdec.bench.tune import main
+    with pytest.raises(SystemExit):
+        main(["--model", "stdlib-byte-6l", "--check-sets", "code,poetry"])
+    assert "unknown prompt set(s) ['poetry']" in capsys.readouterr().err
+    assert main(["--model", "stdlib-byte-6l", "--check-tuned", str(tmp_path / "missing.json")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specdec tune: error: tuned file") and "cannot be read" in err and "\n" not in err

@@ -16,11 +16,12 @@ per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engin
    at batch B in turn, and the best measured is the bucket's shape: no draft where no shape beat it (the batch then
    decodes target-only, as vLLM's `speculative_disable_by_batch_size` does by hand). Those measured shapes are the
    bucket's candidates for adaptive speculation.
-4. `--check-grid`: on other prompts than the tuning's (held-out code, and that code alternating with English prose
-   no model saw), the tuned shape, adaptive speculation and `CHECK_GRID`'s 12 shapes (the fixed S5 K4 W16 tree among
-   them) decode side by side at every bucket, with target-only as the baseline whose tokens each must repeat: the
-   goal's figures (the tuned shape within 3 % of the best of the grid; adaptive at least the best static shape on
-   the mixed set).
+4. `--check-grid` (or `--check-tuned PATH`, the check alone of a file tuned earlier): on other prompts than the
+   tuning's (`--check-sets`: held-out code; that code alternating with English prose no model saw; that code with
+   every other request sampled at temperature 1), the tuned shape, adaptive speculation and `CHECK_GRID`'s 12 shapes
+   (the fixed S5 K4 W16 tree among them) decode side by side at every bucket, with target-only as the baseline whose
+   tokens each greedy request must repeat: the goal's figures (the tuned shape within 3 % of the best of the grid;
+   adaptive at least the best static shape where drafts succeed for some requests and fail for others).
 
 Writes the JSON (`--out`, default results/tuned-<pair>-<kind>.json) and results/tune-<run_id>.csv (`TuneRow`: one
 row per measured or predicted (bucket, shape)); prints the choice, the predicted and the measured figures side by
@@ -29,6 +30,7 @@ side. Timing is process CPU time: run it at one thread (`--threads 1`, the defau
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -47,6 +49,8 @@ from .common import Run, RunRow, cpu_model, dtype_name, median_of
 CHECK_GRID = ((2, 1, 3), (3, 1, 4), (4, 1, 5), (5, 1, 6), (3, 2, 6), (4, 2, 8), (5, 2, 12), (3, 4, 8), (4, 4, 12),
               (5, 4, 16), (5, 4, 24), (6, 4, 32))
 FIXED_TREE = (5, 4, 16)
+#: the grid check's prompt sets (`--check-sets`)
+CHECK_SETS = ("code", "mixed", "sampled")
 
 
 @dataclass
@@ -54,8 +58,9 @@ class TuneRow(RunRow):
     """One (bucket, shape, measurement) of `specdec tune`. source: "acceptance" (B = 1, every candidate), "probe" (a
     cost-model probe), "predicted" (the model only: no measured columns), "confirm" (a best predicted, measured),
     "check" (--check-grid, on the evaluation prompts; `policy` "static", "tuned", "adaptive" or "target-only").
-    prompt_set: "tuning" (held-out code, seed 1), "code" (held-out code, seed 0) or "mixed" (that code alternating
-    with English prose no model saw, `specdec.zoo.corpus.prose_prompts`). step_ms: the measured decode's CPU per
+    prompt_set: "tuning" (held-out code, seed 1), "code" (held-out code, seed 0), "mixed" (that code alternating
+    with English prose no model saw, `specdec.zoo.corpus.prose_prompts`) or "sampled" (that code, every other request
+    sampled at temperature 1: `sampled_prompts`; same_tokens_as_target_only then judges the greedy ones). step_ms: the measured decode's CPU per
     decode step (its batches' emptying included); predicted_step_ms: the cost model's step of a full batch."""
 
     model: str
@@ -141,13 +146,20 @@ class Measurer:
             self.engines[k] = e
         return self.engines[k]
 
+    def requests(self, batch) -> tuple[list, list]:
+        """A batch: prompts, each decoded with the measurer's params, or (prompt, SamplingParams) pairs ->
+        (prompts, one SamplingParams per prompt)."""
+        prompts = [item[0] if isinstance(item, tuple) else item for item in batch]
+        return prompts, [item[1] if isinstance(item, tuple) else self.params for item in batch]
+
     def decode(self, key, batches) -> dict:
         """-> tokens, decode steps, process CPU seconds, mean accepted length, the outputs."""
         e = self.engine(key, len(batches[0]))
         parts = []
         for batch in batches:
+            prompts, params = self.requests(batch)
             c0 = time.process_time()
-            out = e.generate(batch, self.params, seed=0)
+            out = e.generate(prompts, params, seed=0)
             parts.append(dict(tokens=e.last_stats.num_tokens, steps=e.last_stats.num_decode_steps,
                               cpu=time.process_time() - c0, outs=out))
         return combine_decodes(parts)
@@ -375,8 +387,10 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
     adaptive = tuned.with_adaptive(True)
     out = {}
     for set_name, prompts in prompt_sets.items():
+        greedy = [m.requests([p])[1][0].is_greedy for p in prompts]
         for B in batch_sizes:
             batches = batches_of(prompts, B)
+            greedy_b = greedy[:sum(len(b) for b in batches)]
             keys = [None, *CHECK_GRID, tuned, adaptive]
             med = dict(enumerate(m.decode_in_turn(keys, batches, repeats)))
             base = med[0]
@@ -391,7 +405,7 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
                     policy, shape, label = "static", key, shape_name(key)
                 r = med[i]
                 s, k, w = shape if shape is not None else (0, 0, 1)
-                same = all(a.token_ids == b.token_ids for a, b in zip(r["outs"], base["outs"]))
+                same = same_greedy_tokens(r["outs"], base["outs"], greedy_b)
                 rows_out.append(TuneRow(
                     **run.prefix(), model=model_name, kind=kind, impl="reference", dtype=dtype_name(m.target.dtype),
                     cpu_model=cpu_model(), batch_size=B, source="check", prompt_set=set_name, policy=policy,
@@ -407,7 +421,7 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
             grid_passes = {key: med[i + 1]["passes"] for i, key in enumerate(CHECK_GRID)}
             t_held = held_out_ratio(med[len(keys) - 2]["passes"], grid_passes)
             a_held = held_out_ratio(med[len(keys) - 1]["passes"], grid_passes)
-            same_all = all(all(x.token_ids == y.token_ids for x, y in zip(med[i]["outs"], base["outs"])) for i in med)
+            same_all = all(same_greedy_tokens(med[i]["outs"], base["outs"], greedy_b) for i in med)
             out[set_name, B] = dict(tuned_over_best_grid=t / grid[best_grid],
                                     tuned_over_fixed_tree=t / grid[FIXED_TREE],
                                     adaptive_over_best_grid=a / grid[best_grid], best_grid=best_grid,
@@ -421,6 +435,21 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
                                       f"; against the grid's best chosen on other passes (median of per-pass ratios): "
                                       f"tuned {t_held:.3f}x, adaptive {a_held:.3f}x"))
     return out
+
+
+def same_greedy_tokens(outs, base_outs, greedy) -> bool:
+    """Whether every greedy request's tokens are target-only's (a sampled request is lossless in distribution, not
+    token by token: its draws follow another path through the RNG)."""
+    return all(a.token_ids == b.token_ids for a, b, g in zip(outs, base_outs, greedy) if g)
+
+
+def sampled_prompts(code: list, params: SamplingParams, temperature: float = 1.0) -> list:
+    """The code prompts, every other one sampled at `temperature` (a `(prompt, SamplingParams)` pair), the rest
+    greedy: requests whose drafts are accepted beside requests whose drafts mostly fail, in every batch of an even
+    size. On the zoo pairs a draft accepts far fewer tokens of a sampled continuation (EAGLE's S5 K4 W16 tree on the
+    deep pair: 4.9 greedy, 2.9 at temperature 1), while greedy prose it never saw is no harder than code (5.5)."""
+    hot = dataclasses.replace(params, temperature=temperature)
+    return [p if i % 2 == 0 else (p, hot) for i, p in enumerate(code)]
 
 
 def mixed_prompts(code: list, prose: list) -> list:
@@ -448,6 +477,12 @@ def main(argv=None) -> int:
                    help="also decode the 12-shape grid, the tuned shape and adaptive speculation on the evaluation "
                         "prompts (held-out, seed 0), side by side")
     p.add_argument("--check-repeats", type=int, default=3)
+    p.add_argument("--check-sets", default="code,mixed,sampled",
+                   help="the grid check's prompt sets (held-out, seed 0), comma-separated: code; mixed (that code "
+                        "alternating with English prose no model saw); sampled (that code, every other request "
+                        "sampled at temperature 1)")
+    p.add_argument("--check-tuned", default=None, metavar="PATH",
+                   help="check the tuned file PATH against the grid (as --check-grid) without tuning again")
     p.add_argument("--out", default=None, help="the tuned JSON (default: results/tuned-<pair>-<kind>.json)")
     p.add_argument("--results", default="results", help="where the CSV goes")
     p.add_argument("--threads", type=int, default=1)
@@ -463,6 +498,9 @@ def main(argv=None) -> int:
         p.error(f"--batch-sizes must be comma-separated integers >= 1, got {a.batch_sizes!r}")
     if max(sizes) > a.num_prompts:
         p.error(f"--batch-sizes {max(sizes)} exceeds --num-prompts {a.num_prompts}")
+    unknown = [x for x in a.check_sets.split(",") if x not in CHECK_SETS]
+    if unknown:
+        p.error(f"--check-sets: unknown prompt set(s) {unknown}; choose among {list(CHECK_SETS)}")
     try:
         return _tune_command(a, sizes)
     except ValueError as e:  # one line, as every specdec command
@@ -488,20 +526,29 @@ def _tune_command(a, sizes) -> int:
     prompts = heldout_prompts(a.num_prompts, a.prompt_len, seed=1)
     run = Run("tune", bundle.target.device)
     t0 = time.monotonic()
-    print(f"specdec tune: {name} with its {a.kind} draft, {len(candidate_shapes(a.max_steps))} shapes, buckets "
-          f"{sizes}, {torch.get_num_threads()} thread(s), {cpu_model()}")
-    tuned, rows, m = tune(bundle.target, draft, prompts, sizes, a.max_new_tokens, candidate_shapes(a.max_steps),
-                          a.confirm, a.repeats, model_name=name, run=run, acceptance_prompts=a.acceptance_prompts)
-    out = Path(a.out or Path(a.results) / f"tuned-{name}-{a.kind}.json")
-    tuned.save(out)
-    if a.check_grid:
+    if a.check_tuned:
+        # the grid check alone, of a tuned file written earlier (its pair and draft checked by the engine)
+        tuned = TunedSpec.load(a.check_tuned)
+        print(f"specdec tune: checking {a.check_tuned} ({name} with its {a.kind} draft), buckets {sizes}, "
+              f"{torch.get_num_threads()} thread(s), {cpu_model()}")
+        rows, written = [], a.check_tuned
+        m = Measurer(bundle.target, draft, max(len(p) for p in prompts) + a.max_new_tokens + 64, a.max_new_tokens)
+    else:
+        print(f"specdec tune: {name} with its {a.kind} draft, {len(candidate_shapes(a.max_steps))} shapes, buckets "
+              f"{sizes}, {torch.get_num_threads()} thread(s), {cpu_model()}")
+        tuned, rows, m = tune(bundle.target, draft, prompts, sizes, a.max_new_tokens, candidate_shapes(a.max_steps),
+                              a.confirm, a.repeats, model_name=name, run=run, acceptance_prompts=a.acceptance_prompts)
+        written = Path(a.out or Path(a.results) / f"tuned-{name}-{a.kind}.json")
+        tuned.save(written)
+    if a.check_grid or a.check_tuned:
         code = heldout_prompts(a.num_prompts, a.prompt_len, seed=0)
         mixed = mixed_prompts(code, prose_prompts(a.num_prompts, a.prompt_len, seed=0))[:a.num_prompts]
-        check_grid(m, tuned, {"code": code, "mixed": mixed}, sizes, a.check_repeats, rows, run, name)
+        sets = {"code": code, "mixed": mixed, "sampled": sampled_prompts(code, m.params)}
+        check_grid(m, tuned, {k: sets[k] for k in a.check_sets.split(",")}, sizes, a.check_repeats, rows, run, name)
     csv = write_csv(rows, a.results, f"tune-{run.run_id}.csv")
     from .plots import plot_csv
     png = plot_csv(csv)  # committed beside its CSV, as every bench's plot is
-    print(f"wrote {out}, {csv} and {png} in {time.monotonic() - t0:.0f} s")
+    print(f"wrote {'' if a.check_tuned else f'{written}, '}{csv} and {png} in {time.monotonic() - t0:.0f} s")
     return 0
 
 
