@@ -60,8 +60,9 @@ class TuneRow(RunRow):
     "check" (--check-grid, on the evaluation prompts; `policy` "static", "tuned", "adaptive" or "target-only").
     prompt_set: "tuning" (held-out code, seed 1), "code" (held-out code, seed 0), "mixed" (that code alternating
     with English prose no model saw, `specdec.zoo.corpus.prose_prompts`) or "sampled" (that code, every other request
-    sampled at temperature 1: `sampled_prompts`; same_tokens_as_target_only then judges the greedy ones). step_ms: the measured decode's CPU per
-    decode step (its batches' emptying included); predicted_step_ms: the cost model's step of a full batch."""
+    sampled at temperature 1: `sampled_prompts`; same_tokens_as_target_only then judges the greedy ones). step_ms:
+    the measured decode's CPU per decode step (its batches' emptying included); predicted_step_ms: the cost model's
+    step of a full batch."""
 
     model: str
     kind: str
