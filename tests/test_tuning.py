@@ -441,10 +441,11 @@ def test_a_sampled_check_set_decodes_every_other_request_with_its_own_params(pai
     assert any(got[i].token_ids != greedy[i].token_ids for i in (1, 3))  # the odd ones did sample
     tuned = tuned_for(b.target, b.eagle, {2: ((3, 1, 4), CANDIDATES)})
     rows = []
-    out = check_grid(m, tuned, {"sampled": sampled}, [2], 1, rows, Run("tune", "cpu"), "stdlib-byte-6l",
+    out = check_grid(m, tuned, {"sampled": sampled}, [2], [2], rows, Run("tune", "cpu"), "stdlib-byte-6l",
                      progress=lambda *a: None)
     assert out["sampled", 2]["same_tokens"] and all(r.same_tokens_as_target_only for r in rows)
     assert {r.prompt_set for r in rows} == {"sampled"}
+    assert all(len(r.tokens_per_cpu_s_by_pass.split(";")) == 2 for r in rows)  # the bucket's own count of passes
 
 
 def test_the_tune_command_checks_a_tuned_file_and_refuses_an_unknown_check_set(capsys, tmp_path):
@@ -455,3 +456,11 @@ def test_the_tune_command_checks_a_tuned_file_and_refuses_an_unknown_check_set(c
     assert main(["--model", "stdlib-byte-6l", "--check-tuned", str(tmp_path / "missing.json")]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("specdec tune: error: tuned file") and "cannot be read" in err and "\n" not in err
+
+
+def test_the_tune_command_refuses_check_repeats_that_do_not_fit_the_buckets(capsys):
+    from specdec.bench.tune import main
+    for bad in ("3,9,9", "0", "three"):
+        with pytest.raises(SystemExit):
+            main(["--model", "stdlib-byte-6l", "--batch-sizes", "1,16", "--check-repeats", bad])
+        assert "--check-repeats must be one count >= 1 or one per bucket" in capsys.readouterr().err

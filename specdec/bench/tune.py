@@ -377,12 +377,14 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
     return tuned, rows, m
 
 
-def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, repeats: int, rows_out: list,
+def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, repeats, rows_out: list,
                run: Run, model_name: str, progress=print) -> dict:
     """The goal's comparison on each named prompt set (not the tuning prompts): target-only, the 12-shape grid
     (S5 K4 W16 among them), the tuned shape and adaptive speculation at each bucket, in turn on every batch of
-    each repeat.
+    each repeat. repeats: the passes, one int for every bucket or one per bucket of `batch_sizes` (a batched pass
+    is a few short decodes, and the machine's noise moves each by more than the shapes differ).
     -> per (prompt set, bucket) the ratios."""
+    passes = dict(zip(batch_sizes, [repeats] * len(batch_sizes) if isinstance(repeats, int) else repeats))
     from ..draft_kinds import kind_of
     kind = kind_of(m.draft).name
     adaptive = tuned.with_adaptive(True)
@@ -393,7 +395,7 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
             batches = batches_of(prompts, B)
             greedy_b = greedy[:sum(len(b) for b in batches)]
             keys = [None, *CHECK_GRID, tuned, adaptive]
-            med = dict(enumerate(m.decode_in_turn(keys, batches, repeats)))
+            med = dict(enumerate(m.decode_in_turn(keys, batches, passes[B])))
             base = med[0]
             for i, key in enumerate(keys):
                 if key is None:
@@ -477,7 +479,8 @@ def main(argv=None) -> int:
     p.add_argument("--check-grid", action="store_true",
                    help="also decode the 12-shape grid, the tuned shape and adaptive speculation on the evaluation "
                         "prompts (held-out, seed 0), side by side")
-    p.add_argument("--check-repeats", type=int, default=3)
+    p.add_argument("--check-repeats", default="3",
+                   help="the grid check's passes: one count for every bucket, or one per bucket of --batch-sizes")
     p.add_argument("--check-sets", default="code,mixed,sampled",
                    help="the grid check's prompt sets (held-out, seed 0), comma-separated: code; mixed (that code "
                         "alternating with English prose no model saw); sampled (that code, every other request "
@@ -499,6 +502,14 @@ def main(argv=None) -> int:
         p.error(f"--batch-sizes must be comma-separated integers >= 1, got {a.batch_sizes!r}")
     if max(sizes) > a.num_prompts:
         p.error(f"--batch-sizes {max(sizes)} exceeds --num-prompts {a.num_prompts}")
+    try:
+        a.check_repeats = [int(x) for x in a.check_repeats.split(",")]
+        if any(r < 1 for r in a.check_repeats) or len(a.check_repeats) not in (1, len(sizes)):
+            raise ValueError
+    except ValueError:
+        p.error(f"--check-repeats must be one count >= 1 or one per bucket of --batch-sizes {sizes}, "
+                f"got {a.check_repeats!r}")
+    a.check_repeats = a.check_repeats * len(sizes) if len(a.check_repeats) == 1 else a.check_repeats
     unknown = [x for x in a.check_sets.split(",") if x not in CHECK_SETS]
     if unknown:
         p.error(f"--check-sets: unknown prompt set(s) {unknown}; choose among {list(CHECK_SETS)}")
