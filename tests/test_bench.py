@@ -218,6 +218,26 @@ def test_one_plot_entry_point_draws_every_committed_schema(tmp_path):
     assert main(["plot", str(tmp_path / "odd-1.csv")]) == 1  # the CLI's one-line error: no plot for suite 'odd'
 
 
+def test_a_tune_csv_of_the_grid_check_alone_plots_a_row_per_prompt_set(tmp_path):
+    """`specdec tune --check-tuned` writes check rows only: its plot has no empty tuning row, one row of panels per
+    prompt set (a row is as tall in both figures, the title strip aside)."""
+    from pathlib import Path
+
+    import pandas as pd
+    from PIL import Image
+
+    from specdec.bench.plots import plot_csv
+    tunes = [pd.read_csv(f) for f in sorted(Path("results").glob("tune-*.csv"))]
+    df = [t for t in tunes if (t["source"] == "check").any() and (t["prompt_set"] == "tuning").any()][-1]
+    sets = df.loc[df["source"] == "check", "prompt_set"].nunique()
+    df.to_csv(tmp_path / "tune-full.csv", index=False)
+    df[df["source"] == "check"].to_csv(tmp_path / "tune-check.csv", index=False)
+    with Image.open(plot_csv(tmp_path / "tune-full.csv")) as a, Image.open(plot_csv(tmp_path / "tune-check.csv")) as b:
+        row = a.size[1] - b.size[1]  # the tuning row the check-only figure leaves out
+        assert a.size[0] == b.size[0] and row > 200
+        assert abs(b.size[1] - sets * row) < row / 2
+
+
 def test_every_committed_results_csv_has_its_plot_committed_beside_it():
     """What the notebooks and the README show is committed: a CSV written without its PNG would have notebook 02 draw
     it (into a scratch directory) on every run, and the README point at a missing file."""

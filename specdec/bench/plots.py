@@ -379,20 +379,42 @@ def plot_grammar(df: pd.DataFrame, out_png, fill: pd.DataFrame | None = None):
     return _save(fig, out_png)
 
 
+def _plot_check(ax, ck: pd.DataFrame, B: int, name: str, colours: dict) -> None:
+    """One bucket's grid check on one prompt set: the grid by topk against W, the tuned shape, adaptive speculation
+    and target-only as horizontal lines."""
+    grid = ck[ck["policy"] == "static"]
+    for k in sorted(grid["topk"].unique()):
+        g = grid[grid["topk"] == k].sort_values("num_draft_tokens")
+        ax.plot(g["num_draft_tokens"], g["tokens_per_cpu_s"], "o-", color=colours.get(k, "k"), ms=4, label=f"K{k} grid")
+    for policy, style in (("tuned", "-"), ("adaptive", "--"), ("target-only", ":")):
+        row = ck[ck["policy"] == policy]
+        if len(row):
+            ax.axhline(float(row["tokens_per_cpu_s"].iloc[0]), color="k", ls=style, label=str(row["label"].iloc[0]))
+    ax.set_title(f"B={B}: {name} prompts, measured side by side", fontsize="small")
+    ax.set_xlabel("W (num_draft_tokens)")
+    ax.set_ylabel("tokens / CPU s")
+
+
 #: each CSV schema's plot, by the file's `suite` column (grammar-fill files are drawn with their grammar run)
 def plot_tune(df: pd.DataFrame, out_png):
     """`specdec tune`: per batch bucket, tokens per CPU second against the verify width W, one colour per topk: the
     cost model's prediction (open markers) beside the measurements on the tuning prompts (filled), the chosen shape
-    starred; with --check-grid, a second row per prompt set: the grid measured on other prompts, the tuned shape,
-    adaptive speculation and target-only as lines."""
+    starred; with --check-grid, a further row per prompt set: the grid measured on other prompts, the tuned shape,
+    adaptive speculation and target-only as lines (a `--check-tuned` file has those rows only)."""
     plt = _pyplot()
     df = df.copy()
     sizes = sorted(df["batch_size"].unique())
     checks = [s for s in dict.fromkeys(df.loc[df["source"] == "check", "prompt_set"])]
-    fig, axes = plt.subplots(1 + len(checks), len(sizes), figsize=(5.2 * len(sizes), 3.4 * (1 + len(checks)) + 0.6),
-                             squeeze=False)
+    tuning = int(bool((df["prompt_set"] == "tuning").any()))
+    fig, axes = plt.subplots(tuning + len(checks), len(sizes),
+                             figsize=(5.2 * len(sizes), 3.4 * (tuning + len(checks)) + 0.6), squeeze=False)
     colours = {1: "tab:blue", 2: "tab:orange", 4: "tab:green", 8: "tab:red"}
     for c, B in enumerate(sizes):
+        for r, name in enumerate(checks, start=tuning):
+            ck = df[(df["batch_size"] == B) & (df["source"] == "check") & (df["prompt_set"] == name)]
+            _plot_check(axes[r][c], ck, B, name, colours)
+        if not tuning:
+            continue
         at = df[(df["batch_size"] == B) & (df["prompt_set"] == "tuning")]
         ax = axes[0][c]
         for k in sorted(k for k in at["topk"].unique() if k > 0):
@@ -413,22 +435,6 @@ def plot_tune(df: pd.DataFrame, out_png):
         ax.set_title(f"B={B}: tuning prompts", fontsize="small")
         ax.set_xlabel("W (num_draft_tokens)")
         ax.set_ylabel("tokens / CPU s")
-        for r, name in enumerate(checks, start=1):
-            ax = axes[r][c]
-            ck = df[(df["batch_size"] == B) & (df["source"] == "check") & (df["prompt_set"] == name)]
-            grid = ck[ck["policy"] == "static"]
-            for k in sorted(grid["topk"].unique()):
-                g = grid[grid["topk"] == k].sort_values("num_draft_tokens")
-                ax.plot(g["num_draft_tokens"], g["tokens_per_cpu_s"], "o-", color=colours.get(k, "k"), ms=4,
-                        label=f"K{k} grid")
-            for policy, style in (("tuned", "-"), ("adaptive", "--"), ("target-only", ":")):
-                row = ck[ck["policy"] == policy]
-                if len(row):
-                    ax.axhline(float(row["tokens_per_cpu_s"].iloc[0]), color="k", ls=style,
-                               label=str(row["label"].iloc[0]))
-            ax.set_title(f"B={B}: {name} prompts, measured side by side", fontsize="small")
-            ax.set_xlabel("W (num_draft_tokens)")
-            ax.set_ylabel("tokens / CPU s")
     for row in axes:
         row[0].legend(fontsize="x-small")
     first = df.iloc[0]
