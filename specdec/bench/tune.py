@@ -390,7 +390,7 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
     adaptive = tuned.with_adaptive(True)
     out = {}
     for set_name, prompts in prompt_sets.items():
-        greedy = [m.requests([p])[1][0].is_greedy for p in prompts]
+        greedy = [p.is_greedy for p in m.requests(prompts)[1]]
         for B in batch_sizes:
             batches = batches_of(prompts, B)
             greedy_b = greedy[:sum(len(b) for b in batches)]
@@ -450,7 +450,8 @@ def sampled_prompts(code: list, params: SamplingParams, temperature: float = 1.0
     """The code prompts, every other one sampled at `temperature` (a `(prompt, SamplingParams)` pair), the rest
     greedy: requests whose drafts are accepted beside requests whose drafts mostly fail, in every batch of an even
     size. On the zoo pairs a draft accepts far fewer tokens of a sampled continuation (EAGLE's S5 K4 W16 tree on the
-    deep pair: 4.9 greedy, 2.9 at temperature 1), while greedy prose it never saw is no harder than code (5.5)."""
+    deep pair: 4.9 greedy, 2.9 at temperature 1, in an ad-hoc run), while greedy prose it never saw is no harder
+    than code (5.5)."""
     hot = dataclasses.replace(params, temperature=temperature)
     return [p if i % 2 == 0 else (p, hot) for i, p in enumerate(code)]
 
@@ -543,7 +544,7 @@ def _tune_command(a, sizes) -> int:
         tuned = TunedSpec.load(a.check_tuned)
         print(f"specdec tune: checking {a.check_tuned} ({name} with its {a.kind} draft), buckets {sizes}, "
               f"{torch.get_num_threads()} thread(s), {cpu_model()}")
-        rows, written = [], a.check_tuned
+        rows = []
         m = Measurer(bundle.target, draft, max(len(p) for p in prompts) + a.max_new_tokens + 64, a.max_new_tokens)
     else:
         print(f"specdec tune: {name} with its {a.kind} draft, {len(candidate_shapes(a.max_steps))} shapes, buckets "
