@@ -391,7 +391,7 @@ PLUGIN_TESTS = textwrap.dedent('''
 ''')
 
 
-def _pytest_with_plugin(tmp_path: Path, **env_vars) -> tuple[list[dict], gpu_runner.PartProgress]:
+def _pytest_with_plugin(tmp_path: Path, *args: str, **env_vars) -> tuple[list[dict], gpu_runner.PartProgress]:
     (tmp_path / "test_stand_in.py").write_text(PLUGIN_TESTS)
     out = tmp_path / "out"
     out.mkdir()
@@ -400,7 +400,7 @@ def _pytest_with_plugin(tmp_path: Path, **env_vars) -> tuple[list[dict], gpu_run
     env.update(PYTHONPATH=str(ROOT), SPECDEC_GPU_CHECK_OUT=str(out), **{gpu_runner.PROGRESS_ENV: str(progress)},
                **env_vars)
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                    "specdec.bench.gpu_pytest_plugin", "test_stand_in.py"], cwd=tmp_path, env=env,
+                    "specdec.bench.gpu_pytest_plugin", *(args or ["test_stand_in.py"])], cwd=tmp_path, env=env,
                    capture_output=True, text=True, timeout=120)
     rows = _rows(out, TESTS) if (out / TESTS).exists() else []
     return rows, gpu_runner.read_progress(progress)
@@ -418,3 +418,32 @@ def test_the_plugin_starts_no_test_after_the_deadline(tmp_path):
     rows, progress = _pytest_with_plugin(tmp_path, **{gpu_runner.DEADLINE_ENV: repr(time.time() - 1)})
     assert rows == [] and progress.stopped and not progress.done  # never reached: no rows, counted as such
     assert {status for status, _ in progress.ended.values()} == {"not reached"}
+
+
+def test_a_session_that_collects_nothing_is_a_setup_error_not_a_run(tmp_path):
+    """A moved test named by node id: pytest-xdist collects nothing, prints no error and exits 5 (the H200 run of
+    2026-12-04 reported such a part as "ran")."""
+    args = ["-n", "2"] if _has_xdist() else []
+    rows, progress = _pytest_with_plugin(tmp_path, *args, "test_stand_in.py::test_moved_away")
+    assert rows == [] and not progress.done and progress.plan == []
+    assert "pytest collected no tests" in progress.setup_error
+
+
+def _has_xdist() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("xdist") is not None
+
+
+def test_every_entry_of_the_gpu_subset_names_tests_that_collect():
+    from specdec.bench import gpu_tests
+    for subset in (gpu_tests.GPU_TEST_SUBSET, gpu_tests.SMOKE_TEST_SUBSET):
+        assert gpu_tests.missing_tests(subset) == []
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               *subset], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        collected = [line for line in done.stdout.splitlines() if "::" in line]
+        for entry in subset:
+            assert any(line.startswith(entry) for line in collected), entry
+    assert gpu_tests.missing_tests(["tests/test_workers.py::test_cuda_graph_replay_equals_eager",
+                                    "tests/no_such_file.py", "tests/test_cuda_shim.py"]) == [
+        "tests/test_workers.py::test_cuda_graph_replay_equals_eager", "tests/no_such_file.py"]

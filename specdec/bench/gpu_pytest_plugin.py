@@ -202,7 +202,11 @@ def pytest_sessionfinish(session, exitstatus):
     for nodeid in list(_state["outcome"]):
         _finish(nodeid)
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
-    if interrupted or time.time() > _state["deadline"]:
+    if not _state.get("plan") and not interrupted:
+        # a node id that names nothing makes pytest-xdist collect nothing and print nothing: not a run
+        _state["progress"].write("setup_error", error=f"pytest collected no tests (exit status {int(exitstatus)}); "
+                                 "a test file or node id of the subset names nothing")
+    elif interrupted or time.time() > _state["deadline"]:
         _state["progress"].write("stop", reason="the part's deadline")
     else:
         _state["progress"].write("done")

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
 from .gpu_parts import ROOT
 from .gpu_pytest_plugin import OUT_ENV
+from .gpu_runner import setup_failed
 
 #: The fast-path test files run compiled on a GPU (the CUDA-only ones among them included), goal tests first.
 GPU_TEST_SUBSET = ["tests/test_fast_logprobs.py", "tests/test_fast_parity.py", "tests/test_decode_graphs.py",
-                   "tests/test_workers.py::test_cuda_graph_replay_equals_eager", "tests/test_fast_workers.py",
+                   "tests/test_worker_contracts.py::test_cuda_graph_replay_equals_eager", "tests/test_fast_workers.py",
                    "tests/test_fast_attention.py", "tests/test_fast_tree_ops.py", "tests/test_sampling_ops.py",
                    "tests/test_fast_kv.py", "tests/test_cuda_shim.py"]
 SMOKE_TEST_SUBSET = ["tests/test_cuda_shim.py"]
@@ -36,7 +38,25 @@ def tests_command(out: Path, smoke: bool) -> list[str]:
     return cmd + (SMOKE_TEST_SUBSET if smoke else GPU_TEST_SUBSET)
 
 
+def missing_tests(subset: list[str], root: Path = ROOT) -> list[str]:
+    """The entries of `subset` that name no file, or no test function in their file (pytest-xdist turns one
+    such entry into a session that collects nothing and says nothing)."""
+    missing = []
+    for entry in subset:
+        path, _, name = entry.partition("::")
+        file = root / path
+        if not file.is_file() or (name and not re.search(rf"^def {re.escape(name.split('[')[0])}\(",
+                                                          file.read_text(), re.M)):
+            missing.append(entry)
+    return missing
+
+
 def run_tests(out: Path, smoke: bool) -> None:
+    missing = missing_tests(SMOKE_TEST_SUBSET if smoke else GPU_TEST_SUBSET)
+    if missing:
+        message = f"the tests part's subset names tests that do not exist: {', '.join(missing)}"
+        setup_failed(message)
+        raise SystemExit(message)
     cmd = tests_command(out, smoke)
     if not smoke and importlib.util.find_spec("xdist") is None:
         print("note: pytest-xdist is not installed: the tests run in one process", flush=True)
