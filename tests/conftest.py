@@ -42,12 +42,14 @@ def _map_tensors(x, fn):
 
 def _to(x, device, moved):
     """x with its CPU tensors on `device`; records (original, moved) pairs so in-place writes can be copied
-    back."""
+    back. An expanded tensor (a stride 0 over a dimension above 1) is moved but not recorded: no op writes
+    into one, and copying into it raises."""
     def move(t):
         if t.device.type != "cpu":
             return t
         y = t.to(device)
-        moved.append((t, y))
+        if not any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
+            moved.append((t, y))
         return y
 
     return _map_tensors(x, move)

@@ -32,8 +32,11 @@ TOLERANCES: dict[tuple[str, torch.dtype], tuple[float, float, str]] = {
     ("attention", torch.float32): (
         2e-5, 0.0, "fp32 IEEE products on both sides; the online softmax re-associates the sums over key blocks"),
     ("attention", torch.bfloat16): (
-        1e-3, 2 ** -7, "outputs are rounded to bf16 (8-bit mantissa) after fp32 accumulation: a rounding flip is "
-                       "one ulp, and on a GPU the probabilities meet V on the tensor cores in bf16: two ulps"),
+        2 ** -8, 2 ** -7, "outputs are rounded to bf16 (8-bit mantissa) after fp32 accumulation: a rounding flip "
+                          "is one ulp (rtol). On a GPU the probabilities meet V on the tensor cores in bf16, each "
+                          "rounded by up to 2^-8 of itself, so an output is off by up to 2^-8 of the |v| it "
+                          "averages, not of itself: on an output that cancels to near 0 that is absolute (atol, "
+                          "for unit-scale V; the H200 run of 2026-12-04 saw 1.1e-3 on outputs of ~0.01)"),
     ("attention", torch.float16): (
         1e-3, 2 ** -9, "as bf16 with fp16's 11-bit mantissa: two ulps"),
     ("rope", torch.float32): (

@@ -57,3 +57,14 @@ def test_plain_objects_are_updated_in_place_and_nested_containers_walked():
     assert len(seen) == 3
     moved = []
     assert _to(out, "meta", moved) is out and out.next_token_logits.device.type == "meta" and len(moved) == 1
+
+
+def test_an_expanded_input_moves_but_is_not_copied_back():
+    """A tree mask broadcast over the batch (MTP's chain mask) moved to the GPU: copying the op's result back
+    into a stride-0 tensor raises, so the shim must not record it (found on the H200 run of 2026-12-04)."""
+    mask = torch.ones(1, 3, 3, dtype=torch.bool).tril().expand(4, 3, 3)
+    kv = torch.zeros(2, 3)
+    moved = []
+    on_device = _to([mask, kv], "meta", moved)
+    assert [t.device.type for t in on_device] == ["meta", "meta"] and on_device[0].shape == (4, 3, 3)
+    assert [id(original) for original, _ in moved] == [id(kv)]

@@ -83,8 +83,14 @@ def _near_cdf_boundary(cand, nt, ns, target_probs, uf, accept_index, accept_leng
 
 def _sampling_agreement(cand, ri, nt, ns, u, uf, probs, steps, ts=1.0, ta=1.0, block_v=None):
     """Runs both sampling verifies; asserts identical decisions, and an identical bonus wherever the
-    final uniform is not within the epsilon of a CDF boundary. Returns (requests, identical)."""
-    ref = ref_verify.tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, probs, steps, ts, ta)
+    final uniform is not within the epsilon of a CDF boundary. Returns (requests, identical).
+
+    The reference runs on the device the fast op runs on (on a GPU the conftest shim moves the fast op's
+    inputs there): torch divides by threshold_acc on a CPU and multiplies by its reciprocal on CUDA, and the
+    fast op follows the torch of its own device."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ref = tuple(t.cpu() for t in ref_verify.tree_speculative_sampling_target_only(
+        *(t.to(device) for t in (cand, ri, nt, ns, u, uf, probs)), steps, ts, ta))
     if block_v is None:
         fast = fast_verify.tree_speculative_sampling_target_only(cand, ri, nt, ns, u, uf, probs, steps, ts, ta)
     else:
