@@ -451,10 +451,14 @@ TABLE_SUITES = ("dflash-scaling", "target-step")
 
 def plot_csv(path) -> Path | None:
     """One results CSV -> its plot beside it (`<name>.png`), by its schema; None for a grammar-fill file (drawn
-    with its grammar run), a table with no figure (`TABLE_SUITES`) or a file with no rows."""
+    with its grammar run), a table with no figure (`TABLE_SUITES`, a gpu-check run's environment.csv and
+    tests.csv) or a file with no rows."""
     path = Path(path)
     if path.stem.startswith("grammar-fill-"):
         return None
+    if (path.parent / "SUMMARY.md").is_file():  # a gpu-check out directory: its kernels and e2e files have figures
+        plot = {"kernels": plot_gpu_check_kernels, "e2e": plot_gpu_check_e2e}.get(path.stem)
+        return None if plot is None else plot(path.parent, path.with_suffix(".png"))
     df = read_results(path)
     if df.empty:
         return None
