@@ -457,3 +457,20 @@ def test_every_entry_of_the_gpu_subset_names_tests_that_collect():
     assert gpu_tests.missing_tests(["tests/test_workers.py::test_cuda_graph_replay_equals_eager",
                                     "tests/no_such_file.py", "tests/test_cuda_shim.py"]) == [
         "tests/test_workers.py::test_cuda_graph_replay_equals_eager", "tests/no_such_file.py"]
+
+
+def test_without_xgrammar_the_gpu_tests_leave_the_grammar_tests_out(monkeypatch, tmp_path):
+    """The GPU image has no xgrammar: the subset's tests that compile grammars are deselected there by node id,
+    and only there; each deselected id names a test of the subset."""
+    import importlib.util
+
+    from specdec.bench import gpu_tests
+    real = importlib.util.find_spec
+    assert "--deselect" not in gpu_tests.tests_command(tmp_path, smoke=False)  # CI installs xgrammar
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xgrammar" else real(name, *a))
+    cmd = gpu_tests.tests_command(tmp_path, smoke=False)
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--deselect"] == gpu_tests.GRAMMAR_TESTS
+    monkeypatch.undo()
+    assert gpu_tests.missing_tests(gpu_tests.GRAMMAR_TESTS) == []
+    files = {test.split("::")[0] for test in gpu_tests.GRAMMAR_TESTS}
+    assert files <= set(gpu_tests.GPU_TEST_SUBSET)
