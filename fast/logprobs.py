@@ -27,12 +27,14 @@ __all__ = ["PADDED_LOGPROB", "PADDED_TOP_LOGPROB_IDX", "TOP_K_CAP", "compute_spe
 #: The largest ``top_logprobs_num`` the kernel keeps a running top-k for. Above it the kernel still
 #: computes the max and log-sum-exp, and ``torch.topk`` over the gathered rows' raw logits picks the ids.
 TOP_K_CAP = 32
-#: Vocabulary tile of one loop iteration: 8 fp32/bf16 values per thread at 4 warps (16-byte loads for bf16).
-BLOCK_V = 1024
+#: Vocabulary tile of one loop iteration: 16 fp32/bf16 values per thread at 4 warps (the H200 sweep's best with
+#: per-lane sums, `scan_vocab`).
+BLOCK_V = 2048
 #: Requested token ids handled per iteration of the ids loop.
 BLOCK_IDS = 32
-#: A vocabulary split reads at least this many tiles, so splitting never leaves programs with almost no work.
-_MIN_TILES_PER_SPLIT = 4
+#: A vocabulary split reads at least this many tiles (4,096 columns), so splitting never leaves programs with
+#: almost no work.
+_MIN_TILES_PER_SPLIT = 2
 _MAX_SPLITS = 64
 #: Programs the split heuristic aims for per SM. A program streams its split one tile at a time (2 KB of bf16,
 #: 4 KB of fp32 in flight), and a memory-bound pass needs tens of KB in flight per SM to reach DRAM bandwidth
@@ -97,15 +99,15 @@ def _logprob_of(x, shift, lse):
 
 @triton.jit
 def scan_vocab(row_ptr, lo, hi, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr, KEYS: tl.constexpr,
-                TOP_K: tl.constexpr, ACC: tl.constexpr = 0):
+                TOP_K: tl.constexpr):
     """Columns [lo, hi) of one row -> (max m, sum of exp(x - shift), running top-k keys [KEYS]); shift is m,
     or 0 while every column so far is -inf.
 
-    ACC: 0 reduces max and sum over the tile every iteration; 1 reduces the max per tile and keeps a sum per
-    lane; 2 keeps both per lane (two exps per value, no reduction until the end)."""
+    The max is reduced over each tile, the sum kept per lane and reduced once at the end: one cross-warp
+    reduction per tile instead of two. On the H200 (results/gpu-check-20261204/logprob-sweep) that took 256 x
+    151,936 bf16 without scaling from 72 % to 84 % of the copy at 1024-wide tiles, 98 % at 2048; a per-lane max
+    too (two exps per value) was slower than either."""
     m = float("-inf")
-    s = 0.0
-    m_lane = tl.full([BLOCK_V], float("-inf"), tl.float32)
     s_lane = tl.zeros([BLOCK_V], tl.float32)
     top = tl.full([KEYS], _KEY_NONE, tl.int64)
     top_min = tl.min(top, axis=0)
@@ -115,29 +117,14 @@ def scan_vocab(row_ptr, lo, hi, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr
         x = tl.load(row_ptr + cols, mask=in_range, other=float("-inf")).to(tl.float32)
         if SCALE:
             x = tl.math.div_rn(x, temp)  # IEEE division, as torch's: equal inputs to the max and the top-k
-        if ACC == 2:
-            m_new_lane = tl.maximum(m_lane, x)
-            shift_lane = tl.where(m_new_lane == float("-inf"), 0.0, m_new_lane)
-            s_lane = s_lane * tl.exp(m_lane - shift_lane) + tl.exp(x - shift_lane)
-            m_lane = m_new_lane
-        else:
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: exp(-inf - 0) = 0, not NaN
-            if ACC == 1:
-                s_lane = s_lane * tl.exp(m - shift) + tl.exp(x - shift)
-            else:
-                s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
-            m = m_new
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: exp(-inf - 0) = 0, not NaN
+        s_lane = s_lane * tl.exp(m - shift) + tl.exp(x - shift)
+        m = m_new
         if TOP_K:
             keys = tl.where(in_range, _keys_of(x, cols), _KEY_NONE)
             top, top_min = _insert_keys(top, top_min, keys)
-    if ACC == 2:
-        m = tl.max(m_lane, axis=0)
-        shift = tl.where(m == float("-inf"), 0.0, m)
-        s = tl.sum(s_lane * tl.exp(m_lane - shift), axis=0)
-    elif ACC == 1:
-        s = tl.sum(s_lane, axis=0)
-    return m, s, top
+    return m, tl.sum(s_lane, axis=0), top
 
 
 @triton.jit
@@ -186,7 +173,7 @@ def compute_spec_v2_logprobs_kernel(
     logits_ptr, stride_row, predict_ptr, rows_ptr, valid_ptr, temp_ptr, ids_ptr, num_ids, slots_per_req, vocab,
     split_len, lp_ptr, stats_ptr, top_val_ptr, top_idx_ptr, tid_val_ptr, part_m_ptr, part_s_ptr, part_keys_ptr,
     SCALE: tl.constexpr, BLOCK_V: tl.constexpr, KEYS: tl.constexpr, TOP_K: tl.constexpr, HAS_IDS: tl.constexpr,
-    BLOCK_IDS: tl.constexpr, SPLIT: tl.constexpr, ACC: tl.constexpr = 0,
+    BLOCK_IDS: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Grid (R, splits). Program (r, p) reads columns [p*split_len, (p+1)*split_len) of output row r's logits
     row once. With one split it also finishes the row; otherwise it writes its partial (max, sum, top-k keys)
@@ -203,7 +190,7 @@ def compute_spec_v2_logprobs_kernel(
     lo = split * split_len
     hi = tl.minimum(lo + split_len, vocab)
     hi = tl.where(valid, hi, lo)
-    m, s, top = scan_vocab(row_ptr, lo, hi, temp, SCALE, BLOCK_V, KEYS, TOP_K, ACC)
+    m, s, top = scan_vocab(row_ptr, lo, hi, temp, SCALE, BLOCK_V, KEYS, TOP_K)
     if SPLIT:
         part = r * tl.num_programs(1) + split
         tl.store(part_m_ptr + part, m)
@@ -274,7 +261,7 @@ def num_vocab_splits(num_rows: int, vocab: int, sm_count: int) -> int:
 
 
 def compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temperatures, ids, slots_per_req, keys, *,
-                                    _num_splits=None, _acc=0, _block_v=BLOCK_V, _num_warps=4):
+                                    _num_splits=None):
     """Launch the fused pass. ``logits`` [N, V]; ``predict`` [N] int; ``rows`` [R] int64 and ``valid`` [R] bool
     (``accepted_rows``); ``temperatures`` [B] fp32 sanitised, or None for no scaling; ``ids`` [B, L] int64 or
     None; ``slots_per_req`` T; ``keys`` 0 (no top-k) or a power of two <= ``TOP_K_CAP``.
@@ -302,7 +289,7 @@ def compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temperatures, 
     else:
         splits = num_vocab_splits(R, V, device_sm_count(device))
     # The tile shrinks to the split for a small vocabulary (>= 16 lanes: V = 1 still gets a real tile).
-    block_v = min(_block_v, max(16, triton.next_power_of_2(triton.cdiv(V, splits))))
+    block_v = min(BLOCK_V, max(16, triton.next_power_of_2(triton.cdiv(V, splits))))
     split_len = triton.cdiv(triton.cdiv(V, splits), block_v) * block_v
     keys_alloc = max(keys, 1)  # a [1] placeholder keeps the kernels' signatures when no top-k is wanted
     scale = temperatures is not None
@@ -318,7 +305,7 @@ def compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temperatures, 
     if splits == 1:
         compute_spec_v2_logprobs_kernel[(R, 1)](
             vocab=V, split_len=split_len, part_m_ptr=lp, part_s_ptr=lp, part_keys_ptr=rows,
-            BLOCK_V=block_v, SPLIT=False, ACC=_acc, num_warps=_num_warps, **common,
+            BLOCK_V=block_v, SPLIT=False, num_warps=4, **common,
         )
         return lp, top_val, top_idx, tid_val, stats
 
@@ -327,8 +314,7 @@ def compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temperatures, 
     part_keys = torch.empty(R, splits, keys_alloc, dtype=torch.long, device=device) if keys else rows
     partials = dict(part_m_ptr=part_m, part_s_ptr=part_s, part_keys_ptr=part_keys)
     compute_spec_v2_logprobs_kernel[(R, splits)](
-        vocab=V, split_len=split_len, BLOCK_V=block_v, SPLIT=True, ACC=_acc, num_warps=_num_warps, **partials,
-        **common,
+        vocab=V, split_len=split_len, BLOCK_V=block_v, SPLIT=True, num_warps=4, **partials, **common,
     )
     compute_spec_v2_logprobs_merge_kernel[(R,)](
         num_splits=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=1, **partials, **common,

@@ -204,11 +204,13 @@ def test_empty_split_beside_a_row_max_below_exp_range(force_splits, temperature)
 
 
 def test_default_launch_with_an_empty_split_at_a_tiny_temperature():
-    """Through the public op's own split heuristic: two accepted rows of V = 24,577 get 6 splits of 5,120
-    columns, the last one empty (as 2 rows of V = 151,936 get 37, some empty); temperature 0.01 puts the
-    row maximum near -100."""
+    """Through the public op's own split heuristic: two accepted rows of V = 24,577 get 6 splits of 6,144
+    columns (whole tiles), the last two empty (as 2 rows of V = 151,936 get 37, some empty); temperature 0.01
+    puts the row maximum near -100."""
     V = 24577
-    assert (fast_logprobs.num_vocab_splits(2, V, fast_logprobs._NOMINAL_SM_COUNT) - 1) * 5 * 1024 >= V
+    splits = fast_logprobs.num_vocab_splits(2, V, fast_logprobs._NOMINAL_SM_COUNT)
+    tile = fast_logprobs.BLOCK_V
+    assert (splits - 1) * (-(-(-(-V // splits)) // tile) * tile) >= V
     g = torch.Generator().manual_seed(13)
     logits = -1.0 - torch.rand(2, V, generator=g)
     predict = torch.tensor([5, V - 1])
@@ -222,11 +224,12 @@ def test_default_launch_with_an_empty_split_at_a_tiny_temperature():
 def test_split_heuristic():
     split = fast_logprobs.num_vocab_splits
     assert split(2, 151936, 132) > 8  # decode: two rows, a large vocabulary
-    assert split(2, 151936, 132) * 4 * fast_logprobs.BLOCK_V <= 151936 + 4 * fast_logprobs.BLOCK_V
+    per_split = fast_logprobs._MIN_TILES_PER_SPLIT * fast_logprobs.BLOCK_V
+    assert split(2, 151936, 132) * per_split <= 151936 + per_split
     # 256 rows of Qwen's vocabulary (the fused pass's goal shape) on an H200's 132 SMs: one program per row
     # would be 2 per SM with one tile in flight each; several resident programs per SM keep several in flight
     goal = split(256, 151936, 132)
-    assert 256 * goal >= 4 * 132 and goal * 4 * fast_logprobs.BLOCK_V <= 151936
+    assert 256 * goal >= 4 * 132 and goal * per_split <= 151936
     assert split(8 * 132, 151936, 132) == 1  # the rows alone fill the GPU
     assert split(2, 48, 132) == 1  # nothing worth splitting
     assert 1 <= split(1, 2**18, 132) <= fast_logprobs._MAX_SPLITS

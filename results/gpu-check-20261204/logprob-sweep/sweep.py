@@ -1,10 +1,12 @@
-"""The fused logprob kernels' accumulation mode x tile x warps at 256 x 151,936 bf16, on one GPU, against a copy.
+"""The fused logprob kernels' accumulation mode x tile x warps at 256 x 151,936 bf16 without temperature scaling,
+on one GPU, against a copy (read + write bytes, as gpu-check's ceiling).
 
-Run once on the H200 of 2026-12-04 (`python3 results/gpu-check-20261204/logprob-sweep/sweep.py --out $OUT`) to
-choose what the first gpu-check measured at 47 % of the copy. Like gpu-check's `fast_kernels` rows: the two
-launches alone, replayed from a CUDA graph over rotated copies of the logits (more than twice the L2), each
-variant checked against float64 first. `--smoke` runs a tiny case on a CPU (Triton's interpreter, no timing).
-"""
+Ran once on the H200 of 2026-12-04 at commit fa378ef, whose launcher took `_acc`, `_block_v` and `_num_warps`
+(`python3 results/gpu-check-20261204/logprob-sweep/sweep.py --out $OUT`, output sweep.csv beside it); the chosen
+per-lane sums over 2048-wide tiles are the only mode since, so it runs only at that commit. Like gpu-check's
+`fast_kernels` rows: the two launches alone, replayed from a CUDA graph over rotated copies of the logits (more
+than twice the L2), each variant checked against float64 first. `--smoke` runs a tiny case on a CPU (Triton's
+interpreter, no timing)."""
 from __future__ import annotations
 
 import argparse
