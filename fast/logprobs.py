@@ -107,6 +107,14 @@ def scan_vocab(row_ptr, lo, hi, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr
     reduction per tile instead of two. On the H200 (results/gpu-check-20261204/logprob-sweep) that took 256 x
     151,936 bf16 without scaling from 72 % to 84 % of the copy at 1024-wide tiles, 98 % at 2048; a per-lane max
     too (two exps per value) was slower than either."""
+    # Without top-k the scan divides nothing: dividing by a positive temperature is monotone and so is its
+    # rounding, so the scaled max is the raw max divided once (exactly torch's max of x / T), and each exponent
+    # is (x - max) * (1 / T), whose rounding error is relative to the small difference, not to x / T. An IEEE
+    # division per value bound the H200 pass at 48 % of the copy. The top-k keys need every x / T as torch
+    # rounds it, so with top-k each value is divided.
+    inv_temp = 1.0
+    if SCALE and not TOP_K:
+        inv_temp = 1.0 / temp
     m = float("-inf")
     s_lane = tl.zeros([BLOCK_V], tl.float32)
     top = tl.full([KEYS], _KEY_NONE, tl.int64)
@@ -115,15 +123,20 @@ def scan_vocab(row_ptr, lo, hi, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr
         cols = start + tl.arange(0, BLOCK_V)
         in_range = cols < hi
         x = tl.load(row_ptr + cols, mask=in_range, other=float("-inf")).to(tl.float32)
-        if SCALE:
+        if SCALE and TOP_K:
             x = tl.math.div_rn(x, temp)  # IEEE division, as torch's: equal inputs to the max and the top-k
         m_new = tl.maximum(m, tl.max(x, axis=0))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: exp(-inf - 0) = 0, not NaN
-        s_lane = s_lane * tl.exp(m - shift) + tl.exp(x - shift)
+        if SCALE and not TOP_K:
+            s_lane = s_lane * tl.exp((m - shift) * inv_temp) + tl.exp((x - shift) * inv_temp)
+        else:
+            s_lane = s_lane * tl.exp(m - shift) + tl.exp(x - shift)
         m = m_new
         if TOP_K:
             keys = tl.where(in_range, _keys_of(x, cols), _KEY_NONE)
             top, top_min = _insert_keys(top, top_min, keys)
+    if SCALE and not TOP_K:
+        m = tl.math.div_rn(m, temp)
     return m, tl.sum(s_lane, axis=0), top
 
 

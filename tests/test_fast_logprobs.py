@@ -203,6 +203,27 @@ def test_empty_split_beside_a_row_max_below_exp_range(force_splits, temperature)
     torch.testing.assert_close(out.next_token_logprobs.double(), want, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_scaled_rows_without_top_k_divide_only_the_max(force_splits, splits):
+    """Without top-k the scan divides nothing but each row's raw max: the row's shift must still be torch's
+    max of logits / T bit for bit (division by a positive T and its rounding are monotone), and the
+    logprobs as close to float64 as the reference's at a temperature where x / T reaches the thousands
+    (one fp32 ulp there is 1.2e-4)."""
+    force_splits(splits)
+    g = torch.Generator().manual_seed(21)
+    V, T = 3001, 0.013
+    logits = (torch.randn(3, V, generator=g) * 6).to(torch.bfloat16).float()
+    predict = torch.randint(0, V, (3,), generator=g)
+    rows, valid = torch.arange(3), torch.ones(3, dtype=torch.bool)
+    temps = torch.full((3,), T)
+    lp, _, _, _, stats = fast_logprobs.compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temps, None,
+                                                                     1, 0)
+    assert torch.equal(stats[:, 0], (logits / temps[:, None]).max(dim=1).values)
+    want = torch.log_softmax(logits.double() / T, -1)[rows, predict]
+    ref = torch.log_softmax(logits / T, -1)[rows, predict].double()
+    assert (lp.double() - want).abs().max() <= max(2 * (ref - want).abs().max(), 1e-5)
+
+
 def test_default_launch_with_an_empty_split_at_a_tiny_temperature():
     """Through the public op's own split heuristic: two accepted rows of V = 24,577 get 6 splits of 6,144
     columns (whole tiles), the last two empty (as 2 rows of V = 151,936 get 37, some empty); temperature 0.01
