@@ -285,8 +285,13 @@ class AdaptiveShapes(ShapePolicy):
     """Per request, an EMA of its draft quality q: its accepted drafts per step over what the tuning prompts averaged
     with the shape it ran (q = 1: as the tuning prompts, 0: nothing accepted). A shape c is predicted to give request b
     1 + q_b (a_c - 1) tokens per step (a_c its tuned mean, at most num_steps + 1); each step runs the bucket candidate
-    with the most predicted tokens per millisecond over the batch. NO_DRAFT (a_c = 1) wins when drafts keep failing;
-    since it measures nothing, after `probe_every` such steps in a row the cheapest drafting candidate runs once.
+    with the most predicted tokens per millisecond over the batch. NO_DRAFT (a_c = 1) runs only when it wins both by
+    the EMA and by each request's mean quality over all its drafted steps (the prior q = 1 counted as one step): a
+    step's accepted length is noisy, so the EMA of a request whose drafts are half as good as the tuning prompts'
+    (a sampled request, where the best drafting shapes still beat no draft by 25 %) dips past the no-draft boundary
+    now and then, and an undrafted request observes nothing to climb back with (on the deep pair such requests spent
+    up to half their steps undrafted). Since NO_DRAFT measures nothing, after `probe_every` such steps in a row the
+    cheapest drafting candidate runs once.
 
     decay: the EMA's weight of the newest step. A step's accepted length varies widely around a request's mean, so a
     fast EMA leaves the best shape after one unlucky step, and a slow one keeps drafting for a request whose drafts
@@ -299,31 +304,49 @@ class AdaptiveShapes(ShapePolicy):
         self.decay = decay
         self.probe_every = probe_every
         self.quality: list[float] = []
+        self.quality_sum: list[float] = []  # per request: the prior 1 plus every drafted step's q
+        self.drafted: list[int] = []  # per request: drafted steps observed, plus the prior's one
         self.last: Candidate | None = None
         self.undrafted = 0
 
     def start(self, batch_size: int) -> None:
         self.quality = [1.0] * batch_size
+        self.quality_sum, self.drafted = [1.0] * batch_size, [1] * batch_size
         self.last, self.undrafted = None, 0
 
     def filter(self, keep: list[int]) -> None:
         self.quality = [self.quality[i] for i in keep]
+        self.quality_sum = [self.quality_sum[i] for i in keep]
+        self.drafted = [self.drafted[i] for i in keep]
 
     def observe(self, accept_lens: list[int]) -> None:
         c = self.last
         if c is None or c.shape == NO_DRAFT or c.mean_accept_len <= 1.0:
             return
         d = self.decay
-        self.quality = [(1 - d) * q + d * (a - 1) / (c.mean_accept_len - 1) for q, a in zip(self.quality, accept_lens)]
+        seen = [(a - 1) / (c.mean_accept_len - 1) for a in accept_lens]
+        self.quality = [(1 - d) * q + d * x for q, x in zip(self.quality, seen)]
+        self.quality_sum = [total + x for total, x in zip(self.quality_sum, seen)]
+        self.drafted = [n + 1 for n in self.drafted]
 
-    def predicted_tokens(self, c: Candidate) -> float:
-        """The batch's predicted tokens of one step of candidate c."""
+    def mean_quality(self) -> list[float]:
+        """Per request: its mean q over its drafted steps, the prior q = 1 counted as one."""
+        return [total / n for total, n in zip(self.quality_sum, self.drafted)]
+
+    def predicted_tokens(self, c: Candidate, quality: list[float] | None = None) -> float:
+        """The batch's predicted tokens of one step of candidate c (by the EMA, or by `quality`)."""
         cap = c.shape[0] + 1
-        return sum(min(1 + q * (c.mean_accept_len - 1), cap) for q in self.quality)
+        return sum(min(1 + q * (c.mean_accept_len - 1), cap) for q in (self.quality if quality is None else quality))
 
     def choose(self, batch_size: int) -> Shape:
         cands = self.tuned.bucket(batch_size).candidates
         best = max(cands, key=lambda c: self.predicted_tokens(c) / c.step_ms)
+        if best.shape == NO_DRAFT:
+            drafting = [c for c in cands if c.shape != NO_DRAFT]
+            mean = self.mean_quality()
+            rate = {c.shape: self.predicted_tokens(c, mean) / c.step_ms for c in cands}
+            if drafting and max(rate[c.shape] for c in drafting) > rate[NO_DRAFT]:
+                best = max(drafting, key=lambda c: self.predicted_tokens(c) / c.step_ms)  # the EMA picks which
         if best.shape == NO_DRAFT:
             self.undrafted += 1
             if self.undrafted > self.probe_every:

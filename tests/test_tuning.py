@@ -206,6 +206,29 @@ def test_the_adaptive_policy_falls_back_to_no_draft_and_probes(pair):
     assert good.last_stats.step_shapes.count((3, 1, 4)) > len(good.last_stats.step_shapes) / 2
 
 
+def test_a_noisy_dip_does_not_stop_a_request_whose_drafts_pay():
+    """The policy alone, fed accepted lengths by hand. A request whose drafts run at q = 0.6 on average (above the
+    no-draft boundary q < 0.39 of these candidates) meets three failed steps in a row: its EMA falls to 0.27, but
+    its mean over all its drafted steps stays above the boundary, so it keeps drafting. A request whose drafts
+    always fail still gives up after four steps, as the EMA alone made it."""
+    cands = (Candidate((3, 1, 4), 3.0, 1.6), Candidate(NO_DRAFT, 1.0, 0.9))
+    spec = TunedSpec({}, {}, {}, {1: Bucket((3, 1, 4), cands)}, adaptive=True)
+    noisy = AdaptiveShapes(spec)
+    noisy.start(1)
+    for accepted in [3, 2, 3, 2, 3, 1, 1, 1]:  # q = 1, 0.5, 1, 0.5, 1, then 0, 0, 0
+        assert noisy.choose(1) == (3, 1, 4)
+        noisy.observe([accepted])
+    assert noisy.quality[0] < 0.39 < noisy.mean_quality()[0]  # the EMA alone would stop drafting here
+    assert noisy.choose(1) == (3, 1, 4)
+    failing = AdaptiveShapes(spec)
+    failing.start(1)
+    chosen = []
+    for _ in range(6):
+        chosen.append(failing.choose(1))
+        failing.observe([1])
+    assert chosen == [(3, 1, 4)] * 4 + [NO_DRAFT] * 2
+
+
 # ---- the boundary ------------------------------------------------------------------------------
 
 NO_DRAFT_SHAPE = dict(num_steps=0, topk=0, num_draft_tokens=1)
