@@ -185,12 +185,15 @@ def _e2e_models(device, smoke: bool):
 
 
 #: the draft kinds of the e2e part, each with a random draft (`DraftKind.random_draft`)
-E2E_KINDS = ("eagle", "mtp", "dflash")
+E2E_KINDS = ("eagle", "mtp", "dflash", "ngram", "draft_lm")
 
 
 def e2e_cases() -> list:
-    """target-only, the EAGLE tree, MTP MiMo and the DFlash block (no chain: the tree is the EAGLE headline)."""
-    return [c for c in _cases(set(E2E_KINDS)) if c.kind != "eagle" or c.spec.topk > 1]
+    """target-only, the EAGLE tree, MTP MiMo, the DFlash block, and the NGRAM and STANDALONE chains (one shape per
+    kind: the tree is the EAGLE headline, the chain the kinds' `e2e_specs`)."""
+    chain_only = {"ngram", "draft_lm"}
+    return [c for c in _cases(set(E2E_KINDS))
+            if c.spec is None or (c.spec.topk > 1 if c.kind == "eagle" else c.kind not in chain_only or c.spec.topk == 1)]
 
 
 def e2e_plan(smoke: bool) -> list[tuple]:
