@@ -411,3 +411,22 @@ def test_the_reports_goals_compare_two_rows_pass_by_pass():
     assert not any("prompt lookup" in line for line in table.splitlines())  # rows the CSV lacks: no goal line
     old = goals_table(df.drop(columns="cpu_tokens_per_s_by_pass"))
     assert "1.08x (median passes)" in old
+
+
+def test_write_csv_never_replaces_another_runs_file(tmp_path):
+    """Two runs started in the same second share a run id and so a file name: the second keeps its rows in
+    `<stem>-2.csv` and the first's file stays as it was."""
+    import dataclasses
+
+    from specdec.bench.common import write_csv
+
+    @dataclasses.dataclass
+    class Row:
+        model: str
+
+    first = write_csv([Row("deep")], tmp_path, "tune-20261204-120606.csv")
+    second = write_csv([Row("small")], tmp_path, "tune-20261204-120606.csv")
+    third = write_csv([Row("other")], tmp_path, "tune-20261204-120606.csv")
+    assert [first.name, second.name, third.name] == ["tune-20261204-120606.csv", "tune-20261204-120606-2.csv",
+                                                     "tune-20261204-120606-3.csv"]
+    assert first.read_text().splitlines() == ["model", "deep"] and second.read_text().splitlines()[1] == "small"

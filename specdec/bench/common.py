@@ -145,12 +145,17 @@ class RowWriter:
 
 
 def write_csv(rows: list, out_dir, name: str) -> Path:
-    """One run's rows (dataclasses of one type) -> `out_dir/name` (the directory is created)."""
+    """One run's rows (dataclasses of one type) -> `out_dir/name` (the directory is created), or `<stem>-2`, `-3`
+    ... where that file exists: two runs started in the same second share a run id, and the one that finished
+    second replaced the other's file (session 20's two grid checks, side by side)."""
     if not rows:
         raise ValueError(f"{name}: no rows to write")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    writer = RowWriter(out / name, type(rows[0]), append=False)
+    path, n = out / name, 2
+    while path.exists():
+        path, n = out / f"{Path(name).stem}-{n}{Path(name).suffix}", n + 1
+    writer = RowWriter(path, type(rows[0]), append=False)
     try:
         for row in rows:
             writer.write(row)
