@@ -288,10 +288,10 @@ class AdaptiveShapes(ShapePolicy):
     with the most predicted tokens per millisecond over the batch. NO_DRAFT (a_c = 1) runs only when it wins both by
     the EMA and by each request's mean quality over all its drafted steps (the prior q = 1 counted as one step): a
     step's accepted length is noisy, so the EMA of a request whose drafts are half as good as the tuning prompts'
-    (a sampled request, where the best drafting shapes still beat no draft by up to 29 %) dips past the no-draft boundary
-    now and then, and an undrafted request observes nothing to climb back with (on the deep pair such requests spent
-    up to half their steps undrafted). Since NO_DRAFT measures nothing, after `probe_every` such steps in a row the
-    cheapest drafting candidate runs once.
+    (a sampled request, where the best drafting shapes still beat no draft by up to 29 %) dips past the no-draft
+    boundary now and then, and an undrafted request observes nothing to climb back with (on the deep pair such
+    requests spent up to half their steps undrafted). Since NO_DRAFT measures nothing, after `probe_every` such
+    steps in a row the cheapest drafting candidate runs once.
 
     decay: the EMA's weight of the newest step. A step's accepted length varies widely around a request's mean, so a
     fast EMA leaves the best shape after one unlucky step, and a slow one keeps drafting for a request whose drafts
