@@ -357,14 +357,16 @@ def compute_spec_v2_logprobs(
     first).
 
     How. One program per (output row, vocabulary split) reads its slice of the accepted logits row once, in
-    its stored dtype, upcasts each tile to fp32 in registers, divides it by the request's temperature and keeps
-    an online max / sum of exponentials and, when a request asked for top logprobs, a running top-k of
+    its stored dtype, upcasts each tile to fp32 in registers and keeps an online max (per tile) and sum of
+    exponentials (per lane) of the values over the request's temperature (with top-k: each value divided as
+    torch divides; without: only the max, each exponent a product with 1 / T) and, when a request asked for
+    top logprobs, a running top-k of
     (value, token id) packed into int64 keys (K = ``top_logprobs_num`` rounded up to a power of two, a
     constexpr: a batch without top-k requests compiles a variant with no top-k code). With one split the
     program then finishes the row: lse, the chosen token's and the requested ids' logprobs as single loads,
     the sorted top-k. Unless the rows alone give ``_PROGRAMS_PER_SM`` programs per SM (decode: B*(S+1) can be
     2; even 256 rows are 2 per SM of an H200) the vocabulary is split over several programs per row (enough
-    for that many per SM, each split >= 4 tiles) and
+    for that many per SM, each split >= 2 tiles of 2,048) and
     ``compute_spec_v2_logprobs_merge_kernel`` merges the partials. No [rows, V] intermediate exists. Above
     ``TOP_K_CAP`` the kernel runs without top-k and ``torch.topk`` over the gathered rows' raw logits (same
     order as the logprobs for a positive temperature) gives the ids; their values use the kernel's lse. A padded
