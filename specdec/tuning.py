@@ -305,19 +305,18 @@ class AdaptiveShapes(ShapePolicy):
         self.probe_every = probe_every
         self.quality: list[float] = []
         self.quality_sum: list[float] = []  # per request: the prior 1 plus every drafted step's q
-        self.drafted: list[int] = []  # per request: drafted steps observed, plus the prior's one
+        self.drafted = 0  # drafted steps observed (every request of a generate call sees the same steps)
         self.last: Candidate | None = None
         self.undrafted = 0
 
     def start(self, batch_size: int) -> None:
         self.quality = [1.0] * batch_size
-        self.quality_sum, self.drafted = [1.0] * batch_size, [1] * batch_size
+        self.quality_sum, self.drafted = [1.0] * batch_size, 0
         self.last, self.undrafted = None, 0
 
     def filter(self, keep: list[int]) -> None:
         self.quality = [self.quality[i] for i in keep]
         self.quality_sum = [self.quality_sum[i] for i in keep]
-        self.drafted = [self.drafted[i] for i in keep]
 
     def observe(self, accept_lens: list[int]) -> None:
         c = self.last
@@ -327,11 +326,11 @@ class AdaptiveShapes(ShapePolicy):
         seen = [(a - 1) / (c.mean_accept_len - 1) for a in accept_lens]
         self.quality = [(1 - d) * q + d * x for q, x in zip(self.quality, seen)]
         self.quality_sum = [total + x for total, x in zip(self.quality_sum, seen)]
-        self.drafted = [n + 1 for n in self.drafted]
+        self.drafted += 1
 
     def mean_quality(self) -> list[float]:
         """Per request: its mean q over its drafted steps, the prior q = 1 counted as one."""
-        return [total / n for total, n in zip(self.quality_sum, self.drafted)]
+        return [total / (1 + self.drafted) for total in self.quality_sum]
 
     def predicted_tokens(self, c: Candidate, quality: list[float] | None = None) -> float:
         """The batch's predicted tokens of one step of candidate c (by the EMA, or by `quality`)."""
@@ -340,19 +339,17 @@ class AdaptiveShapes(ShapePolicy):
 
     def choose(self, batch_size: int) -> Shape:
         cands = self.tuned.bucket(batch_size).candidates
+        drafting = [c for c in cands if c.shape != NO_DRAFT]
         best = max(cands, key=lambda c: self.predicted_tokens(c) / c.step_ms)
-        if best.shape == NO_DRAFT:
-            drafting = [c for c in cands if c.shape != NO_DRAFT]
+        if best.shape == NO_DRAFT and drafting:
             mean = self.mean_quality()
-            rate = {c.shape: self.predicted_tokens(c, mean) / c.step_ms for c in cands}
-            if drafting and max(rate[c.shape] for c in drafting) > rate[NO_DRAFT]:
+            undrafted_rate = self.predicted_tokens(best, mean) / best.step_ms
+            if max(self.predicted_tokens(c, mean) / c.step_ms for c in drafting) > undrafted_rate:
                 best = max(drafting, key=lambda c: self.predicted_tokens(c) / c.step_ms)  # the EMA picks which
         if best.shape == NO_DRAFT:
             self.undrafted += 1
-            if self.undrafted > self.probe_every:
-                drafting = [c for c in cands if c.shape != NO_DRAFT]
-                if drafting:
-                    best, self.undrafted = min(drafting, key=lambda c: c.step_ms), 0
+            if self.undrafted > self.probe_every and drafting:
+                best, self.undrafted = min(drafting, key=lambda c: c.step_ms), 0
         else:
             self.undrafted = 0
         self.last = best
