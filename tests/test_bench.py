@@ -317,17 +317,47 @@ def test_heads_bench_compares_a_swapped_head(capsys):
 
     shipped = zoo.WEIGHTS_DIR / zoo.DEFAULT_NAME
     assert main(["--model", zoo.DEFAULT_NAME, "--kinds", "eagle", "--swap", f"eagle={shipped}", "--shapes", "2;2,2,4",
-                 "--num-prompts", "1", "--prompt-len", "32", "--max-new-tokens", "12"]) == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
+                 "--num-prompts", "2", "--prompt-len", "32", "--max-new-tokens", "12"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["rows"]
     assert [(r["draft"], r["num_draft_tokens"]) for r in rows] == [
         ("eagle", 3), ("eagle", 4), (f"eagle@{shipped}", 3), (f"eagle@{shipped}", 4)]
     assert all(r["identical"] and r["tokens_per_step"] >= 1 for r in rows)
     # the same weights from the shipped directory accept exactly as the loaded head does
     assert [r["tokens_per_step"] for r in rows[:2]] == [r["tokens_per_step"] for r in rows[2:]]
+    assert [(p["draft"], p["num_draft_tokens"], p["ratio"], p["low"], p["high"]) for p in out["paired"]] == [
+        (f"eagle@{shipped}", 3, 1.0, 1.0, 1.0), (f"eagle@{shipped}", 4, 1.0, 1.0, 1.0)]
     with pytest.raises(ValueError, match="S or S,K,W"):
         parse_shape("5,4")
     with pytest.raises(SystemExit):
         main(["--shapes", "x"])
+
+
+def test_paired_ratio_of_two_drafts_over_the_same_prompts():
+    """The heads bench's paired comparison: exact where every prompt agrees, inside the per-prompt extremes where
+    they differ (with equal tokens, a pooled ratio of steps is a mediant of the prompts' ratios), narrower by about
+    the square root of the prompt count when the prompts repeat, and a ValueError for unpaired counts."""
+    import random
+
+    from specdec.bench.heads import paired_ratio
+
+    tokens = [96] * 8
+    steps_a = [20, 25, 31, 40, 22, 28, 35, 19]
+    scaled = paired_ratio(tokens, steps_a, [t * 11 for t in tokens], [s * 10 for s in steps_a])
+    assert scaled == {"ratio": 1.1, "low": 1.1, "high": 1.1}
+    rng = random.Random(3)
+    steps_b = [s + rng.choice([-3, -1, 0, 2, 4]) for s in steps_a]
+    r = paired_ratio(tokens, steps_a, tokens, steps_b)
+    per_prompt = [a / b for a, b in zip(steps_a, steps_b)]
+    assert min(per_prompt) <= r["low"] <= r["ratio"] <= r["high"] <= max(per_prompt)
+    assert r["ratio"] == round(sum(steps_a) / sum(steps_b), 4)
+    wide = r["high"] - r["low"]
+    r16 = paired_ratio(tokens * 16, steps_a * 16, tokens * 16, steps_b * 16)
+    assert r16["ratio"] == r["ratio"] and 0.15 * wide < r16["high"] - r16["low"] < 0.4 * wide  # 1/4 expected
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_ratio(tokens, steps_a, tokens[:-1], steps_b[:-1])
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_ratio([], [], [], [])
 
 
 def test_runners_take_turns_on_every_batch_of_a_pass():

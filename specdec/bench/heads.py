@@ -5,11 +5,17 @@ the tree S5 K4 W16), the mean accepted tokens per decode step over held-out prom
 token-identical to target-only's. The pair is a shipped one (`--model`) or a directory `specdec zoo train --out`
 wrote (`--dir`), so a retrained head is compared before it replaces the shipped one; `--swap KIND=DIR` takes one
 kind's weights from another pair's directory (the retrain's) and names it `KIND@DIR` in the output. Acceptance
-under greedy decoding is deterministic, so this needs no repeats; tokens/s are `specdec bench`'s rows."""
+under greedy decoding is deterministic, so this needs no repeats; tokens/s are `specdec bench`'s rows.
+
+What varies is the prompts: two heads a fraction of a percent apart on 16 prompts may swap places on the next 16.
+So each row also keeps its per-prompt tokens and steps, and `paired` compares every draft with the first one asked,
+shape by shape: the ratio of their tokens per step and its 95 % interval from a paired bootstrap over the prompts
+(`paired_ratio`)."""
 from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 
 import torch
@@ -41,7 +47,45 @@ def accepted_per_step(target, draft, spec: SpecConfig, prompts, base, max_new_to
     outs = [engine.generate([p], params)[0] for p in prompts]
     lens = [a for o in outs for a in o.accept_lens]
     return {"tokens_per_step": round(sum(lens) / len(lens), 4), "steps": len(lens),
-            "identical": None if base is None else all(o.token_ids == b.token_ids for o, b in zip(outs, base))}
+            "identical": None if base is None else all(o.token_ids == b.token_ids for o, b in zip(outs, base)),
+            "tokens_by_prompt": [sum(o.accept_lens) for o in outs],
+            "steps_by_prompt": [len(o.accept_lens) for o in outs]}
+
+
+def paired_ratio(tokens_a, steps_a, tokens_b, steps_b, resamples: int = 2000, seed: int = 0) -> dict:
+    """Per-prompt tokens and decode steps of drafts a and b on the same prompts -> b's tokens per step over a's
+    (each pooled over the prompts) and its 95 % interval: the 2.5th and 97.5th percentiles of the same ratio over
+    `resamples` bootstrap draws of the prompts, each draw taking both drafts' counts of the prompts it drew (paired,
+    so what one prompt makes easy for both cancels)."""
+    n = len(steps_a)
+    if not n or any(len(x) != n for x in (tokens_a, tokens_b, steps_b)):
+        raise ValueError(f"paired_ratio needs the same prompts (at least one) for both drafts, got "
+                         f"{[len(x) for x in (tokens_a, steps_a, tokens_b, steps_b)]} counts")
+
+    def ratio(idx):
+        return (sum(tokens_b[i] for i in idx) / sum(steps_b[i] for i in idx)) / (
+            sum(tokens_a[i] for i in idx) / sum(steps_a[i] for i in idx))
+
+    rng = random.Random(seed)
+    draws = sorted(ratio([rng.randrange(n) for _ in range(n)]) for _ in range(resamples))
+    return {"ratio": round(ratio(range(n)), 4), "low": round(draws[int(0.025 * (resamples - 1))], 4),
+            "high": round(draws[int(0.975 * (resamples - 1))], 4)}
+
+
+def paired_rows(rows: list[dict]) -> list[dict]:
+    """`accepted_per_step` rows (with "draft" and the shape's fields) -> for every shape and every draft after the
+    first one listed, `paired_ratio` against the first."""
+    out = []
+    first = rows[0]["draft"]
+    for a in (r for r in rows if r["draft"] == first):
+        shape = (a["num_steps"], a["topk"], a["num_draft_tokens"])
+        for b in rows:
+            if b["draft"] != first and (b["num_steps"], b["topk"], b["num_draft_tokens"]) == shape:
+                out.append({"draft": b["draft"], "against": first, "num_steps": shape[0], "topk": shape[1],
+                            "num_draft_tokens": shape[2],
+                            **paired_ratio(a["tokens_by_prompt"], a["steps_by_prompt"], b["tokens_by_prompt"],
+                                           b["steps_by_prompt"])})
+    return out
 
 
 def main(argv=None) -> int:
@@ -91,8 +135,8 @@ def main(argv=None) -> int:
     rows = [{"draft": name, "num_steps": s.num_steps, "topk": s.topk, "num_draft_tokens": s.num_draft_tokens,
              **accepted_per_step(bundle.target, d, s, prompts, base, a.max_new_tokens)}
             for name, d in drafts.items() for s in shapes]
-    print(json.dumps({"pair": bundle.name, "threads": a.threads, "num_prompts": a.num_prompts, "rows": rows},
-                     indent=1))
+    print(json.dumps({"pair": bundle.name, "threads": a.threads, "num_prompts": a.num_prompts,
+                      "paired": paired_rows(rows), "rows": rows}, indent=1))
     return 0
 
 
