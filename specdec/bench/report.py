@@ -67,19 +67,30 @@ def _passes(row) -> list[float] | None:
     return [float(x) for x in str(cell).split(";")]
 
 
-def paired_ratio(a, b) -> tuple[float, bool]:
-    """Two rows of one (batch size, temperature) -> (a's CPU tokens/s over b's, whether pass by pass). Pass p of
-    both ran in the same minutes, so the median of the per-pass ratios leaves out a drift of the machine's speed
+def paired_ratio(a, b) -> tuple[float, list[float] | None]:
+    """Two rows of one (batch size, temperature) -> (a's CPU tokens/s over b's, the per-pass ratios or None). Pass p
+    of both ran in the same minutes, so the median of the per-pass ratios leaves out a drift of the machine's speed
     that the ratio of the two median passes keeps; a CSV without `cpu_tokens_per_s_by_pass` gives that ratio."""
     pa, pb = _passes(a), _passes(b)
     if pa is None or pb is None or len(pa) != len(pb):
-        return a["cpu_tokens_per_s"] / b["cpu_tokens_per_s"], False
-    return statistics.median(x / y for x, y in zip(pa, pb)), True
+        return a["cpu_tokens_per_s"] / b["cpu_tokens_per_s"], None
+    ratios = [x / y for x, y in zip(pa, pb)]
+    return statistics.median(ratios), ratios
+
+
+def _pass_cell(ratios: list[float] | None, goal: float) -> str:
+    """The per-pass ratios' range and how many met the goal: a median that meets it by less than the machine's
+    noise shows here as passes below it."""
+    if ratios is None:
+        return ""
+    met = sum(r >= goal for r in ratios)
+    return f"{min(ratios):.2f}-{max(ratios):.2f}, {met} of {len(ratios)}"
 
 
 def goals_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
-    """Markdown: each goal of `GOALS` whose two rows the CSV has, the paired ratio per batch size and whether it
-    meets the goal. Empty when the CSV has none."""
+    """Markdown: each goal of `GOALS` whose two rows the CSV has, the paired ratio per batch size, the per-pass
+    ratios' range and how many passes met the goal, and whether the median meets it. Empty when the CSV has
+    none."""
     df = df[df["temperature"] == temperature]
     specdec = df[~df["worker"].astype(str).str.startswith("hf-") & (df["worker"] != "target-only")]
     lines = []
@@ -95,17 +106,17 @@ def goals_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
                     continue
                 found = {name: paired_ratio(r, here.loc[base]) for name, r in rows.iterrows()}
                 name = max(found, key=lambda n: found[n][0])
-                (ratio, paired), cell = found[name], f" ({name})"
+                (ratio, passes), cell = found[name], f" ({name})"
             elif label in here.index:
-                (ratio, paired), cell = paired_ratio(here.loc[label], here.loc[base]), ""
+                (ratio, passes), cell = paired_ratio(here.loc[label], here.loc[base]), ""
             else:
                 continue
-            mark = "" if paired else " (median passes)"
-            lines.append(f"| {what}, B = {B} | {ratio:.2f}x{cell}{mark} | {goal:.1f}x | "
+            mark = "" if passes is not None else " (median passes)"
+            lines.append(f"| {what}, B = {B} | {ratio:.2f}x{cell}{mark} | {_pass_cell(passes, goal)} | {goal:.1f}x | "
                          f"{'yes' if ratio >= goal else '**no**'} |")
     if not lines:
         return ""
-    return "\n".join(["| goal | measured | goal | met |", "|---|---|---|---|"] + lines)
+    return "\n".join(["| goal | measured | passes: range, met | goal | met |", "|---|---|---|---|---|"] + lines)
 
 
 def print_report(csv_path) -> int:
