@@ -57,6 +57,20 @@ def test_benchmark_csv_schema_and_plot(tmp_path):
             assert 0 < cost < float("inf") and abs(float(r["speedup_bound"]) - acc / cost) <= 1e-3 * acc / cost
         assert r["cpu_model"] and r["linear_backend"].startswith("auto")
     assert all(r["linear_backend"] == r["speedup_bound"] == "" and r["cpu_model"] for r in peers)
+    # per batch of prompts: the median pass's tokens and accepted lengths, every pass's CPU seconds
+    for r in rows + peers:
+        batches = 4 // int(r["batch_size"])
+        tokens = [int(x) for x in r["tokens_by_batch"].split(",")]
+        cpu = [[float(x) for x in p.split(",")] for p in r["cpu_s_by_batch"].split(";")]
+        assert len(tokens) == batches and sum(tokens) == int(r["tokens"])
+        assert len(cpu) == 2 and all(len(p) == batches for p in cpu)
+        assert min(abs(sum(p) - float(r["cpu_s"])) for p in cpu) <= 1e-3  # the median pass is one of them
+        if r in peers:
+            assert r["accept_len_by_batch"] == r["verify_steps_by_batch"] == ""
+        else:  # pooled over the batches' verify steps, the row's mean accepted length
+            accept = [float(x) for x in r["accept_len_by_batch"].split(",")]
+            steps = [int(x) for x in r["verify_steps_by_batch"].split(",")]
+            assert abs(sum(a * n for a, n in zip(accept, steps)) / sum(steps) - float(r["mean_accept_len"])) < 1e-3
     png = plot_acceptance_and_speedup(load_results(tmp_path), tmp_path / "plot.png")
     assert png.stat().st_size > 10_000
 
@@ -376,12 +390,14 @@ def test_runners_take_turns_on_every_batch_of_a_pass():
         def generate(self, batch, params, seed=0):
             calls.append((self.name, batch[0]))
             self.last_stats = SimpleNamespace(wall_s=0.5, num_decode_steps=2, num_tokens=3)
-            return [batch[0]]
+            return [SimpleNamespace(prompt=batch[0], accept_lens=[2, 1])]
 
     passes = _measure([Runner("a"), Runner("b")], [["p0"], ["p1"]], None, repeats=2)
     assert calls[2:] == [("a", "p0"), ("b", "p0"), ("a", "p1"), ("b", "p1")] * 2  # after one warm-up call each
-    assert [p["outs"] for p in passes[0]] == [["p0", "p1"]] * 2
+    assert [[o.prompt for o in p["outs"]] for p in passes[0]] == [["p0", "p1"]] * 2
     assert {(p["wall"], p["steps"], p["tokens"]) for r in passes for p in r} == {(1.0, 4, 6)}
+    assert all(p["tokens_by_batch"] == [3, 3] and p["accept_by_batch"] == [1.5, 1.5]
+               and p["verifies_by_batch"] == [2, 2] and len(p["cpu_by_batch"]) == 2 for r in passes for p in r)
 
 
 def test_a_shared_ngram_case_starts_every_pass_from_an_empty_index(small, tmp_path):
@@ -442,6 +458,42 @@ def test_the_reports_goals_compare_two_rows_pass_by_pass():
     assert not any("prompt lookup" in line for line in table.splitlines())  # rows the CSV lacks: no goal line
     old = goals_table(df.drop(columns="cpu_tokens_per_s_by_pass"))
     assert "1.08x (median passes) |  |" in old
+
+
+def test_standalone_against_trained_heads_where_it_accepts_more():
+    """#32's comparison on the prompts where STANDALONE accepts more per step than a worker with a trained head:
+    the tuned STANDALONE row against every such row, and the STANDALONE row of the same shape; tokens per CPU second
+    on those prompts only, pass by pass (computed here by hand), and a row with no such prompt says so."""
+    import pandas as pd
+
+    from specdec.bench.report import accepts_more_table, where_it_accepts_more
+
+    def row(label, worker, policy, shape, accept, cpu):  # 10 tokens per prompt, in 10 / accept verify steps
+        return dict(label=label, worker=worker, shape_policy=policy, batch_size=1, temperature=0.0,
+                    num_steps=shape[0], topk=shape[1], num_draft_tokens=shape[2], tokens_by_batch="10,10,10,10",
+                    accept_len_by_batch=",".join(map(str, accept)),
+                    verify_steps_by_batch=",".join(str(10 / a) for a in accept),
+                    cpu_s_by_batch=";".join(",".join(map(str, p)) for p in cpu))
+    tuned = row("STANDALONE tuned", "draft_lm", "tuned", (4, 4, 16), [2.0, 3.0, 1.5, 4.0], [[1, 1, 1, 1], [2, 2, 2, 2]])
+    tree = row("STANDALONE tree S5 K4 W16", "draft_lm", "static", (5, 4, 16), [2.0, 2.0, 2.0, 2.0],
+               [[1, 1, 1, 1]] * 2)
+    eagle = row("EAGLE tree S5 K4 W16", "eagle", "static", (5, 4, 16), [2.5, 2.0, 1.0, 5.0],
+                [[2, 1, 4, 1], [2, 2, 2, 2]])
+    mtp = row("MTP MiMo S3", "mtp", "static", (3, 1, 4), [5.0, 5.0, 5.0, 5.0], [[1, 1, 1, 1]] * 2)
+    ngram = row("NGRAM tuned", "ngram", "tuned", (7, 4, 12), [1.0] * 4, [[1, 1, 1, 1]] * 2)
+    old = dict(mtp, label="MTP chain S3", worker="mtp_chain", tokens_by_batch="")  # a CSV before these columns
+    df = pd.DataFrame([tuned, tree, eagle, mtp, ngram, old])
+    # prompts 1 and 2: pass 1 20 / 2 against 20 / 5 -> 2.5, pass 2 20 / 4 against 20 / 4 -> 1.0; median 1.75
+    r = where_it_accepts_more(df.iloc[0], df.iloc[2])
+    assert (r["more"], r["of"], r["passes"], r["ratio"]) == (2, 4, [2.5, 1.0], 1.75)
+    assert abs(r["accept_a"] - 20 / (10 / 3 + 10 / 1.5)) < 1e-9 and abs(r["accept_b"] - 20 / 15) < 1e-9
+    table = accepts_more_table(df).splitlines()
+    assert table[2:] == [
+        "| EAGLE tree S5 K4 W16 | STANDALONE tuned | 2 of 4 | 2.00 / 1.33 | 1.75x (1.00-2.50) | yes |",
+        # the same shape: prompt 2 only (2.0 > 1.0), 10 / 1 against 10 / 4 in pass 1, 10 / 1 against 10 / 2 in pass 2
+        "| EAGLE tree S5 K4 W16 | STANDALONE tree S5 K4 W16 | 1 of 4 | 2.00 / 1.00 | 3.00x (2.00-4.00) | yes |",
+        "| MTP MiMo S3 | STANDALONE tuned | 0 of 4 |  |  |  |"]  # NGRAM needs no trained head; the old row: no data
+    assert accepts_more_table(df.drop(columns="cpu_s_by_batch").assign(cpu_s_by_batch="")) == ""
 
 
 def test_write_csv_never_replaces_another_runs_file(tmp_path):

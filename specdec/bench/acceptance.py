@@ -67,6 +67,11 @@ class AcceptanceRow(RunRow):
     forward_cost_in_target_only_steps: float | str
     speedup_bound: float | str
     draft_ms_per_step: float | str
+    # per batch of prompts, in order (at B = 1: per prompt), so that rows can be compared on a subset of the prompts
+    tokens_by_batch: str  # of the median pass, ","-separated
+    accept_len_by_batch: str  # of the median pass: the batch's tokens per verify step, ","-separated
+    verify_steps_by_batch: str  # of the median pass: the batch's requests' verify steps, ","-separated
+    cpu_s_by_batch: str  # every pass: ","-separated batches, ";"-separated passes
 
 
 def _forward_pass(runner, batches, params):
@@ -113,15 +118,23 @@ def _measure(runners, batches, params, repeats):
         runner.generate(batches[0][:1], SamplingParams(max_new_tokens=4))
     passes = [[] for _ in runners]
     for _ in range(repeats):
-        this_pass = [dict(outs=[], wall=0.0, cpu=0.0, steps=0, tokens=0) for _ in runners]
+        this_pass = [dict(outs=[], wall=0.0, cpu=0.0, steps=0, tokens=0, cpu_by_batch=[], tokens_by_batch=[],
+                          accept_by_batch=[], verifies_by_batch=[]) for _ in runners]
         for runner in runners:
             if isinstance(runner, Engine):
                 runner.flush_cache()
         for batch in batches:
             for runner, acc in zip(runners, this_pass):
                 c0 = time.process_time()
-                acc["outs"] += runner.generate(batch, params, seed=0)
-                acc["cpu"] += time.process_time() - c0
+                outs = runner.generate(batch, params, seed=0)
+                cpu = time.process_time() - c0
+                acc["outs"] += outs
+                acc["cpu"] += cpu
+                acc["cpu_by_batch"].append(cpu)
+                acc["tokens_by_batch"].append(runner.last_stats.num_tokens)
+                lens = [a for o in outs for a in o.accept_lens]
+                acc["accept_by_batch"].append(sum(lens) / len(lens) if lens else None)
+                acc["verifies_by_batch"].append(len(lens))
                 acc["wall"] += runner.last_stats.wall_s
                 acc["steps"] += runner.last_stats.num_decode_steps
                 acc["tokens"] += runner.last_stats.num_tokens
@@ -219,7 +232,13 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                     forward_cost_in_target_only_steps=round(fwd_cost, 4) if fwd_cost else "",
                     speedup_bound=round(mean_acc / fwd_cost, 4) if fwd_cost else "",
                     # a no-draft step has a draft phase too (NGRAM's host trie work): reported for every drafting case
-                    draft_ms_per_step=round(fwd[1] * 1e3, 4) if fwd is not None and case.spec is not None else "")
+                    draft_ms_per_step=round(fwd[1] * 1e3, 4) if fwd is not None and case.spec is not None else "",
+                    tokens_by_batch=",".join(str(t) for t in med["tokens_by_batch"]),
+                    accept_len_by_batch=",".join(f"{a:.4f}" for a in med["accept_by_batch"])
+                    if all(a is not None for a in med["accept_by_batch"]) else "",
+                    verify_steps_by_batch=",".join(str(n) for n in med["verifies_by_batch"])
+                    if all(a is not None for a in med["accept_by_batch"]) else "",
+                    cpu_s_by_batch=";".join(",".join(f"{c:.4f}" for c in p["cpu_by_batch"]) for p in ps))
                 rows.append(row)
                 progress(f"T={temperature} B={B} {case.label:24s} tok/s {tps:8.1f} cpu-tok/s {cpu_tps:8.1f} "
                          f"accept {row.mean_accept_len or 1:.2f} x{row.cpu_speedup_vs_target_only:.2f} "

@@ -119,6 +119,87 @@ def goals_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
     return "\n".join(["| goal | measured | passes: range, met | goal | met |", "|---|---|---|---|---|"] + lines)
 
 
+#: the kind that drafts with a small LM of the target's vocabulary (STANDALONE), and the workers #32 measures it
+#: against: every kind that needs a trained head (not an untrained draft such as NGRAM)
+STANDALONE_KIND = "draft_lm"
+
+
+def _trained_head_kinds() -> list[str]:
+    from ..draft_kinds import DRAFT_KINDS
+    return [name for name, kind in DRAFT_KINDS.items() if name != STANDALONE_KIND and not kind.untrained]
+
+
+def _by_batch(row):
+    """A row's per-batch columns -> (tokens, accepted per step, verify steps, CPU seconds per pass), or None when it
+    has none."""
+    cells = [row.get(c) for c in ("tokens_by_batch", "accept_len_by_batch", "verify_steps_by_batch",
+                                  "cpu_s_by_batch")]
+    if any(c is None or (not isinstance(c, str) and pd.isna(c)) or c == "" for c in cells):
+        return None
+    tokens = [int(x) for x in str(cells[0]).split(",")]
+    accept = [float(x) for x in str(cells[1]).split(",")]
+    steps = [float(x) for x in str(cells[2]).split(",")]
+    cpu = [[float(x) for x in p.split(",")] for p in str(cells[3]).split(";")]
+    return tokens, accept, steps, cpu
+
+
+def where_it_accepts_more(a, b) -> dict | None:
+    """Two rows of one (batch size, temperature) with per-batch columns -> on the batches (at B = 1: the prompts)
+    where a accepts more tokens per step than b: how many of how many, each row's tokens per step there (pooled over
+    their verify steps), and a's CPU tokens/s over b's there, pass by pass (`ratio`, the median; `passes`). None when
+    a row lacks the columns; `ratio` None when a accepts more on no batch."""
+    ra, rb = _by_batch(a), _by_batch(b)
+    if ra is None or rb is None or len(ra[0]) != len(rb[0]) or len(ra[3]) != len(rb[3]):
+        return None
+    (ta, aa, sa, ca), (tb, ab, sb, cb) = ra, rb
+    more = [i for i in range(len(ta)) if aa[i] > ab[i]]
+    out = {"more": len(more), "of": len(ta), "ratio": None, "passes": None, "accept_a": None, "accept_b": None}
+    if not more:
+        return out
+
+    def pooled(accept, steps):
+        return sum(accept[i] * steps[i] for i in more) / sum(steps[i] for i in more)
+
+    def rate(tokens, cpu):
+        return sum(tokens[i] for i in more) / sum(cpu[i] for i in more)
+
+    passes = [rate(ta, pa) / rate(tb, pb) for pa, pb in zip(ca, cb)]
+    out.update(ratio=statistics.median(passes), passes=passes, accept_a=pooled(aa, sa), accept_b=pooled(ab, sb))
+    return out
+
+
+def accepts_more_table(df: pd.DataFrame, batch_size: int = 1, temperature: float = 0.0) -> str:
+    """Markdown, #32's "STANDALONE ahead of every worker that needs a trained head on the prompts where its acceptance
+    is higher": for every such row of the CSV at `batch_size`, the tuned STANDALONE row and the STANDALONE row of the
+    same shape (where the run has one) on the prompts where STANDALONE accepts more per step
+    (`where_it_accepts_more`). Empty when the CSV lacks the rows or the per-batch columns."""
+    here = df[(df["batch_size"] == batch_size) & (df["temperature"] == temperature)]
+    standalone = here[here["worker"] == STANDALONE_KIND]
+    trained = here[here["worker"].isin(_trained_head_kinds())]
+    lines = []
+    for _, b in trained.iterrows():
+        shape = (b["num_steps"], b["topk"], b["num_draft_tokens"])
+        for _, a in standalone.iterrows():
+            same_shape = a["shape_policy"] == "static" and b["shape_policy"] == "static" and (
+                a["num_steps"], a["topk"], a["num_draft_tokens"]) == shape
+            if a["shape_policy"] != "tuned" and not same_shape:
+                continue
+            r = where_it_accepts_more(a, b)
+            if r is None:
+                continue
+            if r["ratio"] is None:
+                lines.append(f"| {b['label']} | {a['label']} | 0 of {r['of']} |  |  |  |")
+                continue
+            lines.append(f"| {b['label']} | {a['label']} | {r['more']} of {r['of']} | {r['accept_a']:.2f} / "
+                         f"{r['accept_b']:.2f} | {r['ratio']:.2f}x ({min(r['passes']):.2f}-{max(r['passes']):.2f}) | "
+                         f"{'yes' if r['ratio'] >= 1.0 else '**no**'} |")
+    if not lines:
+        return ""
+    return "\n".join(["| worker with a trained head | STANDALONE | prompts where STANDALONE accepts more | "
+                      "accepted / step there (STANDALONE / worker) | CPU tokens/s there, STANDALONE / worker "
+                      "(passes' range) | ahead |", "|---|---|---|---|---|---|"] + lines)
+
+
 def print_report(csv_path) -> int:
     path = Path(csv_path)
     if not path.is_file():
@@ -148,4 +229,11 @@ def print_report(csv_path) -> int:
         print("Against the goals of #32 and #34 (CPU tokens/s, the median over passes of the per-pass ratio):")
         print()
         print(goals)
+    more = accepts_more_table(df)
+    if more:
+        print()
+        print("STANDALONE against the workers with a trained head, B = 1, on the prompts where STANDALONE accepts more "
+              "per step (CPU tokens/s there, the median over passes of the per-pass ratio):")
+        print()
+        print(more)
     return 0
