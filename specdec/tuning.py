@@ -16,8 +16,8 @@ The file (`FORMAT`):
      "machine": {"device": str, "cpu_model": str, "threads": int, "impl": str, "dtype": str},
      "buckets": {"<batch size>": {"shape": SHAPE,
                                   "candidates": [{"shape": SHAPE, "mean_accept_len": float, "step_ms": float}, ...]}}}
-with SHAPE = {"num_steps": int, "topk": int, "num_draft_tokens": int}. A bucket serves batches up to its size (the
-largest serves bigger ones); its shape may be no draft (SHAPE of `NO_DRAFT`), where the tuner measured no drafting
+with SHAPE = {"num_steps": int, "topk": int, "num_draft_tokens": int}. A bucket serves the batches nearest its size by
+ratio (`TunedSpec.bucket`); its shape may be no draft (SHAPE of `NO_DRAFT`), where the tuner measured no drafting
 shape beating it at that batch size, and some candidate of the file must draft; its candidates are what adaptive
 speculation chooses among (step_ms at that batch size, mean_accept_len per request and step, bonus token included).
 """
@@ -208,8 +208,11 @@ class TunedSpec:
 
     # ---- use ---------------------------------------------------------------------------------
     def bucket(self, batch_size: int) -> Bucket:
-        """The tuned bucket of a batch of `batch_size`: the smallest at least as big, else the largest."""
-        return next((b for size, b in self.buckets.items() if size >= batch_size), list(self.buckets.values())[-1])
+        """The tuned bucket of a batch of `batch_size`: the nearest by ratio of sizes (log2), a tie going to the bigger
+        bucket. A step's cost grows with the batch by a factor, not a difference: tuned at 1 and 16, a batch of 2 or 3
+        is served by the B = 1 shape (its step costs nearly the one-request step), one of 4 to 16 by the B = 16 shape.
+        A tie goes up because the bigger bucket's shapes are the cheaper ones."""
+        return self.buckets[min(self.buckets, key=lambda size: (abs(math.log2(size / batch_size)), -size))]
 
     def shapes(self) -> list[Shape]:
         """Every shape the engine may run with this file: `drafting_shape` first, the buckets' best, and with

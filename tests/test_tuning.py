@@ -23,6 +23,21 @@ def tuned_for(target, draft, buckets: dict, adaptive=False, kind="eagle") -> Tun
                      adaptive=adaptive)
 
 
+def test_a_batch_takes_the_bucket_nearest_its_size_by_ratio():
+    """Tuned at 1 and 16, a batch of 2 or 3 runs the B = 1 shape and 4 to 16 (and more) the B = 16 one; a tie of
+    ratios (4 between 1 and 16, 2 between 1 and 4) goes to the bigger bucket."""
+    chain, tree = (3, 1, 4), (5, 4, 16)
+    two = TunedSpec({}, {}, {}, {1: Bucket(tree, (Candidate(tree, 4.0, 30.0),)),
+                                 16: Bucket(chain, (Candidate(chain, 3.0, 60.0),))})
+    assert [two.bucket(b).shape for b in (1, 2, 3, 4, 5, 8, 16, 64)] == [tree] * 3 + [chain] * 5
+    mid = (4, 2, 8)
+    three = TunedSpec({}, {}, {}, {1: Bucket(tree, (Candidate(tree, 4.0, 30.0),)),
+                                   4: Bucket(mid, (Candidate(mid, 3.5, 40.0),)),
+                                   16: Bucket(chain, (Candidate(chain, 3.0, 60.0),))})
+    assert [three.bucket(b).shape for b in (1, 2, 3, 5, 7, 8, 9, 32)] == [tree, mid, mid, mid, mid, chain, chain,
+                                                                          chain]
+
+
 @pytest.fixture(scope="module")
 def pair():
     b = zoo.load("stdlib-byte-6l")
