@@ -102,6 +102,15 @@ def test_bench_penalties_writes_its_csv_and_report(tmp_path, capsys):
     assert "| EAGLE tree S5 K4 W16 | repetition 1.5 | 0% |" in capsys.readouterr().out
 
 
+def test_report_of_a_run_without_the_peers(capsys):
+    """A bench run with `--no-peers` reports relative to specdec's target-only, with the goals it decides."""
+    assert main(["report", "results/acceptance-20261204-151630.csv"]) == 0
+    out = capsys.readouterr().out
+    assert "relative to specdec's target-only (a run without the peers)" in out
+    assert "| target-only | 1.00 | 1.00 | 1.00x | 1.00x | 1.00x |" in out
+    assert "| NGRAM tuned / specdec's target-only, B = 2 | 1.74x |" in out
+
+
 def test_report_errors_are_one_line(capsys):
     assert main(["report", "results/no-such-file.csv"]) == 1
     assert "no such file" in capsys.readouterr().err

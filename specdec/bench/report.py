@@ -14,12 +14,11 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
     """Markdown: one row per worker (peers last), accepted tokens per step, step cost at the smallest batch
     size (and, where the CSV has it, the speedup over specdec target-only that the step's model forwards
     allow with zero overhead), and CPU tokens/s relative to transformers' target-only at each batch size;
-    then the baseline."""
+    then the baseline. A run without the peers (`--no-peers`) is relative to specdec's target-only instead."""
     df = df[df["temperature"] == temperature].copy()
     if df.empty:
         raise ValueError(f"no rows at temperature {temperature}")
-    if "cpu_speedup_vs_hf_target_only" not in df or df["cpu_speedup_vs_hf_target_only"].isna().all():
-        raise ValueError("this CSV has no transformers peer rows (run `specdec bench` with transformers installed)")
+    speedup = "cpu_speedup_vs_hf_target_only" if has_peers(df) else "cpu_speedup_vs_target_only"
     df["case"] = df["label"]
     sizes = sorted(df["batch_size"].unique())
     cases = list(dict.fromkeys(df["case"]))
@@ -38,13 +37,21 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
         if bound:
             b1 = pd.to_numeric(pd.Series([first.get("speedup_bound")]), errors="coerce").iloc[0]
             cells.append("" if pd.isna(b1) else f"{b1:.2f}x")
-        cells += [f"{rows.loc[b, 'cpu_speedup_vs_hf_target_only']:.2f}x" if b in rows.index else "" for b in sizes]
+        cells += [f"{rows.loc[b, speedup]:.2f}x" if b in rows.index else "" for b in sizes]
         lines.append("| " + " | ".join(cells) + " |")
+    if speedup == "cpu_speedup_vs_target_only":
+        return "\n".join(lines)
     hf = df[df["worker"] == "hf-target-only"].set_index("batch_size")["cpu_tokens_per_s"]
     lines.append("")
     lines.append("transformers' target-only `generate`: " + ", ".join(f"{hf[b]:.0f}" for b in sizes if b in hf.index)
                  + " tokens per CPU second at B = " + ", ".join(str(b) for b in sizes if b in hf.index) + ".")
     return "\n".join(lines)
+
+
+def has_peers(df: pd.DataFrame) -> bool:
+    """Whether the run measured transformers' target-only beside specdec's (not `--no-peers`)."""
+    return "cpu_speedup_vs_hf_target_only" in df and not pd.to_numeric(
+        df["cpu_speedup_vs_hf_target_only"], errors="coerce").isna().all()
 
 
 #: the goals of #32 and #34 that one acceptance CSV decides: (what, the row, the row it is compared with, batch
@@ -220,7 +227,8 @@ def print_report(csv_path) -> int:
     info = df.iloc[0]
     print(f"{path.name}: {info['model']} on {info['device']}, impl={info['impl']}, commit {info['commit']}, "
           f"{int(info['threads'])} thread(s), {int(info['num_prompts'])} prompts x {int(info['max_new_tokens'])} "
-          f"new tokens, {int(info['repeats'])} repeats (median); CPU tokens/s relative to transformers' target-only")
+          f"new tokens, {int(info['repeats'])} repeats (median); CPU tokens/s relative to "
+          + ("transformers' target-only" if has_peers(df) else "specdec's target-only (a run without the peers)"))
     print()
     print(results_table(df))
     goals = goals_table(df)
