@@ -347,31 +347,31 @@ def test_heads_bench_compares_a_swapped_head(capsys):
         main(["--shapes", "x"])
 
 
-def test_paired_ratio_of_two_drafts_over_the_same_prompts():
+def test_paired_bootstrap_of_two_drafts_over_the_same_prompts():
     """The heads bench's paired comparison: exact where every prompt agrees, inside the per-prompt extremes where
     they differ (with equal tokens, a pooled ratio of steps is a mediant of the prompts' ratios), narrower by about
     the square root of the prompt count when the prompts repeat, and a ValueError for unpaired counts."""
     import random
 
-    from specdec.bench.heads import paired_ratio
+    from specdec.bench.heads import paired_bootstrap
 
     tokens = [96] * 8
     steps_a = [20, 25, 31, 40, 22, 28, 35, 19]
-    scaled = paired_ratio(tokens, steps_a, [t * 11 for t in tokens], [s * 10 for s in steps_a])
+    scaled = paired_bootstrap(tokens, steps_a, [t * 11 for t in tokens], [s * 10 for s in steps_a])
     assert scaled == {"ratio": 1.1, "low": 1.1, "high": 1.1}
     rng = random.Random(3)
     steps_b = [s + rng.choice([-3, -1, 0, 2, 4]) for s in steps_a]
-    r = paired_ratio(tokens, steps_a, tokens, steps_b)
+    r = paired_bootstrap(tokens, steps_a, tokens, steps_b)
     per_prompt = [a / b for a, b in zip(steps_a, steps_b)]
     assert min(per_prompt) <= r["low"] <= r["ratio"] <= r["high"] <= max(per_prompt)
     assert r["ratio"] == round(sum(steps_a) / sum(steps_b), 4)
     wide = r["high"] - r["low"]
-    r16 = paired_ratio(tokens * 16, steps_a * 16, tokens * 16, steps_b * 16)
+    r16 = paired_bootstrap(tokens * 16, steps_a * 16, tokens * 16, steps_b * 16)
     assert r16["ratio"] == r["ratio"] and 0.15 * wide < r16["high"] - r16["low"] < 0.4 * wide  # 1/4 expected
     with pytest.raises(ValueError, match="same prompts"):
-        paired_ratio(tokens, steps_a, tokens[:-1], steps_b[:-1])
+        paired_bootstrap(tokens, steps_a, tokens[:-1], steps_b[:-1])
     with pytest.raises(ValueError, match="same prompts"):
-        paired_ratio([], [], [], [])
+        paired_bootstrap([], [], [], [])
 
 
 def test_runners_take_turns_on_every_batch_of_a_pass():

@@ -10,7 +10,7 @@ under greedy decoding is deterministic, so this needs no repeats; tokens/s are `
 What varies is the prompts: two heads a fraction of a percent apart on 16 prompts may swap places on the next 16.
 So each row also keeps its per-prompt tokens and steps, and `paired` compares every draft with the first one asked,
 shape by shape: the ratio of their tokens per step and its 95 % interval from a paired bootstrap over the prompts
-(`paired_ratio`)."""
+(`paired_bootstrap`)."""
 from __future__ import annotations
 
 import argparse
@@ -52,14 +52,14 @@ def accepted_per_step(target, draft, spec: SpecConfig, prompts, base, max_new_to
             "steps_by_prompt": [len(o.accept_lens) for o in outs]}
 
 
-def paired_ratio(tokens_a, steps_a, tokens_b, steps_b, resamples: int = 2000, seed: int = 0) -> dict:
+def paired_bootstrap(tokens_a, steps_a, tokens_b, steps_b, resamples: int = 2000, seed: int = 0) -> dict:
     """Per-prompt tokens and decode steps of drafts a and b on the same prompts -> b's tokens per step over a's
     (each pooled over the prompts) and its 95 % interval: the 2.5th and 97.5th percentiles of the same ratio over
     `resamples` bootstrap draws of the prompts, each draw taking both drafts' counts of the prompts it drew (paired,
     so what one prompt makes easy for both cancels)."""
     n = len(steps_a)
     if not n or any(len(x) != n for x in (tokens_a, tokens_b, steps_b)):
-        raise ValueError(f"paired_ratio needs the same prompts (at least one) for both drafts, got "
+        raise ValueError(f"paired_bootstrap needs the same prompts (at least one) for both drafts, got "
                          f"{[len(x) for x in (tokens_a, steps_a, tokens_b, steps_b)]} counts")
 
     def ratio(idx):
@@ -74,7 +74,7 @@ def paired_ratio(tokens_a, steps_a, tokens_b, steps_b, resamples: int = 2000, se
 
 def paired_rows(rows: list[dict]) -> list[dict]:
     """`accepted_per_step` rows (with "draft" and the shape's fields) -> for every shape and every draft after the
-    first one listed, `paired_ratio` against the first."""
+    first one listed, `paired_bootstrap` against the first."""
     out = []
     first = rows[0]["draft"]
     for a in (r for r in rows if r["draft"] == first):
@@ -83,7 +83,7 @@ def paired_rows(rows: list[dict]) -> list[dict]:
             if b["draft"] != first and (b["num_steps"], b["topk"], b["num_draft_tokens"]) == shape:
                 out.append({"draft": b["draft"], "against": first, "num_steps": shape[0], "topk": shape[1],
                             "num_draft_tokens": shape[2],
-                            **paired_ratio(a["tokens_by_prompt"], a["steps_by_prompt"], b["tokens_by_prompt"],
+                            **paired_bootstrap(a["tokens_by_prompt"], a["steps_by_prompt"], b["tokens_by_prompt"],
                                            b["steps_by_prompt"])})
     return out
 
