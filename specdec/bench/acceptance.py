@@ -205,6 +205,7 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                 mean_acc = sum(acc) / len(acc) if acc else 1.0
                 fwd_cost = fwd[0] / forward_s[0][0] if fwd is not None and forward_s[0][0] else None
                 spec = case.shape_at(B)
+                verifies = all(a is not None for a in med["accept_by_batch"])  # a peer has no verify steps
                 row = AcceptanceRow(
                     **run.prefix(), impl="transformers" if case.is_peer else runner.impl,
                     dtype=dtype_name(target.dtype), model=model_name, worker=case.kind, label=case.label,
@@ -234,10 +235,8 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                     # a no-draft step has a draft phase too (NGRAM's host trie work): reported for every drafting case
                     draft_ms_per_step=round(fwd[1] * 1e3, 4) if fwd is not None and case.spec is not None else "",
                     tokens_by_batch=",".join(str(t) for t in med["tokens_by_batch"]),
-                    accept_len_by_batch=",".join(f"{a:.4f}" for a in med["accept_by_batch"])
-                    if all(a is not None for a in med["accept_by_batch"]) else "",
-                    verify_steps_by_batch=",".join(str(n) for n in med["verifies_by_batch"])
-                    if all(a is not None for a in med["accept_by_batch"]) else "",
+                    accept_len_by_batch=",".join(f"{a:.4f}" for a in med["accept_by_batch"]) if verifies else "",
+                    verify_steps_by_batch=",".join(str(n) for n in med["verifies_by_batch"]) if verifies else "",
                     cpu_s_by_batch=";".join(",".join(f"{c:.4f}" for c in p["cpu_by_batch"]) for p in ps))
                 rows.append(row)
                 progress(f"T={temperature} B={B} {case.label:24s} tok/s {tps:8.1f} cpu-tok/s {cpu_tps:8.1f} "
