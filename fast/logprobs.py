@@ -1,8 +1,10 @@
 """Triton version of the shared speculative-decoding logprob helper: one fused pass over the vocabulary.
 
 ``reference.logprobs.compute_spec_v2_logprobs`` is the definition; this file computes the same outputs
-without materialising a [rows, V] log-softmax. The slot -> row mapping, the temperature sanitising and the
-packing into SGLang's per-row lists are shared with the reference (``specdec.logprob_packing``).
+without materialising a [rows, V] log-softmax. The checks and the packing into SGLang's per-row lists are
+shared with the reference (``specdec.checks``, ``specdec.logprob_packing``); the slot -> row mapping and the
+temperature rule, which the reference runs as tensor ops (``accepted_rows``, ``request_temperatures``), run
+inside the kernels here, so that the op's host work is little more than its launches.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.contract import PADDED_LOGPROB, PADDED_TOP_LOGPROB_IDX
+from specdec.contract import GREEDY_TEMPERATURE_BELOW, PADDED_LOGPROB, PADDED_TOP_LOGPROB_IDX
 from specdec.logprob_packing import (
     accepted_rows,
     request_temperatures,
@@ -52,6 +54,7 @@ _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).m
 _KEY_NONE = tl.constexpr(-(2**63))
 _PAD_VAL = tl.constexpr(PADDED_LOGPROB)
 _PAD_IDX = tl.constexpr(PADDED_TOP_LOGPROB_IDX)
+_GREEDY_BELOW = tl.constexpr(GREEDY_TEMPERATURE_BELOW)
 
 
 @triton.jit
@@ -182,62 +185,78 @@ def _finish_row(r, row_ptr, valid, m, s, top, temp, tok, ids_ptr, num_ids, lp_pt
 
 
 @triton.jit
+def _accepted_row(accept_ptr, r, slots_per_req, num_nodes):
+    """Output row r -> (its request, the logits row it reads (int64), whether its slot is accepted), by
+    ``specdec.logprob_packing.accepted_rows``'s rule: a padded slot (-1) reads its own request's slot-0 row,
+    or the request's first node's row when that is padded too, so every load stays in bounds."""
+    req = r // slots_per_req  # the request owns the temperature, whatever row it accepted
+    acc = tl.load(accept_ptr + r).to(tl.int64)
+    own = tl.load(accept_ptr + req * slots_per_req).to(tl.int64)
+    own = tl.where(own >= 0, own, req.to(tl.int64) * num_nodes)
+    return req, tl.where(acc >= 0, acc, own), acc >= 0
+
+
+@triton.jit
+def _request_temperature(temp_ptr, req):
+    """Request ``req``'s temperature in fp32, by ``specdec.logprob_packing.request_temperatures``'s rule: one
+    below ``GREEDY_TEMPERATURE_BELOW`` or NaN (greedy, ``contract.greedy_temperature``) is 1.0."""
+    t = tl.load(temp_ptr + req).to(tl.float32)
+    return tl.where(t >= _GREEDY_BELOW, t, 1.0)
+
+
+@triton.jit
 def compute_spec_v2_logprobs_kernel(
-    logits_ptr, stride_row, predict_ptr, rows_ptr, valid_ptr, temp_ptr, ids_ptr, num_ids, slots_per_req, vocab,
+    logits_ptr, stride_row, predict_ptr, accept_ptr, num_nodes, temp_ptr, ids_ptr, num_ids, slots_per_req, vocab,
     split_len, lp_ptr, stats_ptr, top_val_ptr, top_idx_ptr, tid_val_ptr, part_m_ptr, part_s_ptr, part_keys_ptr,
-    SCALE: tl.constexpr, BLOCK_V: tl.constexpr, KEYS: tl.constexpr, TOP_K: tl.constexpr, HAS_IDS: tl.constexpr,
-    BLOCK_IDS: tl.constexpr, SPLIT: tl.constexpr,
+    done_ptr, SCALE: tl.constexpr, BLOCK_V: tl.constexpr, KEYS: tl.constexpr, TOP_K: tl.constexpr,
+    HAS_IDS: tl.constexpr, BLOCK_IDS: tl.constexpr, SPLIT: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
     """Grid (R, splits). Program (r, p) reads columns [p*split_len, (p+1)*split_len) of output row r's logits
-    row once. With one split it also finishes the row; otherwise it writes its partial (max, sum, top-k keys)
-    for ``compute_spec_v2_logprobs_merge_kernel``. A padded slot reads no column."""
+    row once. With one split it then finishes the row. With several it writes its partial (max, sum, top-k
+    keys) and counts itself done in ``done_ptr[r]`` (zeroed by the caller); the row's last program to finish
+    merges the partials and finishes the row, so a split launch is still one launch. A padded slot reads no
+    column."""
     r = tl.program_id(0)
     split = tl.program_id(1)
-    valid = tl.load(valid_ptr + r) != 0
-    row = tl.load(rows_ptr + r).to(tl.int64)
+    req, row, valid = _accepted_row(accept_ptr, r, slots_per_req, num_nodes)
     row_ptr = logits_ptr + row * stride_row  # int64: row * stride can pass 2^31
-    req = r // slots_per_req  # the request owns the temperature, whatever row it accepted
     temp = 1.0
     if SCALE:
-        temp = tl.load(temp_ptr + req)
+        temp = _request_temperature(temp_ptr, req)
     lo = split * split_len
     hi = tl.minimum(lo + split_len, vocab)
     hi = tl.where(valid, hi, lo)
     m, s, top = scan_vocab(row_ptr, lo, hi, temp, SCALE, BLOCK_V, KEYS, TOP_K)
+    tok = tl.load(predict_ptr + row, mask=valid, other=0)
     if SPLIT:
-        part = r * tl.num_programs(1) + split
+        num_splits = tl.num_programs(1)
+        part = r * num_splits + split
         tl.store(part_m_ptr + part, m)
         tl.store(part_s_ptr + part, s)
         if TOP_K:
             tl.store(part_keys_ptr + part * KEYS + tl.arange(0, KEYS), top)
+        # Every thread's partial stores precede the count (the barrier), and the count is acq_rel at GPU
+        # scope: the program that sees num_splits - 1 finished before it sees every partial.
+        tl.debug_barrier()
+        if tl.atomic_add(done_ptr + r, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            m, s, top = _merge_partials(r, num_splits, part_m_ptr, part_s_ptr, part_keys_ptr, KEYS, TOP_K,
+                                        SPLITS_P2)
+            _finish_row(r, row_ptr, valid, m, s, top, temp, tok, ids_ptr + req * num_ids, num_ids, lp_ptr,
+                        stats_ptr, top_val_ptr, top_idx_ptr, tid_val_ptr, SCALE, KEYS, TOP_K, HAS_IDS, BLOCK_IDS)
     else:
-        tok = tl.load(predict_ptr + row, mask=valid, other=0)
         _finish_row(r, row_ptr, valid, m, s, top, temp, tok, ids_ptr + req * num_ids, num_ids, lp_ptr, stats_ptr,
                     top_val_ptr, top_idx_ptr, tid_val_ptr, SCALE, KEYS, TOP_K, HAS_IDS, BLOCK_IDS)
 
 
 @triton.jit
-def compute_spec_v2_logprobs_merge_kernel(
-    logits_ptr, stride_row, predict_ptr, rows_ptr, valid_ptr, temp_ptr, ids_ptr, num_ids, slots_per_req,
-    num_splits, lp_ptr, stats_ptr, top_val_ptr, top_idx_ptr, tid_val_ptr, part_m_ptr, part_s_ptr, part_keys_ptr,
-    SCALE: tl.constexpr, KEYS: tl.constexpr, TOP_K: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_IDS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
-):
-    """Grid (R,). Merges row r's ``num_splits`` partials (online-softmax rescale, top-k insertion) and finishes
-    the row; it reads the logits only at the chosen token and the requested ids."""
-    r = tl.program_id(0)
-    valid = tl.load(valid_ptr + r) != 0
-    row = tl.load(rows_ptr + r).to(tl.int64)
-    row_ptr = logits_ptr + row * stride_row
-    req = r // slots_per_req
-    temp = 1.0
-    if SCALE:
-        temp = tl.load(temp_ptr + req)
-
+def _merge_partials(r, num_splits, part_m_ptr, part_s_ptr, part_keys_ptr, KEYS: tl.constexpr, TOP_K: tl.constexpr,
+                    SPLITS_P2: tl.constexpr):
+    """Row r's ``num_splits`` partials -> its (max m, sum of exp(x - shift), top-k keys): online-softmax
+    rescale, top-k insertion. The loads bypass L1 (``.cg``): other SMs wrote the partials."""
     splits = tl.arange(0, SPLITS_P2)
     present = splits < num_splits
-    part_m = tl.load(part_m_ptr + r * num_splits + splits, mask=present, other=float("-inf"))
-    part_s = tl.load(part_s_ptr + r * num_splits + splits, mask=present, other=0.0)
+    part_m = tl.load(part_m_ptr + r * num_splits + splits, mask=present, other=float("-inf"), cache_modifier=".cg")
+    part_s = tl.load(part_s_ptr + r * num_splits + splits, mask=present, other=0.0, cache_modifier=".cg")
     m = tl.max(part_m, axis=0)
     shift = tl.where(m == float("-inf"), 0.0, m)
     # Each partial sum was taken at its own max part_m <= m, so the rescale is exp(part_m - shift) <= 1, and
@@ -250,12 +269,9 @@ def compute_spec_v2_logprobs_merge_kernel(
     if TOP_K:
         top_min = tl.min(top, axis=0)
         for p in range(num_splits):
-            cand = tl.load(part_keys_ptr + (r * num_splits + p) * KEYS + tl.arange(0, KEYS))
+            cand = tl.load(part_keys_ptr + (r * num_splits + p) * KEYS + tl.arange(0, KEYS), cache_modifier=".cg")
             top, top_min = _insert_keys(top, top_min, cand)
-
-    tok = tl.load(predict_ptr + row, mask=valid, other=0)
-    _finish_row(r, row_ptr, valid, m, s, top, temp, tok, ids_ptr + req * num_ids, num_ids, lp_ptr, stats_ptr,
-                top_val_ptr, top_idx_ptr, tid_val_ptr, SCALE, KEYS, TOP_K, HAS_IDS, BLOCK_IDS)
+    return m, s, top
 
 
 @functools.lru_cache(maxsize=None)
@@ -273,23 +289,26 @@ def num_vocab_splits(num_rows: int, vocab: int, sm_count: int) -> int:
     return max(1, min(wanted, by_work, _MAX_SPLITS))
 
 
-def compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temperatures, ids, slots_per_req, keys, *,
-                                    _num_splits=None):
-    """Launch the fused pass. ``logits`` [N, V]; ``predict`` [N] int; ``rows`` [R] int64 and ``valid`` [R] bool
-    (``accepted_rows``); ``temperatures`` [B] fp32 sanitised, or None for no scaling; ``ids`` [B, L] int64 or
-    None; ``slots_per_req`` T; ``keys`` 0 (no top-k) or a power of two <= ``TOP_K_CAP``.
+def compute_spec_v2_logprobs_launch(logits, predict, accept_index, temperatures, ids, keys, *, _num_splits=None):
+    """Launch the fused pass. ``logits`` [N, V] (N = B*W); ``predict`` [N] int; ``accept_index`` [B, T] int
+    (padded with -1); ``temperatures`` [B] or [B, 1] float as the batch holds them (greedy ones are read as 1.0),
+    or None for no scaling; ``ids`` [B, L] int64 or None; ``keys`` 0 (no top-k) or a power of two <=
+    ``TOP_K_CAP``. The slot -> row mapping and the temperature rule run inside the kernels, so the op's host
+    work is the checks, the output allocations and the launches.
 
     Returns ``(logprobs [R] fp32, top_val [R, keys] fp32 | None, top_idx [R, keys] int64 | None,
     token_ids_val [R, L] fp32 | None, stats [R, 2] fp32)`` with ``stats[r] = (shift, lse)``: row r's logprob of
     a scaled logit x is ``(x - shift) - lse``. ``_num_splits`` forces the number of vocabulary splits (tests)."""
     if logits.stride(1) != 1:
         logits = logits.contiguous()  # the tile loads want unit stride along the vocabulary
-    R = rows.shape[0]
-    V = logits.shape[1]
+    accept_index = accept_index.contiguous()
+    B, T = accept_index.shape
+    R = B * T
+    N, V = logits.shape
     device = logits.device
     f32 = dict(dtype=torch.float32, device=device)
-    lp = torch.empty(R, **f32)
-    stats = torch.empty(R, 2, **f32)
+    out = torch.empty(3 * R, **f32)  # one allocation: the logprobs, then (shift, lse) per row
+    lp, stats = out[:R], out[R:].view(R, 2)
     top_val = torch.empty(R, keys, **f32) if keys else None
     top_idx = torch.empty(R, keys, dtype=torch.long, device=device) if keys else None
     num_ids = ids.shape[1] if ids is not None else 0
@@ -308,29 +327,26 @@ def compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temperatures, 
     scale = temperatures is not None
     # Unused pointer arguments get a harmless tensor: their loads and stores are compiled out.
     common = dict(
-        logits_ptr=logits, stride_row=logits.stride(0), predict_ptr=predict, rows_ptr=rows, valid_ptr=valid,
-        temp_ptr=temperatures if scale else lp, ids_ptr=ids if ids is not None else rows, num_ids=num_ids,
-        slots_per_req=slots_per_req, lp_ptr=lp, stats_ptr=stats,
-        top_val_ptr=top_val if keys else lp, top_idx_ptr=top_idx if keys else rows,
+        logits_ptr=logits, stride_row=logits.stride(0), predict_ptr=predict, accept_ptr=accept_index,
+        num_nodes=N // B, temp_ptr=temperatures.reshape(-1) if scale else lp,
+        ids_ptr=ids if ids is not None else accept_index, num_ids=num_ids, slots_per_req=T, lp_ptr=lp,
+        stats_ptr=stats, top_val_ptr=top_val if keys else lp, top_idx_ptr=top_idx if keys else accept_index,
         tid_val_ptr=tid_val if ids is not None else lp,
         SCALE=scale, KEYS=keys_alloc, TOP_K=keys > 0, HAS_IDS=ids is not None, BLOCK_IDS=BLOCK_IDS,
     )
     if splits == 1:
         compute_spec_v2_logprobs_kernel[(R, 1)](
-            vocab=V, split_len=split_len, part_m_ptr=lp, part_s_ptr=lp, part_keys_ptr=rows,
-            BLOCK_V=block_v, SPLIT=False, num_warps=4, **common,
+            vocab=V, split_len=split_len, part_m_ptr=lp, part_s_ptr=lp, part_keys_ptr=accept_index,
+            done_ptr=accept_index, BLOCK_V=block_v, SPLIT=False, SPLITS_P2=1, num_warps=4, **common,
         )
         return lp, top_val, top_idx, tid_val, stats
 
-    part_m = torch.empty(R, splits, **f32)
-    part_s = torch.empty(R, splits, **f32)
-    part_keys = torch.empty(R, splits, keys_alloc, dtype=torch.long, device=device) if keys else rows
-    partials = dict(part_m_ptr=part_m, part_s_ptr=part_s, part_keys_ptr=part_keys)
+    part_m, part_s = torch.empty(2, R, splits, **f32)  # one allocation for both partials
+    part_keys = torch.empty(R, splits, keys_alloc, dtype=torch.long, device=device) if keys else accept_index
     compute_spec_v2_logprobs_kernel[(R, splits)](
-        vocab=V, split_len=split_len, BLOCK_V=block_v, SPLIT=True, num_warps=4, **partials, **common,
-    )
-    compute_spec_v2_logprobs_merge_kernel[(R,)](
-        num_splits=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=1, **partials, **common,
+        vocab=V, split_len=split_len, part_m_ptr=part_m, part_s_ptr=part_s, part_keys_ptr=part_keys,
+        done_ptr=torch.zeros(R, dtype=torch.int32, device=device), BLOCK_V=block_v, SPLIT=True,
+        SPLITS_P2=triton.next_power_of_2(splits), num_warps=4, **common,
     )
     return lp, top_val, top_idx, tid_val, stats
 
@@ -366,8 +382,9 @@ def compute_spec_v2_logprobs(
     program then finishes the row: lse, the chosen token's and the requested ids' logprobs as single loads,
     the sorted top-k. Unless the rows alone give ``_PROGRAMS_PER_SM`` programs per SM (decode: B*(S+1) can be
     2; even 256 rows are 2 per SM of an H200) the vocabulary is split over several programs per row (enough
-    for that many per SM, each split >= 2 tiles of 2,048) and
-    ``compute_spec_v2_logprobs_merge_kernel`` merges the partials. No [rows, V] intermediate exists. Above
+    for that many per SM, each split >= 2 tiles of 2,048) and the row's last split to finish merges the
+    partials, in the same launch (one launch per call: on an H200 a launch of this kernel costs about 50 us
+    of host time, several times the kernel's own time at decode shapes). No [rows, V] intermediate exists. Above
     ``TOP_K_CAP`` the kernel runs without top-k and ``torch.topk`` over the gathered rows' raw logits (same
     order as the logprobs for a positive temperature) gives the ids; their values use the kernel's lse. A padded
     slot reads no vocabulary column and gets the padded values. No host sync: the launch shapes come from
@@ -380,26 +397,26 @@ def compute_spec_v2_logprobs(
     logits = logits_output.next_token_logits
     T = S + 1
     with torch.no_grad():
-        rows, valid = accepted_rows(accept_index, W)
-        temps = request_temperatures(temperatures) if scale else None
         ids = requested_token_ids(ids_per_req, logits.device)
         k_max = max(top_nums, default=0)
         keys = triton.next_power_of_2(k_max) if 0 < k_max <= TOP_K_CAP else 0
         lp, top_val, top_idx, tid_val, stats = compute_spec_v2_logprobs_launch(
-            logits, predict, rows, valid, temps, ids, T, keys
+            logits, predict, accept_index, temperatures, ids, keys
         )
         if k_max > TOP_K_CAP:
-            top_val, top_idx = _top_logprobs_above_cap(logits, rows, valid, temps, stats, B, T, k_max)
+            top_val, top_idx = _top_logprobs_above_cap(logits, accept_index, W, temperatures, stats, k_max)
     return set_logprob_outputs(logits_output, lp.reshape(B, T), top_val, top_idx, top_nums, tid_val, ids_per_req)
 
 
-def _top_logprobs_above_cap(logits, rows, valid, temps, stats, B, T, k):
+def _top_logprobs_above_cap(logits, accept_index, W, temperatures, stats, k):
     """Top-k above ``TOP_K_CAP``: ``torch.topk`` of the gathered raw rows [R, V] (dividing by a positive
     temperature and subtracting a constant keep the order), values finished with the kernel's (shift, lse)."""
+    B, T = accept_index.shape
+    rows, valid = accepted_rows(accept_index, W)
     top_raw, top_idx = torch.topk(logits.index_select(0, rows), k, dim=-1, largest=True, sorted=True)
     x = top_raw.to(torch.float32)
-    if temps is not None:
-        x = x / temps.unsqueeze(1).expand(B, T).reshape(B * T, 1)
+    if temperatures is not None:
+        x = x / request_temperatures(temperatures).unsqueeze(1).expand(B, T).reshape(B * T, 1)
     top_val = ((x - stats[:, :1]) - stats[:, 1:]).clamp(min=torch.finfo(torch.float32).min)
     top_val = torch.where(valid.unsqueeze(1), top_val, torch.full((), PADDED_LOGPROB, dtype=torch.float32,
                                                                   device=top_val.device))

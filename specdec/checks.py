@@ -91,6 +91,18 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
     return _check_range(name, "an int", operator.index(value), minimum, maximum)
 
 
+def check_ints(name, values, minimum: int | None = None, maximum: int | None = None) -> list[int]:
+    """A list of `check_int`s: ``name(i)`` names entry i in an error. A list of plain ints within the bounds
+    (the usual batch field) is checked in one pass, without a call per entry; anything else goes entry by
+    entry, so the error names the first bad one."""
+    values = list(values)
+    if all(type(v) is int for v in values) and (
+        not values or ((minimum is None or min(values) >= minimum) and (maximum is None or max(values) <= maximum))
+    ):
+        return values
+    return [check_int(name(i), v, minimum, maximum) for i, v in enumerate(values)]
+
+
 def check_real(name: str, value, minimum: float | None = None, maximum: float | None = None) -> float:
     """A real number (not a bool, not a string, not NaN) within [minimum, maximum] -> float."""
     if _TRUSTED.get():
@@ -268,7 +280,7 @@ def check_logprob_args(batch, logits_output, predict, accept_index, speculative_
                                     (B, 1), logits.device)
 
     top_nums = _per_request("batch.top_logprobs_nums", getattr(batch, "top_logprobs_nums", None), B, 0)
-    top_nums = [check_int(f"request {b}: top_logprobs_num", k, 0, V) for b, k in enumerate(top_nums)]
+    top_nums = check_ints(lambda b: f"request {b}: top_logprobs_num", top_nums, 0, V)
     ids_per_req: list[list[int]] = []
     for b, ids in enumerate(_per_request("batch.token_ids_logprobs", getattr(batch, "token_ids_logprobs", None),
                                          B, None)):
@@ -278,8 +290,7 @@ def check_logprob_args(batch, logits_output, predict, accept_index, speculative_
         if isinstance(ids, (str, bytes, torch.Tensor)) or not hasattr(ids, "__iter__"):
             raise ArgumentTypeError(
                 f"request {b}: token_ids_logprobs must be a list of ints or None, got {type(ids).__name__}")
-        ids_per_req.append([check_int(f"request {b}: token_ids_logprobs[{i}]", t, 0, V - 1)
-                            for i, t in enumerate(ids)])
+        ids_per_req.append(check_ints(lambda i, b=b: f"request {b}: token_ids_logprobs[{i}]", ids, 0, V - 1))
     return B, S, W, V, temperatures, top_nums, ids_per_req
 
 

@@ -97,9 +97,7 @@ def exercise_every_op(dtypes=None):
         for greedy, top, ids in ((False, 0, None), (True, 5, [[1, 2], None]), (False, 40, [[7], [8, 9, 10]])):
             batch = SpecBatch(torch.zeros(B), SamplingInfo(torch.ones(B, 1), greedy), [top] * B, ids)
             fast.compute_spec_v2_logprobs(batch, LogitsOutput(next_token_logits=logits), predict, accept, T - 1)
-        rows = torch.arange(B * T)
-        valid = torch.ones(B * T, dtype=torch.bool)
-        compute_spec_v2_logprobs_launch(logits, predict, rows, valid, torch.ones(B), None, T, 8, _num_splits=4)
+        compute_spec_v2_logprobs_launch(logits, predict, accept, torch.ones(B), None, 8, _num_splits=4)
         # sampling filters and the draft's top-K
         probs = fast.softmax_with_temperature(logits, torch.ones(B * T))
         fast.top_k_renorm_prob(probs, torch.full((B * T,), 5))

@@ -143,7 +143,7 @@ def test_kernel_launches_alone_compute_the_op_on_rotated_copies():
     inputs = [c.args[0] for c in calls]
     assert len({x.data_ptr() for x in inputs}) == 3 and all(torch.equal(x, inputs[0]) for x in inputs)
     lp, top_val, top_idx, _, _ = calls[1]()
-    temps = calls[1].args[4]
+    temps = calls[1].args[3]
     predict = calls[1].args[1]
     want = torch.log_softmax(inputs[0].double() / temps.double().repeat_interleave(2)[:, None], -1)
     torch.testing.assert_close(lp.double(), want[torch.arange(4), predict.long()], rtol=0, atol=1e-5)

@@ -215,10 +215,10 @@ def test_scaled_rows_without_top_k_divide_only_the_max(force_splits, splits):
     V, T = 3001, 0.013
     logits = (torch.randn(3, V, generator=g) * 6).to(torch.bfloat16).float()
     predict = torch.randint(0, V, (3,), generator=g)
-    rows, valid = torch.arange(3), torch.ones(3, dtype=torch.bool)
+    rows = torch.arange(3)
     temps = torch.full((3,), T)
-    lp, _, _, _, stats = fast_logprobs.compute_spec_v2_logprobs_launch(logits, predict, rows, valid, temps, None,
-                                                                     1, 0)
+    accept = rows.reshape(3, 1)  # three requests of one accepted slot each
+    lp, _, _, _, stats = fast_logprobs.compute_spec_v2_logprobs_launch(logits, predict, accept, temps, None, 0)
     assert torch.equal(stats[:, 0], (logits / temps[:, None]).max(dim=1).values)
     want = torch.log_softmax(logits.double() / T, -1)[rows, predict]
     ref = torch.log_softmax(logits / T, -1)[rows, predict].double()

@@ -103,6 +103,46 @@ def test_tree_build_verify_and_commit_are_single_launches(monkeypatch):
         assert calls.names <= NO_LAUNCH, calls.names - NO_LAUNCH
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="counts launches through Triton's interpreter; compiled kernels never enter it")
+@pytest.mark.parametrize("splits", [1, 4])
+def test_the_logprob_op_is_one_launch_split_or_not(monkeypatch, splits):
+    """Scaled, with top-k: one Triton launch whether the vocabulary is split or not (the last split merges), and
+    beside it only allocations, views and the split path's zeroed done-counters."""
+    import functools
+
+    import triton.runtime.interpreter as interpreter
+
+    import fast.logprobs as fast_logprobs
+    from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+
+    launches = []
+    run = interpreter.GridExecutor.__call__
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__",
+                        lambda self, *a, **k: launches.append(self.fn.__name__) or run(self, *a, **k))
+    monkeypatch.setattr(fast_logprobs, "compute_spec_v2_logprobs_launch",
+                        functools.partial(fast_logprobs.compute_spec_v2_logprobs_launch, _num_splits=splits))
+    g = torch.Generator().manual_seed(3)
+    B, T, V = 2, 3, 9000
+    logits = torch.randn(B * T, V, generator=g)
+    predict = torch.randint(V, (B * T,), generator=g)
+    accept = torch.tensor([[0, 2, -1], [3, 4, 5]], dtype=torch.int32)
+    batch = SpecBatch(torch.full((B,), 7), SamplingInfo(torch.tensor([[0.7], [1.3]]), False), [3, 0], None)
+    lo = LogitsOutput(next_token_logits=logits)
+    with _TorchCalls() as calls:
+        fast.compute_spec_v2_logprobs(batch, lo, predict, accept, T - 1)
+    assert launches == ["compute_spec_v2_logprobs_kernel"]
+    beside = {"zeros"} if splits > 1 else set()
+    views = {"reshape", "unbind", "__getitem__", "__iter__", "__len__", "_set_grad_enabled"}
+    assert calls.names <= NO_LAUNCH | views | beside, calls.names - NO_LAUNCH - views - beside
+    rows = accept.reshape(-1).clamp(min=0).long()
+    want = torch.log_softmax(logits.double() / torch.tensor([0.7, 1.3]).double().repeat_interleave(T)[:, None], -1)
+    got = lo.next_token_logprobs.reshape(-1)
+    want_lp = want[rows, predict[rows]]  # W = T here: logits row j belongs to request j // T
+    valid = accept.reshape(-1) >= 0
+    torch.testing.assert_close(got[valid].double(), want_lp[valid], rtol=0, atol=1e-5)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
 def test_fast_runs_on_a_cpu_without_the_interpreter_variable():
     """A user on a CPU who never heard of TRITON_INTERPRET still gets a working `impl="fast"`."""

@@ -484,6 +484,8 @@ def test_bad_input_is_a_value_error(compute_spec_v2_logprobs, mutate, pattern):
         lambda a: a.update(accept_index=a["accept_index"].float()),
         lambda a: a.update(logits_output=LogitsOutput(a["logits_output"].next_token_logits.long())),
         lambda a: setattr(a["batch"], "top_logprobs_nums", [0, 1.5, 0]),
+        lambda a: setattr(a["batch"], "top_logprobs_nums", [0, True, 0]),
+        lambda a: setattr(a["batch"], "token_ids_logprobs", [None, [1, False], None]),
         lambda a: setattr(a["batch"], "token_ids_logprobs", [None, "ab", None]),
     ],
 )

@@ -92,19 +92,15 @@ def logprob_case(B, T, V, dtype, top_k, device, gen) -> OpCase:
 
 def logprob_launches(logits, predict, accept, temps, top_k, copies: int, num_splits=None) -> list[Callable]:
     """The fused logprob kernels' launches (`fast.logprobs.compute_spec_v2_logprobs_launch`) over `copies`
-    copies of the logits (the first is `logits` itself), with the launch arguments prepared once, as the
-    op prepares them; `num_splits` forces the vocabulary split count (None: the op's heuristic)."""
+    copies of the logits (the first is `logits` itself), with the launch arguments the op passes; `num_splits`
+    forces the vocabulary split count (None: the op's heuristic)."""
     import triton
 
     from fast.logprobs import compute_spec_v2_logprobs_launch
-    from ..logprob_packing import accepted_rows, request_temperatures
 
-    B, T = accept.shape
-    rows, valid = accepted_rows(accept, logits.shape[0] // B)
-    scaled = request_temperatures(temps.reshape(-1))
     keys = triton.next_power_of_2(top_k) if top_k else 0
     inputs = [logits] + [logits.clone() for _ in range(copies - 1)]
-    return [functools.partial(compute_spec_v2_logprobs_launch, x, predict, rows, valid, scaled, None, T, keys,
+    return [functools.partial(compute_spec_v2_logprobs_launch, x, predict, accept, temps, None, keys,
                               _num_splits=num_splits) for x in inputs]
 
 
