@@ -323,6 +323,8 @@ def test_the_tuner_writes_a_file_the_engine_decodes_with(pair, tmp_path):
         confirmed = [r for r in rows if r.batch_size == size and r.source == "confirm"]
         assert bucket.shape in [(r.num_steps, r.topk, r.num_draft_tokens) for r in confirmed if r.chosen]
         assert NO_DRAFT in [c.shape for c in bucket.candidates]
+        # every chain is measured, whatever the cost model ranked it
+        assert {s for s in shapes if s[1] == 1} <= {(r.num_steps, r.topk, r.num_draft_tokens) for r in confirmed}
     assert {(r.num_steps, r.topk, r.num_draft_tokens) for r in rows if r.source == "acceptance"} == {*shapes,
                                                                                                       NO_DRAFT}
     params = logprob_params(max_new=16)

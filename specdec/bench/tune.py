@@ -342,13 +342,17 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
                for s in predicted}
         ranked = sorted(predicted, key=lambda s: -tps[s])
         drafting = [s for s in ranked if s != NO_DRAFT]
-        # the best predicted, and the best of each topk and of each depth: adaptive speculation's candidates should
-        # differ in cost, down to the shallow chains a request whose drafts mostly fail is best served by; and no
-        # draft, measured in turn with them: where no shape beats it at this batch size, the bucket does not draft
+        # the best predicted, the best of each topk and of each depth, and every chain: adaptive speculation's
+        # candidates should differ in cost, down to the shallow chains a request whose drafts mostly fail is best
+        # served by. The chains are measured because the cost model ranks them worst against the trees of their
+        # depth where the verify is dearest: on the deep pair at B = 16 it put the K4 tree of depth 3 ahead of the
+        # chain S3, which the grid check then found best (session 20). No draft is measured in turn with them:
+        # where no shape beats it at this batch size, the bucket does not draft.
         to_confirm = list(dict.fromkeys(ranked[:confirm] + [next(s for s in drafting if s[1] == k)
                                                              for k in sorted({s[1] for s in shapes})]
                                         + [next(s for s in drafting if s[0] == d)
-                                           for d in sorted({s[0] for s in shapes})] + [NO_DRAFT]))
+                                           for d in sorted({s[0] for s in shapes})]
+                                        + [s for s in drafting if s[1] == 1] + [NO_DRAFT]))
         measured = dict(zip(to_confirm, m.decode_in_turn(to_confirm, batches, repeats, desc=f"confirm (B={B})")))
         best = max(measured, key=lambda s: measured[s]["tokens_per_cpu_s"])
         for shape in ranked:
