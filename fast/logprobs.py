@@ -301,7 +301,10 @@ def compute_spec_v2_logprobs_launch(logits, predict, accept_index, temperatures,
     a scaled logit x is ``(x - shift) - lse``. ``_num_splits`` forces the number of vocabulary splits (tests)."""
     if logits.stride(1) != 1:
         logits = logits.contiguous()  # the tile loads want unit stride along the vocabulary
-    accept_index = accept_index.contiguous()
+    # the kernel reads these by position: a strided view (an expanded temperature has stride 0) is copied
+    accept_index, predict = accept_index.contiguous(), predict.contiguous()
+    if temperatures is not None:
+        temperatures = temperatures.reshape(-1).contiguous()
     B, T = accept_index.shape
     R = B * T
     N, V = logits.shape
@@ -328,7 +331,7 @@ def compute_spec_v2_logprobs_launch(logits, predict, accept_index, temperatures,
     # Unused pointer arguments get a harmless tensor: their loads and stores are compiled out.
     common = dict(
         logits_ptr=logits, stride_row=logits.stride(0), predict_ptr=predict, accept_ptr=accept_index,
-        num_nodes=N // B, temp_ptr=temperatures.reshape(-1) if scale else lp,
+        num_nodes=N // B, temp_ptr=temperatures if scale else lp,
         ids_ptr=ids if ids is not None else accept_index, num_ids=num_ids, slots_per_req=T, lp_ptr=lp,
         stats_ptr=stats, top_val_ptr=top_val if keys else lp, top_idx_ptr=top_idx if keys else accept_index,
         tid_val_ptr=tid_val if ids is not None else lp,

@@ -348,6 +348,21 @@ def test_non_contiguous_logits():
     compare(_batch([0.5, 1.5], [3, 3], [[36], None]), logits, predict, acc, 2)
 
 
+def test_strided_predict_accept_index_and_temperatures():
+    """The kernel reads predict, accept_index and the temperatures by position: a strided view of each (an
+    expanded temperature has stride 0) must give what the reference gives."""
+    logits, predict, acc = _chain_case(B=3, S=2, W=4, V=41, seed=5)
+    acc[1, 2] = -1
+    strided_predict = torch.stack([predict, torch.zeros_like(predict)], 1)[:, 0]  # stride 2
+    strided_acc = acc.t().contiguous().t()  # strides (1, B)
+    batch = _batch([0.7] * 3, [2, 0, 1], [None, [3], None])
+    batch.sampling_info.temperatures = torch.tensor([[0.7]]).expand(3, 1)  # strides (0, 1)
+    assert strided_predict.stride() == (2,) and not strided_acc.is_contiguous()
+    compare(batch, logits, strided_predict, strided_acc, 2)
+    batch.sampling_info.temperatures = torch.tensor([[0.7], [1.9], [0.3]])
+    compare(batch, logits, strided_predict, strided_acc, 2)
+
+
 # ----------------------------------------------------------------------------- contract and the checks themselves
 
 
