@@ -189,7 +189,7 @@ def _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset
     q = q if q.stride(-1) == 1 else q.contiguous()
     block_d = max(16, triton.next_power_of_2(D))
     tree_attention_kernel[(B * Hkv, m_tiles, num_splits)](
-        q, k_cache, v_cache, slots, cache_start, bits, part_acc, part_max, part_sum,
+        q, k_cache, v_cache, slots.contiguous(), cache_start.contiguous(), bits, part_acc, part_max, part_sum,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -227,6 +227,9 @@ def tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset, tree_m
     """
     B, T, Hq, D = check_attention_call(_IMPL, plan, q, k_cache, v_cache, slots, cache_start, write_offset, tree_mask,
                                        attn_len, scale)
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.stride(-1) != 1:
+            raise ValueError(f"{name}'s last dimension must be contiguous, got strides {cache.stride()}")
     if B == 0 or T == 0:
         return torch.empty_like(q)
     bits = None if plan is None else plan.tensors["mask_bits"]
@@ -306,7 +309,7 @@ def apply_rope_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, cache_st
         return q_out
     half = D // 2
     apply_rope_and_write_kv_kernel[(B * T,)](
-        q, k, v, cos, sin, k_cache, v_cache, q_out, slots, cache_start,
+        q, k, v, cos, sin, k_cache, v_cache, q_out, slots.contiguous(), cache_start.contiguous(),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), cos.stride(0), cos.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),

@@ -42,7 +42,8 @@ def _launch_commit_kv_cache(kv, slots, seq_lens, accept_index, num_draft_tokens)
     row_numel = Hkv * D
     block = min(BLOCK_ROW, triton.next_power_of_2(row_numel))
     grid = (B, N, triton.cdiv(row_numel, block))
-    commit_kv_cache_kernel[grid](kv, slots, seq_lens, accept_index.contiguous(), kv.stride(0), kv.stride(1),
+    commit_kv_cache_kernel[grid](kv, slots.contiguous(), seq_lens.contiguous(), accept_index.contiguous(),
+                                 kv.stride(0), kv.stride(1),
                                  kv.stride(2), row_numel, S1, num_draft_tokens, BLOCK_ROW=block)
 
 

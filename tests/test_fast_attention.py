@@ -117,6 +117,40 @@ def test_rope_and_kv_write_equal_the_reference(Hq, Hkv, D, T, write_offset, dtyp
     assert not torch.equal(ref_k, caches[0])  # something was written
 
 
+def _strided(t):
+    """The same values through a view of stride 2."""
+    return torch.stack([t, torch.zeros_like(t)], -1)[..., 0]
+
+
+def test_strided_slots_and_cache_start_read_as_the_reference_reads_them():
+    """The kernels read slots and cache_start by position: strided views of them must give the reference's
+    outputs (they once read the neighbouring elements instead)."""
+    from fast.attention import apply_rope_and_write_kv
+    from specdec.models.layers import rope_cos_sin
+
+    q, kc, vc, slots, start, wo, mask, attn_len, scale = _case(3, T=4, write_offset=2)
+    ref = reference.tree_attention(q, kc, vc, slots, start, wo, mask, attn_len, scale)
+    out = tree_attention(q, kc, vc, _strided(slots), _strided(start), wo, mask, attn_len, scale)
+    assert_equivalent(ref, out, "attention")
+
+    B, T, Hkv, D = q.shape[0], q.shape[1], kc.shape[2], q.shape[3]
+    k, v = torch.randn(B, T, Hkv, D), torch.randn(B, T, Hkv, D)
+    cos, sin = rope_cos_sin(start[:, None] + wo + torch.arange(T), D, 10000.0)
+    ref_k, ref_v, fast_k, fast_v = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    ref_q = reference.apply_rope_and_write_kv(q, k, v, cos, sin, ref_k, ref_v, slots, start, wo)
+    fast_q = apply_rope_and_write_kv(q, k, v, cos, sin, fast_k, fast_v, _strided(slots), _strided(start), wo)
+    assert_equivalent(ref_q, fast_q, "rope", torch.float32, "q")
+    assert_equivalent(ref_k, fast_k, "rope", torch.float32, "k_cache")
+    assert torch.equal(ref_v, fast_v)
+
+
+def test_a_cache_whose_last_dimension_is_strided_is_a_value_error():
+    q, kc, vc, slots, start, wo, mask, attn_len, scale = _case(4)
+    strided_cache = kc.transpose(-1, -2).contiguous().transpose(-1, -2)
+    with pytest.raises(ValueError, match=r"k_cache's last dimension must be contiguous"):
+        tree_attention(q, strided_cache, vc, slots, start, wo, mask, attn_len, scale)
+
+
 @pytest.mark.parametrize("op", [reference.tree_attention, tree_attention])
 def test_attention_bad_input(op):
     q, kc, vc, slots, start, wo, mask, attn_len, scale = _case(0, T=3, write_offset=2)

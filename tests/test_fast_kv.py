@@ -65,6 +65,19 @@ def test_chain_of_overlapping_moves():
     assert torch.equal(fst, expected)
 
 
+def test_strided_slots_seq_lens_and_accept_index():
+    """The kernel reads slots, seq_lens and accept_index by position: strided views of each must commit what the
+    entry loop commits (slots and seq_lens once read their neighbours)."""
+    kv, slots, seq_lens, accept, W = _case(7)
+
+    def strided(t):
+        return torch.stack([t, torch.zeros_like(t)], -1)[..., 0]
+
+    want = _loop_commit(kv, slots, seq_lens, accept, W)
+    fast_commit(kv, strided(slots), strided(seq_lens), strided(accept), W)
+    assert torch.equal(kv, want)
+
+
 def test_large_rows_and_a_strided_cache():
     """(Hkv, D) rows larger than one block, and a cache that is a batch-sliced view of a bigger buffer."""
     big = torch.randn(2, 6, 20, 4, 320)
