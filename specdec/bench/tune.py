@@ -13,8 +13,8 @@ per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engin
    finished (`predicted_tokens_per_cpu_s`: batches of B such requests decode until their slowest is done, a step
    priced by how many requests it still holds, so a shape whose requests finish unevenly pays for its stragglers);
    the `--confirm` best predicted, the best predicted of each topk and of each num_steps, every chain, and NO_DRAFT
-   are decoded
-   at batch B in turn, and the best measured is the bucket's shape: no draft where no shape beat it (the batch then
+   are decoded at batch B in turn, and the best measured is the bucket's shape: no draft where no shape beat it (the
+   batch then
    decodes target-only, as vLLM's `speculative_disable_by_batch_size` does by hand). Those measured shapes are the
    bucket's candidates for adaptive speculation.
 4. `--check-grid` (or `--check-tuned PATH`, the check alone of a file tuned earlier): on other prompts than the
