@@ -1,8 +1,9 @@
 """What ``reference.compute_spec_v2_logprobs`` and ``fast.compute_spec_v2_logprobs`` share besides the checks.
 
-Both paths map (request, slot) to a logits row the same way, sanitise temperatures the same way, send the
-requested token ids to the device the same way and pack their [R, ...] results into SGLang's per-row
-lists with the same function, so the two differ only in how they compute the numbers. This is a leaf
+Both paths send the requested token ids to the device the same way and pack their [R, ...] results into
+SGLang's per-row lists with the same function. ``accepted_rows`` (which logits row each (request, slot) reads)
+and ``request_temperatures`` (greedy requests' temperatures read as 1.0) are the definitions the reference
+runs as tensor ops; the fast kernel applies the same two rules in place, to save their launches. This is a leaf
 module: it imports neither ``reference`` nor ``fast``. Nothing here reads a tensor's values on the host.
 
 Shapes: B requests, T = S+1 accept slots per request, R = B*T output rows (row r = b*T + j), V vocab.

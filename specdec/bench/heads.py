@@ -84,7 +84,7 @@ def paired_rows(rows: list[dict]) -> list[dict]:
                 out.append({"draft": b["draft"], "against": first, "num_steps": shape[0], "topk": shape[1],
                             "num_draft_tokens": shape[2],
                             **paired_bootstrap(a["tokens_by_prompt"], a["steps_by_prompt"], b["tokens_by_prompt"],
-                                           b["steps_by_prompt"])})
+                                               b["steps_by_prompt"])})
     return out
 
 

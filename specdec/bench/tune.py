@@ -277,6 +277,20 @@ def batches_of(prompts, batch_size: int) -> list:
     return [prompts[i:i + batch_size] for i in range(0, n, batch_size)]
 
 
+def confirm_candidates(ranked: list, confirm: int) -> list:
+    """Shapes ranked by predicted tokens/s (NO_DRAFT among them) -> the ones the confirm step measures, in that
+    order: the `confirm` best predicted, the best of each topk and of each depth, every chain, and NO_DRAFT.
+
+    Adaptive speculation's candidates should differ in cost, down to the shallow chains a request whose drafts
+    mostly fail is best served by. The chains are all measured because the cost model ranks them worst against the
+    trees of their depth where the verify is dearest: on the deep pair at B = 16 it put the K4 tree of depth 3 ahead
+    of the chain S3, which the grid check then found best (session 20). No draft is measured in turn with them:
+    where no shape beats it at this batch size, the bucket does not draft."""
+    drafting = [s for s in ranked if s != NO_DRAFT]
+    best_of = [next(s for s in drafting if s[i] == v) for i in (1, 0) for v in sorted({s[i] for s in drafting})]
+    return list(dict.fromkeys(ranked[:confirm] + best_of + [s for s in drafting if s[1] == 1] + [NO_DRAFT]))
+
+
 def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=None, confirm: int = 3,
          repeats: int = 1, model_name: str = "", progress=print, run: Run | None = None,
          acceptance_prompts: int | None = None):
@@ -341,18 +355,7 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
         tps = {s: predicted_tokens_per_cpu_s(*drain[s], cost_at_one[s] if B > 1 else predicted[s], predicted[s], B)
                for s in predicted}
         ranked = sorted(predicted, key=lambda s: -tps[s])
-        drafting = [s for s in ranked if s != NO_DRAFT]
-        # the best predicted, the best of each topk and of each depth, and every chain: adaptive speculation's
-        # candidates should differ in cost, down to the shallow chains a request whose drafts mostly fail is best
-        # served by. The chains are measured because the cost model ranks them worst against the trees of their
-        # depth where the verify is dearest: on the deep pair at B = 16 it put the K4 tree of depth 3 ahead of the
-        # chain S3, which the grid check then found best (session 20). No draft is measured in turn with them:
-        # where no shape beats it at this batch size, the bucket does not draft.
-        to_confirm = list(dict.fromkeys(ranked[:confirm] + [next(s for s in drafting if s[1] == k)
-                                                             for k in sorted({s[1] for s in shapes})]
-                                        + [next(s for s in drafting if s[0] == d)
-                                           for d in sorted({s[0] for s in shapes})]
-                                        + [s for s in drafting if s[1] == 1] + [NO_DRAFT]))
+        to_confirm = confirm_candidates(ranked, confirm)
         measured = dict(zip(to_confirm, m.decode_in_turn(to_confirm, batches, repeats, desc=f"confirm (B={B})")))
         best = max(measured, key=lambda s: measured[s]["tokens_per_cpu_s"])
         for shape in ranked:
