@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from specdec import Engine, SamplingParams, zoo
+from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.contract import NO_DRAFT
 from specdec.models.bigram import near_bigram_target
 from specdec.models.eagle import random_eagle_head
@@ -124,6 +125,40 @@ def test_every_switch_between_allowed_shapes_is_lossless(pair, kind):
     assert_same_as_baseline(out, base)
     assert len(engine.last_stats.step_shapes) >= len(cycle)
     assert any(a > 3 for o in out for a in o.accept_lens)  # the trees accepted deep paths
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "draft_lm"])
+@pytest.mark.parametrize("skipped", [1, 3, 10])
+def test_after_no_draft_steps_the_draft_is_where_a_prefill_of_the_whole_text_puts_it(pair, kind, skipped):
+    """NO_DRAFT steps skip the draft extend, and the next drafting step catches up on them in one extend (10 skipped
+    steps cross `max_skipped_steps` = 8, whose full buffer is caught up on between two NO_DRAFT steps). Oracle: a
+    fresh worker prefilled with the whole committed text (the ragged prompts, the first token and every decoded
+    token but the last, which the greedy prefill samples again): the next root's K children and their
+    probabilities, the draft's hidden state there, and so the next draft tree, must be the same."""
+    b, prompts = pair
+    draft = getattr(b, kind)
+    cands = [((3, 1, 4), 3.0, 1.6), (NO_DRAFT, 1.0, 0.9)]
+    worker = Engine(b.target, draft, tuned_for(b.target, draft, {4: ((3, 1, 4), cands)}, adaptive=True, kind=kind),
+                    max_batch=4).worker
+    assert worker.max_skipped_steps == 8
+    params = [SamplingParams(max_new_tokens=32)] * len(prompts)
+    tokens = [worker.prefill(prompts, params, seed=0).predict.tolist()]
+    for _ in range(skipped):
+        worker.use_shape(NO_DRAFT)
+        tokens.append(worker.decode_step().predict.tolist())
+    worker.use_shape((3, 1, 4))
+    worker.prepare_decode()  # the catch-up
+    assert worker.skipped_steps == 0
+    caught_up = worker.state
+    worker.finish()
+
+    fresh = Engine(b.target, draft, SpecConfig(3, 1, 4), max_batch=4).worker
+    texts = [p + [t[i] for t in tokens[:-1]] for i, p in enumerate(prompts)]
+    assert fresh.prefill(texts, params, seed=0).predict.tolist() == tokens[-1]
+    assert torch.equal(fresh.state.topk_index, caught_up.topk_index)
+    torch.testing.assert_close(fresh.state.topk_p, caught_up.topk_p, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fresh.state.draft_hidden, caught_up.draft_hidden, rtol=1e-4, atol=1e-5)
+    fresh.finish()
 
 
 def test_every_switch_between_ngram_shapes_is_lossless(pair):

@@ -19,6 +19,9 @@ class EagleState(RequestState):
     topk_p: torch.Tensor | None  # (B, K) fp32: the K most probable draft tokens' probabilities, best first
     topk_index: torch.Tensor | None  # (B, K) int64: those tokens (K: the largest topk of the allowed shapes)
     draft_hidden: torch.Tensor | None  # (B, H): the draft's output hidden state at the last committed position
+    # NO_DRAFT steps leave the draft behind; what its catch-up extend reads (`catch_up_draft`), newest last:
+    skipped_hidden: torch.Tensor | None  # (B, P, H') the target's hidden states (or features) at those steps' roots
+    skipped_tokens: torch.Tensor | None  # (B, P) int64: the token each of those steps committed
 
 
 class EagleWorkerV2(SpeculativeWorkerBase):
@@ -32,6 +35,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     state_type = EagleState
     #: the draft's decoder layers, each with its own KV cache layer
     draft_cache_layers = 1
+    #: the most NO_DRAFT steps in a row the draft skips before one catch-up extend over them all (`catch_up_draft`)
+    max_skipped_steps = 8
 
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
@@ -45,6 +50,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
             ids = torch.arange(draft.config.draft_vocab_size, device=self.device)
             self.draft_vocab_ids = self._draft_to_target(ids).cpu()  # for masking its proposals by a grammar
         self.max_batch = max_batch
+        self.skipped_steps = 0  # host: NO_DRAFT steps since the draft's last extend
         self.allow_shapes([spec])
 
     # ---- step shapes -------------------------------------------------------------------------
@@ -105,6 +111,18 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         meta = AttentionMetadata(st.slots, torch.zeros_like(st.seq_lens), attn_len=T, ops=self.ops)
         d_hidden = self.draft_model(shifted, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
         self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
+        self.start_skipping(hidden)
+
+    def start_skipping(self, hidden: torch.Tensor) -> None:
+        """After the prefill extend: nothing skipped yet, and where NO_DRAFT is allowed, the buffers its steps fill
+        (set before the first decode step: a CUDA graph's static copy carries the state's fields as they are then).
+        hidden: (B, T, H') the prefill's target hidden states (or features), whose width and dtype the buffer takes."""
+        st = self.state
+        self.skipped_steps = 0
+        if NO_DRAFT in self.shapes:
+            B, P = st.seq_lens.shape[0], self.max_skipped_steps
+            st.skipped_hidden = hidden.new_zeros(B, P, hidden.shape[-1])
+            st.skipped_tokens = torch.zeros(B, P, dtype=torch.int64, device=self.device)
 
     def _draft_lens(self):
         """(B,) int64: the draft's committed length (the target's, plus `draft_offset`)."""
@@ -169,7 +187,13 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         at position n+j. Its output at n+a gives the next root's top-K children."""
         st = self.state
         B = st.seq_lens.shape[0]
-        n = 1 if self.num_draft_tokens == 1 else self.num_steps + 1
+        if self.num_draft_tokens == 1:
+            # no draft: keep the root's (h, token) for one catch-up extend when drafting resumes, since a one-token
+            # draft forward per step would make a no-draft step dearer than target-only decoding's
+            st.skipped_hidden = torch.cat([st.skipped_hidden[:, 1:], target_hidden.view(B, 1, -1)], dim=1)
+            st.skipped_tokens = torch.cat([st.skipped_tokens[:, 1:], step.predict.long().view(B, 1)], dim=1)
+            return
+        n = self.num_steps + 1
         nodes = step.accept_index[:, :n].clamp_min(0).long()  # padded slots reuse the root: garbage past n+a
         ids = step.predict.long()[nodes]
         hidden = target_hidden[nodes]
@@ -179,6 +203,33 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         d_hidden = self.draft_model(ids, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
         last = (step.accept_lens - 1).long()
         self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
+
+    def prepare_decode(self) -> None:
+        """Host side, before the body: the draft catches up on the skipped NO_DRAFT steps before a drafting step, or
+        when `max_skipped_steps` of them fill the buffers; then the step's randomness."""
+        drafting = self.num_draft_tokens > 1
+        if self.skipped_steps and (drafting or self.skipped_steps == self.max_skipped_steps):
+            self.catch_up_draft()
+        super().prepare_decode()
+        if not drafting:
+            self.skipped_steps += 1
+
+    def catch_up_draft(self) -> None:
+        """The draft extend the last `skipped_steps` NO_DRAFT steps skipped, as one forward over their k tokens at the
+        draft's k last committed positions (each step committed one token per request): the draft cache and the next
+        root's children are then as k one-token extends would leave them. Eager, outside any CUDA graph: the host
+        alone knows k."""
+        st = self.state
+        k = self.skipped_steps
+        with self.phase("draft_extend"):
+            ids = st.skipped_tokens[:, -k:].contiguous()
+            hidden = st.skipped_hidden[:, -k:].contiguous()
+            start = self._draft_lens() - k
+            positions = start[:, None] + torch.arange(k, device=self.device)
+            meta = AttentionMetadata(st.slots, start, attn_len=self.attn_len(self.draft_offset), ops=self.ops)
+            d_hidden = self.draft_model(ids, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
+            self._set_next_root_children(d_hidden[:, -1])
+        self.skipped_steps = 0
 
     def draft(self):
         """draft_forward, organize_draft_results, build_tree_kernel_efficient -> the verify input."""

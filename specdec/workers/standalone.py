@@ -53,3 +53,4 @@ class StandaloneWorker(EagleWorkerV2):
         meta = AttentionMetadata(st.slots, torch.zeros_like(st.seq_lens), attn_len=T + 1, ops=self.ops)
         d_hidden = self.draft_model(full, None, at, self.draft_cache, meta, return_logits=False).hidden
         self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), st.seq_lens])
+        self.start_skipping(hidden)
