@@ -273,8 +273,8 @@ def test_dflash_scaling_rows(tmp_path):
     import json
 
     from specdec.bench.dflash_scaling import DFlashScalingRow, main
-    assert main(["--model", "stdlib-byte-6l", "--variants", "block 4", "--step-scale", "0.005", "--eval-windows", "2",
-                 "--eval-len", "48", "--out", str(tmp_path)]) == 0
+    assert main(["--model", "stdlib-byte-6l", "--variants", "block 4", "--step-scale", "0.005", "--batch-size", "1",
+                 "--eval-windows", "2", "--eval-len", "48", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("dflash-scaling-*.csv")
     (row,) = list(csv.DictReader(path.open()))
     assert list(row) == columns(DFlashScalingRow)

@@ -84,11 +84,15 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-scale", type=float, default=1.0,
                    help="multiply every variant's training steps (a smoke run: 0.01)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="training windows per step, for every variant (default: the shipped stage's; a smoke run: 1)")
     a = p.parse_args(argv)
     names = [v.strip() for v in a.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    if a.batch_size is not None and a.batch_size < 1:
+        p.error(f"--batch-size must be at least 1, got {a.batch_size}")
     torch.set_num_threads(1)
     bundle = zoo.load(a.model)
     target = bundle.target
@@ -103,6 +107,8 @@ def main(argv=None) -> int:
         opts = variant_opts(base, VARIANTS[name], target.config.intermediate_size)
         opts.steps = max(1, round(opts.steps * a.step_scale))
         opts.warmup = min(opts.warmup, opts.steps)
+        if a.batch_size is not None:
+            opts.batch_size = a.batch_size
         t0 = time.time()
         model, stats = train_dflash(target, opts, seed=a.seed, log=lambda *m: None)
         held = evaluate_dflash(target, model, windows, seq_len=a.eval_len)

@@ -1,0 +1,20 @@
+"""NO_DRAFT steps against target-only, in turn, one thread: tokens per process-CPU second."""
+import json, sys
+import torch
+torch.set_num_threads(1)
+from specdec import zoo
+from specdec.bench.tune import Measurer
+from specdec.contract import NO_DRAFT
+from specdec.zoo.corpus import heldout_prompts
+
+name, B, label = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+b = zoo.load(name)
+prompts = heldout_prompts(2 * B, length=96, seed=11)
+batches = [prompts[:B], prompts[B:]]
+m = Measurer(b.target, b.eagle, max_seq_len=256, max_new_tokens=64)
+res = m.decode_in_turn([None, NO_DRAFT], batches, repeats=5)
+out = {"label": label, "model": name, "B": B, "threads": torch.get_num_threads()}
+for key, r in zip(["target_only", "no_draft"], res):
+    out[key] = [round(x, 1) for x in r["passes"]]
+out["ratio_by_pass"] = [round(n / t, 3) for n, t in zip(out["no_draft"], out["target_only"])]
+print(json.dumps(out))
