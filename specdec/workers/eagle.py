@@ -185,8 +185,9 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         return score_list, token_list, parents_list
 
     def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
-        """Draft forward over the accepted path (padded to S+1; a NO_DRAFT step's one token): (h[n_j], predict[n_j])
-        at position n+j. Its output at n+a gives the next root's top-K children."""
+        """Draft forward over the accepted path (padded to S+1): (h[n_j], predict[n_j]) at position n+j. Its output
+        at n+a gives the next root's top-K children. A NO_DRAFT step runs none: it keeps its root's (h, token) for
+        `catch_up_draft`."""
         st = self.state
         B = st.seq_lens.shape[0]
         if self.num_draft_tokens == 1:
