@@ -19,9 +19,7 @@ The file (`FORMAT`):
 with SHAPE = {"num_steps": int, "topk": int, "num_draft_tokens": int}. A bucket serves the batches nearest its size by
 ratio (`TunedSpec.bucket`); its shape may be no draft (SHAPE of `NO_DRAFT`), where the tuner measured no drafting
 shape beating it at that batch size, and some candidate of the file must draft; its candidates are what adaptive
-speculation chooses among (step_ms: a full batch's step at that batch size, as the tuner's cost model refitted to every
-step it measured there prices it, or no draft's own measurement; mean_accept_len per request and step, bonus token
-included).
+speculation chooses among (step_ms at that batch size, mean_accept_len per request and step, bonus token included).
 """
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engin
    the `--confirm` best predicted, the best predicted of each topk and of each num_steps, every chain, and NO_DRAFT
    are decoded at batch B in turn, and the best measured is the bucket's shape: no draft where no shape beat it (the
    batch then decodes target-only, as vLLM's `speculative_disable_by_batch_size` does by hand). Those measured
-   shapes are the bucket's candidates for adaptive speculation, each priced by the cost model refitted to every step
-   measured at the bucket (`candidate_step_ms`).
+   shapes are the bucket's candidates for adaptive speculation.
 4. `--check-grid` (or `--check-tuned PATH`, the check alone of a file tuned earlier): on other prompts than the
    tuning's (`--check-sets`: held-out code; that code alternating with English prose no model saw; that code with
    every other request sampled at temperature 1), the tuned shape, adaptive speculation and `CHECK_GRID`'s 12 shapes
