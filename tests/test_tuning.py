@@ -357,30 +357,6 @@ def test_the_confirm_step_measures_every_chain_whatever_its_rank():
     assert confirm_candidates([(3, 4, 8), (3, 1, 4), NO_DRAFT], confirm=1) == [(3, 4, 8), (3, 1, 4), NO_DRAFT]
 
 
-def test_adaptive_prices_candidates_by_the_cost_model_refitted_to_every_measured_step():
-    """A step costs 4 + 3 (S - 1) + 0.5 (S - 1) K + 2 W ms on a machine without noise. The probes measured it so; one
-    confirm run of the chain S5 caught a slow spell (+40 %), which put it above the chain S6 (the order session 22's
-    small-pair file had). The candidates' prices follow the work the shapes do, the chain S5 below the chain S6;
-    no draft keeps its own measurement, and no drafting shape is priced below it."""
-    from specdec.bench.tune import candidate_step_ms
-
-    def true_ms(s):
-        return 4 + 3 * (s[0] - 1) + 0.5 * (s[0] - 1) * s[1] + 2 * s[2]
-    probes = {s: true_ms(s) for s in [(1, 1, 2), (3, 4, 8), (6, 4, 24), (2, 2, 4), (4, 1, 5), (5, 4, 16)]}
-    confirmed = {(5, 1, 6): 1.4 * true_ms((5, 1, 6)), (6, 1, 7): true_ms((6, 1, 7)), (3, 1, 4): true_ms((3, 1, 4)),
-                 NO_DRAFT: 9.0}
-    assert confirmed[(5, 1, 6)] > confirmed[(6, 1, 7)]
-    got = candidate_step_ms(probes, confirmed, no_draft_ms=9.0)
-    assert set(got) == set(confirmed) and got[NO_DRAFT] == 9.0
-    # adaptive compares candidates by their prices' ratios: each pair's within 5 % of the true one (the measured
-    # S5 / S6 was 40 % off)
-    drafting = [(5, 1, 6), (6, 1, 7), (3, 1, 4)]
-    for a in drafting:
-        for b in drafting:
-            assert got[a] / got[b] == pytest.approx(true_ms(a) / true_ms(b), rel=0.05)
-    assert candidate_step_ms(probes, {(1, 1, 2): 7.0, NO_DRAFT: 9.0}, no_draft_ms=9.0)[(1, 1, 2)] == 9.0
-
-
 def test_the_tuner_writes_a_file_the_engine_decodes_with(pair, tmp_path):
     """`specdec tune` end to end on the small pair (a few shapes, short decodes): the file loads, names the pair,
     its choices are measured candidates, and decoding with it (tuned and adaptive) repeats target-only."""

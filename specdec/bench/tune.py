@@ -225,25 +225,12 @@ def cost_features(shape) -> list[float]:
     return [1.0, s - 1.0, (s - 1.0) * k, float(w)]
 
 
-def fit_cost_model(observed) -> torch.Tensor:
-    """observed: drafting shape -> measured step ms, or (shape, ms) pairs (a shape measured more than once) -> the
-    linear model's coefficients (least squares)."""
-    pairs = list(observed.items()) if isinstance(observed, dict) else list(observed)
-    x = torch.tensor([cost_features(s) for s, _ in pairs], dtype=torch.float64)
-    y = torch.tensor([ms for _, ms in pairs], dtype=torch.float64)[:, None]
+def fit_cost_model(observed: dict) -> torch.Tensor:
+    """observed: drafting shape -> measured step ms -> the linear model's coefficients (least squares)."""
+    shapes = list(observed)
+    x = torch.tensor([cost_features(s) for s in shapes], dtype=torch.float64)
+    y = torch.tensor([observed[s] for s in shapes], dtype=torch.float64)[:, None]
     return torch.linalg.lstsq(x, y).solution[:, 0]
-
-
-def candidate_step_ms(observed: dict, confirmed: dict, no_draft_ms: float) -> dict:
-    """What adaptive speculation prices each confirmed shape's full-batch step at: for a drafting shape, the cost
-    model refitted to every step measured at the bucket (`observed`, the probes; `confirmed`, shape -> the confirm
-    runs' full-batch step ms), never below no draft's; for NO_DRAFT its own measurement. One decode's step time
-    moves with the machine by more than neighbouring shapes differ (in session 22's small-pair file a chain S5's
-    step cost more than a chain S6's), and adaptive, which compares candidates step by step, followed that noise;
-    the model, fitted to a dozen or more measured steps, keeps the order the shapes' work sets."""
-    drafting = [(s, ms) for s, ms in confirmed.items() if s != NO_DRAFT]
-    coef = fit_cost_model(list(observed.items()) + drafting)
-    return {s: no_draft_ms if s == NO_DRAFT else max(predict_step_ms(coef, s), no_draft_ms) for s in confirmed}
 
 
 def predict_step_ms(coef: torch.Tensor, shape) -> float:
@@ -377,9 +364,8 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
             else:
                 row(B, "predicted", shape, None, predicted[shape], tps[shape])
         # adaptive speculation prices one step of the batch in hand: a full batch's step, not the emptying average
-        step_ms = candidate_step_ms(observed, {s: full_batch_step_ms(measured[s], cost_at_one[s], B)
-                                               for s in measured}, no_draft_ms)
-        cands = [Candidate(s, round(measured[s]["accept"], 4), round(step_ms[s], 4)) for s in measured]
+        cands = [Candidate(s, round(measured[s]["accept"], 4),
+                           round(full_batch_step_ms(measured[s], cost_at_one[s], B), 4)) for s in measured]
         buckets[B] = Bucket(best, tuple(cands))
         progress(f"B={B:<3d} chose {shape_name(best):12s} predicted {tps[best]:8.1f} tok/cpu-s, measured "
                  f"{measured[best]['tokens_per_cpu_s']:8.1f} (accept {measured[best]['accept']:.2f}, a full batch's "
