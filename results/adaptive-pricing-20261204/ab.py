@@ -51,7 +51,7 @@ for set_name in sets:
         grid = {l: r["passes"] for l, r in zip(labels, res) if l != "target-only" and not l.startswith(("tuned", "adaptive"))}
         out = {"set": set_name, "B": B, "passes": reps, "threads": torch.get_num_threads()}
         for l, r in zip(labels, res):
+            held = None if l == "target-only" else held_out_ratio(r["passes"], grid)  # None with one pass
             out[l] = {"median": round(statistics.median(r["passes"]), 1), "passes": [round(x, 1) for x in r["passes"]],
-                      "vs_best_static_other_passes": None if l == "target-only" else
-                      round(held_out_ratio(r["passes"], grid), 3)}
+                      "vs_best_static_other_passes": None if held is None else round(held, 3)}
         print(json.dumps(out), flush=True)
