@@ -1,0 +1,16 @@
+import sys, torch, statistics
+torch.set_num_threads(1)
+from specdec import zoo
+from specdec.bench.tune import Measurer, batches_of, full_batch_step_ms
+from specdec.contract import NO_DRAFT
+from specdec.zoo.corpus import heldout_prompts
+b = zoo.load(sys.argv[1]); B = int(sys.argv[2])
+from specdec.workers.eagle import EagleWorkerV2
+if len(sys.argv) > 3: EagleWorkerV2.max_skipped_steps = int(sys.argv[3])
+print("P", EagleWorkerV2.max_skipped_steps)
+prompts = heldout_prompts(32, 96, seed=1)
+m = Measurer(b.target, b.eagle, 96 + 48 + 64, 48)
+keys = [None, NO_DRAFT, (3, 2, 6), (1, 1, 2)]
+res = m.decode_in_turn(keys, batches_of(prompts, B), 3)
+for k, r in zip(keys, res):
+    print(k, [round(x, 1) for x in r["passes"]], "steps", r["steps"], "accept", round(r["accept"], 3), "step_ms", round(r["step_ms"], 2))
