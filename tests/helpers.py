@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, settings
 
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models.bigram import bigram_target, near_bigram_target, perfect_eagle, perfect_mtp  # noqa: F401
+from specdec.tuning import ShapePolicy
 from tests.oracles import exact_joint
 
 # Max abs difference allowed between two computations of the same logprob (fp32 logits).
@@ -172,3 +173,22 @@ def assert_same_tensors(a, b):
         assert x.dtype == y.dtype, (k, x.dtype, y.dtype)
         assert x.shape == y.shape, (k, x.shape, y.shape)
         assert torch.equal(x, y), (k, x, y)
+
+
+class CyclingSpec:
+    """Stands in for an engine's tuned spec (`engine.tuned = CyclingSpec(shapes)`): its policy ignores acceptance and
+    runs `shapes` in turn, one per decode step."""
+
+    def __init__(self, shapes):
+        self.shapes = shapes
+
+    def policy(self):
+        shapes = self.shapes
+
+        class Cycle(ShapePolicy):
+            i = -1
+
+            def choose(self, batch_size):
+                self.i += 1
+                return shapes[self.i % len(shapes)]
+        return Cycle()

@@ -13,8 +13,8 @@ import fast
 import reference
 from specdec import Engine, SamplingParams, SpecConfig
 from tests.equivalence import no_host_sync
-from tests.helpers import (assert_same_as_baseline, check_sampling_is_lossless, logprob_params, near_bigram_target,
-                           perfect_eagle, perfect_mtp)
+from tests.helpers import (CyclingSpec, assert_same_as_baseline, check_sampling_is_lossless, logprob_params,
+                           near_bigram_target, perfect_eagle, perfect_mtp)
 
 REFERENCE_DIR = os.path.dirname(reference.__file__) + os.sep
 #: Where the tests that check the engine's choice of ops build their target: a CPU model never gets the
@@ -65,6 +65,34 @@ def test_fast_greedy_equals_reference_and_target_only(name):
 
 
 FAST_SAMPLING_CASES = [("eagle", SpecConfig(2, 2, 4), 1.0, -1, 1.0), ("mtp_chain", SpecConfig(2), 1.0, 3, 0.8)]
+
+
+def test_fast_shape_switching_through_no_draft_steps_equals_target_only():
+    """Adaptive speculation's contract on the fast path: steps switch among a tree, a chain and no draft, whose runs
+    the draft catches up on in one extend (the fast attention over the skipped positions); ragged prompts, tokens and
+    logprobs are target-only's."""
+    from specdec.contract import NO_DRAFT
+    from specdec.tuning import Bucket, Candidate, TunedSpec, fingerprint
+    target = near_bigram_target(seed=11, mix=0.35, num_key_value_heads=2)
+    draft = perfect_eagle(target, seed=1)
+    cycle = [(3, 2, 6), NO_DRAFT, NO_DRAFT, (3, 1, 4), NO_DRAFT, (3, 2, 6)]
+    bucket = Bucket((3, 2, 6), tuple(Candidate(shape, 2.0, 1.0) for shape in dict.fromkeys(cycle)))
+    tuned = TunedSpec({"fingerprint": fingerprint(target)}, {"kind": "eagle", "fingerprint": fingerprint(draft)}, {},
+                      {4: bucket}, adaptive=True)
+    prompts = [[1, 2, 3, 4, 5], [9, 10, 11]]
+    params = logprob_params(max_new=10)
+    base = Engine(target, max_seq_len=64).generate(prompts, params)
+    runs = {}
+    for impl in ("reference", "fast"):
+        engine = Engine(target, draft, tuned, impl=impl, max_batch=4, max_seq_len=64)
+        engine.tuned = CyclingSpec(cycle)
+        runs[impl] = engine.generate(prompts, params)
+        assert engine.impl == impl and engine.last_stats.step_shapes[:4] == cycle[:4]
+    assert_same_as_baseline(runs["fast"], base)
+    # the drafts after each catch-up are the reference's (whose catch-up test_tuning checks against a prefill): the
+    # same accepted lengths, deep ones among them
+    assert [o.accept_lens for o in runs["fast"]] == [o.accept_lens for o in runs["reference"]]
+    assert max(a for o in runs["fast"] for a in o.accept_lens[1:]) > 2
 
 
 @pytest.mark.parametrize("kind, spec, temperature, top_k, top_p", FAST_SAMPLING_CASES[:1])

@@ -11,8 +11,9 @@ from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.contract import NO_DRAFT
 from specdec.models.bigram import near_bigram_target
 from specdec.models.eagle import random_eagle_head
-from specdec.tuning import AdaptiveShapes, Bucket, Candidate, ShapePolicy, TunedSpec, fingerprint
-from tests.helpers import FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue, logprob_params
+from specdec.tuning import AdaptiveShapes, Bucket, Candidate, TunedSpec, fingerprint
+from tests.helpers import (FALSE_FAILURE_RATE, CyclingSpec, assert_same_as_baseline, chi_square_pvalue,
+                           logprob_params)
 from tests.oracles import exact_joint
 
 
@@ -45,24 +46,6 @@ def pair():
     prompts = [b.tokenizer.encode(t) for t in ("def fibonacci(n):\n", "import os\nclass ", "The weather was",
                                                 "    for i in range(")]
     return b, prompts
-
-
-class CyclingSpec:
-    """Stands in for an engine's tuned spec: its policy ignores acceptance and runs `shapes` in turn."""
-
-    def __init__(self, shapes):
-        self.shapes = shapes
-
-    def policy(self):
-        shapes = self.shapes
-
-        class Cycle(ShapePolicy):
-            i = -1
-
-            def choose(self, batch_size):
-                self.i += 1
-                return shapes[self.i % len(shapes)]
-        return Cycle()
 
 
 #: three shapes and no draft, the no-draft step priced so that a request whose drafts fail falls back to it
