@@ -115,10 +115,10 @@ def test_every_switch_between_allowed_shapes_is_lossless(pair, kind):
 def test_after_no_draft_steps_the_draft_is_where_a_prefill_of_the_whole_text_puts_it(pair, kind, skipped):
     """NO_DRAFT steps skip the draft extend, and the next drafting step catches up on them in one extend (10 skipped
     steps cross `max_skipped_steps`, set to 4 here, twice: a full buffer is caught up on between two NO_DRAFT steps,
-    and the next drafting step catches up on the 2 left). Oracle: a
-    fresh worker prefilled with the whole committed text (the ragged prompts, the first token and every decoded
-    token but the last, which the greedy prefill samples again): the next root's K children and their
-    probabilities, the draft's hidden state there, and so the next draft tree, must be the same."""
+    and the next drafting step catches up on the 2 left). Oracle: a fresh worker prefilled with the whole committed
+    text (the ragged prompts, the first token and every decoded token but the last, which the greedy prefill samples
+    again): the next root's K children and their probabilities, the draft's hidden state there, and so the next
+    draft tree, must be the same."""
     b, prompts = pair
     draft = getattr(b, kind)
     cands = [((3, 1, 4), 3.0, 1.6), (NO_DRAFT, 1.0, 0.9)]
