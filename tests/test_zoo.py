@@ -417,3 +417,60 @@ def test_train_a_tiny_deep_target_and_its_eagle3_head():
     opts = zt.StageOpts(steps=2, batch_size=2, seq_len=32, warmup=1, extra={"unroll": 2, "draft_vocab_size": 40})
     head, st = zt.train_eagle3(target, opts, seed=0, log=lambda s: None)
     assert st["feature_layers"] == [2, 4, 5] == list(head.feature_layers)
+
+
+def test_regenerated_segments_are_corpus_prefixes_and_the_target_s_greedy_continuations():
+    """The oracle: the target's full-sequence forward, one argmax at a time (no cache, no engine)."""
+    from specdec.zoo.train.regenerate import regenerate_segments
+
+    target = LlamaForCausalLM(_tiny_target())
+    zt.init_weights_(target, 2, 0)
+    stream = np.random.default_rng(3).integers(0, 256, size=500).astype(np.uint16)
+    seg = regenerate_segments(target, stream, n=3, prefix=7, new_tokens=5, seed=1, batch_size=2, log=lambda s: None)
+    assert seg.shape == (3, 12) and seg.dtype == np.uint16
+    starts = np.random.default_rng(1).integers(0, len(stream) - 7, size=3)
+    for row, s in zip(seg, starts):
+        assert row[:7].tolist() == stream[s:s + 7].tolist()
+        ids = torch.tensor(stream[s:s + 7].astype(np.int64))[None]
+        with torch.no_grad():
+            for _ in range(5):
+                logits = target(ids, torch.arange(ids.shape[1])[None]).logits[0, -1]
+                ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+        assert row[7:].tolist() == ids[0, 7:].tolist()
+
+
+def test_segment_windows_join_random_segments_to_the_row_length():
+    from specdec.zoo.train.regenerate import SegmentWindows
+
+    seg = np.arange(5 * 4, dtype=np.uint16).reshape(5, 4)  # segment i holds 4i .. 4i+3
+    a, b = SegmentWindows(seg, 3, 10, seed=2), SegmentWindows(seg, 3, 10, seed=2)
+    for _ in range(4):
+        rows = a.next()
+        assert rows.shape == (3, 10) and rows.dtype == torch.int64 and torch.equal(rows, b.next())
+        for r in rows.tolist():  # whole segments end to end, the last one cut
+            for lo in range(0, 10, 4):
+                first = r[lo]
+                assert first % 4 == 0 and r[lo:lo + 4] == list(range(first, first + 4))[:len(r[lo:lo + 4])]
+
+
+def test_heads_train_on_regenerated_segments_and_the_card_says_which(tmp_path):
+    target = LlamaForCausalLM(_tiny_target())
+    zt.init_weights_(target, 2, 0)
+    rng = np.random.default_rng(0)
+    for i in (1, 2):
+        np.save(tmp_path / f"s{i}.npy", rng.integers(0, 256, size=(3, 20)).astype(np.uint16))
+    files = f"{tmp_path / 's1.npy'},{tmp_path / 's2.npy'}"
+    opts = zt.StageOpts(steps=1, batch_size=2, seq_len=32, warmup=1, amp=False,
+                        extra={"unroll": 2, "regen_data": files})
+    for train in (zt.train_eagle, zt.train_eagle3):
+        _, st = train(target, opts, seed=0, log=lambda s: None)
+        assert st["regen_data"]["files"] == ["s1.npy", "s2.npy"] and st["regen_data"]["segments"] == 6
+        assert st["regen_data"]["segment_len"] == 20
+
+
+@pytest.mark.parametrize("files, says", [("/nonexistent.npy", "no such file"), ("", "no file given")])
+def test_bad_regenerated_data_is_refused_before_any_training(capsys, files, says):
+    with pytest.raises(SystemExit) as exit_:
+        zt.main(["--regen-data", files, "--out", "/nonexistent"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--regen-data: regenerated data" in err and says in err

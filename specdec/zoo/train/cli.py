@@ -14,6 +14,7 @@ from ...tokenizer import ByteTokenizer
 from .card import MODEL_CARD, read_card, render_model_card, render_model_cards
 from .hparams import STAGES, TargetShape, default_opts
 from .pipeline import train_all
+from .regenerate import load_segments
 
 def main(argv=None, after_training=None) -> int:
     """`specdec zoo train`. after_training(out, name, stages, cost_prompts), when given, runs after the stages
@@ -64,6 +65,9 @@ def main(argv=None, after_training=None) -> int:
     p.add_argument("--eagle3-fc-norm", action="store_true",
                    help="one RMSNorm per feature before the EAGLE-3 head's fc (SGLang's fc_norm; default: the paper's "
                         "raw features)")
+    p.add_argument("--regen-data", default=None, metavar="A.npy,B.npy",
+                   help="train the EAGLE and EAGLE-3 heads on these files of the target's own continuations "
+                        "(`python -m specdec.zoo.train.regenerate`) instead of corpus windows")
     p.add_argument("--cost-prompts", type=int, default=4,
                    help="held-out prompts over which `specdec zoo train` measures, after training, the step cost of "
                         "each trained draft whose card states one (the draft LM, DFlash) against the target's "
@@ -95,6 +99,13 @@ def main(argv=None, after_training=None) -> int:
     if not a.eagle3_w_reg >= 0:
         p.error(f"--eagle3-w-reg must be >= 0, got {a.eagle3_w_reg}")
     opts["eagle3"].extra["w_reg"] = a.eagle3_w_reg
+    if a.regen_data is not None:
+        try:
+            load_segments(a.regen_data)  # checked before hours of earlier stages
+        except ValueError as e:
+            p.error(f"--regen-data: {e}")
+        for st in ("eagle", "eagle3"):
+            opts[st].extra["regen_data"] = a.regen_data
     if a.eagle3_fc_norm:
         opts["eagle3"].extra["fc_norm"] = True
     shape = TargetShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,

@@ -2,7 +2,9 @@
 in two styles; a standalone draft LM), each trained by `train_<stage>` through the shared loop."""
 from __future__ import annotations
 
+import hashlib
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -14,6 +16,7 @@ from ...models.eagle3 import Eagle3DraftHead, default_feature_layers, eagle3_con
 from ...models.layers import AttentionMetadata, apply_rope, rope_cos_sin
 from .. import corpus
 from .hparams import StageOpts, TargetShape, Windows
+from .regenerate import SegmentWindows, load_segments
 from .loop import train_autocast, freeze, position_grid, run_stage_loop, init_weights_
 
 
@@ -131,6 +134,26 @@ class TTT_OPS:
         return out.transpose(1, 2)
 
 
+def head_windows(opts: StageOpts, stream: np.ndarray, seed: int):
+    """The batches a draft head trains on: seeded corpus windows of `stream`, or with opts.extra['regen_data']
+    (comma-separated .npy files of `regenerate_segments`) rows of the target's own continuations."""
+    files = opts.extra.get("regen_data")
+    if not files:
+        return Windows(stream, opts.batch_size, opts.seq_len + 1, seed)
+    return SegmentWindows(load_segments(files), opts.batch_size, opts.seq_len + 1, seed)
+
+
+def regen_stats(opts: StageOpts) -> dict:
+    """What the card records of the regenerated data a head trained on (nothing for corpus windows)."""
+    files = opts.extra.get("regen_data")
+    if not files:
+        return {}
+    seg = load_segments(files)
+    return {"regen_data": {"files": [Path(f).name for f in files.split(",") if f], "segments": int(seg.shape[0]),
+                           "segment_len": int(seg.shape[1]),
+                           "sha256": hashlib.sha256(seg.tobytes()).hexdigest()[:16]}}
+
+
 def eagle_unrolled(head, hidden: torch.Tensor, input_ids: torch.Tensor, passes: int):
     """hidden: (B, T, H) the target's h_t (an EAGLE-3 head: its features, (B, T, F * H)); input_ids:
     (B, T) x_{t+1} -> list of `passes` pairs (logits (B, T, V or draft_vocab_size), hidden_out (B, T, H)).
@@ -195,10 +218,11 @@ def train_eagle(target, opts: StageOpts, seed: int = 0, log=print):
     head = EagleDraftHead(draft_config_like(target, 1), target)
     init_weights_(head, 1, seed + 10)
     head.train()
-    windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len + 1, seed + 11)
+    windows = head_windows(opts, corpus.token_stream("train"), seed + 11)
     stats = run_stage_loop("eagle", opts, head.named_parameters(),
                       lambda b: eagle_loss(target, head, b, passes, w_reg, w_cls, opts.amp), windows, seed + 12,
                       None, log)
+    stats.update(regen_stats(opts))
     return head.eval(), stats
 
 
@@ -317,14 +341,15 @@ def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
     torch.manual_seed(seed)
     head = new_eagle3_head(target, vocab, layers, seed + 40, **norms)
     head.train()
-    windows = Windows(stream, opts.batch_size, opts.seq_len + 1, seed + 41)
+    windows = head_windows(opts, stream, seed + 41)
     stats = run_stage_loop("eagle3", opts, head.named_parameters(),
                       lambda b: eagle3_loss(target, head, b, passes, opts.amp, decay, w_reg), windows, seed + 42,
                       None, log)
     counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=V)
     stats.update(unroll=passes, pass_weight_decay=decay, w_reg=w_reg, draft_vocab_size=len(vocab),
                  feature_layers=layers, **norms,
-                 draft_vocab_train_coverage=round(float(counts[vocab.numpy()].sum() / counts.sum()), 6))
+                 draft_vocab_train_coverage=round(float(counts[vocab.numpy()].sum() / counts.sum()), 6),
+                 **regen_stats(opts))
     return head.eval(), stats
 
 
