@@ -284,6 +284,11 @@ class TunedShapes(ShapePolicy):
         return self.tuned.bucket(batch_size).shape
 
 
+#: how much faster adaptive speculation must predict a drafting shape than the bucket's tuned one to leave it
+#: (`AdaptiveShapes`): the size of the tuning prompts' misranking of near-equal shapes on other prompts
+MARGIN = 0.06
+
+
 class AdaptiveShapes(ShapePolicy):
     """Per request, an EMA of its draft quality q: its accepted drafts per step over what the tuning prompts averaged
     with the shape it ran (q = 1: as the tuning prompts, 0: nothing accepted). A shape c is predicted to give request b
@@ -296,16 +301,24 @@ class AdaptiveShapes(ShapePolicy):
     requests spent up to half their steps undrafted). Since NO_DRAFT measures nothing, after `probe_every` such
     steps in a row the cheapest drafting candidate runs once.
 
+    Among the drafting candidates the bucket's tuned shape stands unless another is predicted `margin` faster. The
+    candidates' acceptance comes from the tuning prompts, and how it ranks near-equal shapes does not carry over to
+    other prompts: on the small pair at B = 1 the chain S6 measured 0.2% faster than the tuned chain S5 on the tuning
+    prompts and 6% slower on the tune check's code + prose prompts, so the policy without the margin ran S6 in 61 % of
+    its steps and fell to 0.96x the best static shape (`results/adaptive-sim-20261205/`). A request whose drafts fail
+    still leaves for no draft: that prediction (one token a step) does not depend on the tuning prompts.
+
     decay: the EMA's weight of the newest step. A step's accepted length varies widely around a request's mean, so a
     fast EMA leaves the best shape after one unlucky step, and a slow one keeps drafting for a request whose drafts
     all fail (with 0.25 it gives up after four such steps, with 0.1 after nine). On the deep pair (EAGLE, held-out
     code and code mixed with prose, B = 1 and 16, two passes in turn on a loaded machine) 0.5 ran 0.94-1.03x the best
     static shape, 0.25 0.98-1.00x (one outlier at 1.16x) and 0.1 0.99-1.03x."""
 
-    def __init__(self, tuned: TunedSpec, decay: float = 0.25, probe_every: int = 4):
+    def __init__(self, tuned: TunedSpec, decay: float = 0.25, probe_every: int = 4, margin: float = MARGIN):
         self.tuned = tuned
         self.decay = decay
         self.probe_every = probe_every
+        self.margin = margin
         self.quality: list[float] = []
         self.quality_sum: list[float] = []  # per request: the prior 1 plus every drafted step's q
         self.drafted = 0  # drafted steps observed (every request of a generate call sees the same steps)
@@ -341,7 +354,8 @@ class AdaptiveShapes(ShapePolicy):
         return sum(min(1 + q * (c.mean_accept_len - 1), cap) for q in (self.quality if quality is None else quality))
 
     def choose(self, batch_size: int) -> Shape:
-        cands = self.tuned.bucket(batch_size).candidates
+        bucket = self.tuned.bucket(batch_size)
+        cands = bucket.candidates
         drafting = [c for c in cands if c.shape != NO_DRAFT]
         best = max(cands, key=lambda c: self.predicted_tokens(c) / c.step_ms)
         if best.shape == NO_DRAFT and drafting:
@@ -349,6 +363,8 @@ class AdaptiveShapes(ShapePolicy):
             undrafted_rate = self.predicted_tokens(best, mean) / best.step_ms
             if max(self.predicted_tokens(c, mean) / c.step_ms for c in drafting) > undrafted_rate:
                 best = max(drafting, key=lambda c: self.predicted_tokens(c) / c.step_ms)  # the EMA picks which
+        if best.shape != NO_DRAFT:
+            best = self.anchored(bucket, best)
         if best.shape == NO_DRAFT:
             self.undrafted += 1
             if self.undrafted > self.probe_every and drafting:
@@ -357,3 +373,12 @@ class AdaptiveShapes(ShapePolicy):
             self.undrafted = 0
         self.last = best
         return best.shape
+
+    def anchored(self, bucket: Bucket, best: Candidate) -> Candidate:
+        """The bucket's tuned shape instead of `best` (a drafting candidate) unless `best` is predicted `margin`
+        faster for this batch."""
+        tuned = next((c for c in bucket.candidates if c.shape == bucket.shape), None)
+        if tuned is None or tuned.shape == NO_DRAFT or tuned is best:
+            return best
+        rate = self.predicted_tokens(best) / best.step_ms
+        return best if rate > (1 + self.margin) * self.predicted_tokens(tuned) / tuned.step_ms else tuned

@@ -263,6 +263,27 @@ def test_a_noisy_dip_does_not_stop_a_request_whose_drafts_pay():
     assert chosen == [(3, 1, 4)] * 4 + [NO_DRAFT] * 2
 
 
+def test_adaptive_leaves_the_tuned_shape_only_for_one_predicted_a_margin_faster():
+    """The policy alone. The tuned chain S3 (3.0 tokens in 1.6 ms: 1.875 a ms) against a chain S5 predicted 3 %
+    faster (4.12 in 2.12 ms: 1.943) stays; against one predicted 10 % faster (4.5 in 2.18 ms: 2.064) it leaves. A
+    request whose drafts all fail still leaves both for no draft."""
+    def policy(s5_accept, s5_ms, margin=0.06):
+        cands = (Candidate((3, 1, 4), 3.0, 1.6), Candidate((5, 1, 6), s5_accept, s5_ms), Candidate(NO_DRAFT, 1.0, 0.9))
+        p = AdaptiveShapes(TunedSpec({}, {}, {}, {1: Bucket((3, 1, 4), cands)}, adaptive=True), margin=margin)
+        p.start(1)
+        return p
+
+    near = policy(4.12, 2.12)
+    assert near.choose(1) == (3, 1, 4)
+    assert policy(4.12, 2.12, margin=0.0).choose(1) == (5, 1, 6)  # what the policy did before the margin
+    assert policy(4.5, 2.18).choose(1) == (5, 1, 6)
+    chosen = []
+    for _ in range(6):
+        chosen.append(near.choose(1))
+        near.observe([1])
+    assert chosen[0] == (3, 1, 4) and chosen[-1] == NO_DRAFT
+
+
 # ---- the boundary ------------------------------------------------------------------------------
 
 NO_DRAFT_SHAPE = dict(num_steps=0, topk=0, num_draft_tokens=1)
