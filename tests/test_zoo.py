@@ -421,12 +421,10 @@ def test_train_a_tiny_deep_target_and_its_eagle3_head():
 
 def test_regenerated_segments_are_corpus_prefixes_and_the_target_s_greedy_continuations():
     """The oracle: the target's full-sequence forward, one argmax at a time (no cache, no engine)."""
-    from specdec.zoo.train.regenerate import regenerate_segments
-
     target = LlamaForCausalLM(_tiny_target())
     zt.init_weights_(target, 2, 0)
     stream = np.random.default_rng(3).integers(0, 256, size=500).astype(np.uint16)
-    seg = regenerate_segments(target, stream, n=3, prefix=7, new_tokens=5, seed=1, batch_size=2, log=lambda s: None)
+    seg = zt.regenerate_segments(target, stream, n=3, prefix=7, new_tokens=5, seed=1, batch_size=2, log=lambda s: None)
     assert seg.shape == (3, 12) and seg.dtype == np.uint16
     starts = np.random.default_rng(1).integers(0, len(stream) - 7, size=3)
     for row, s in zip(seg, starts):
@@ -440,10 +438,8 @@ def test_regenerated_segments_are_corpus_prefixes_and_the_target_s_greedy_contin
 
 
 def test_segment_windows_join_random_segments_to_the_row_length():
-    from specdec.zoo.train.regenerate import SegmentWindows
-
     seg = np.arange(5 * 4, dtype=np.uint16).reshape(5, 4)  # segment i holds 4i .. 4i+3
-    a, b = SegmentWindows(seg, 3, 10, seed=2), SegmentWindows(seg, 3, 10, seed=2)
+    a, b = zt.SegmentWindows(seg, 3, 10, seed=2), zt.SegmentWindows(seg, 3, 10, seed=2)
     for _ in range(4):
         rows = a.next()
         assert rows.shape == (3, 10) and rows.dtype == torch.int64 and torch.equal(rows, b.next())

@@ -35,6 +35,8 @@ The package's modules, each importing only those above it:
 - `hparams`  the target's shape (`TargetShape`), each stage's settings (`StageOpts`, `default_opts`: the
              drafts' from their kinds), the stage names, the seeded windows of the train stream (`Windows`).
 - `loop`     the optimisation loop every stage shares, the learning-rate schedule, the initialisation.
+- `regenerate` the target's own greedy continuations of corpus prefixes (`regenerate_segments`) and the rows of
+             them a head trains on with `--regen-data` (`SegmentWindows`).
 - `stages`   each stage's loss and `train_<stage>` (the EAGLE heads' unrolled passes run their `step`).
 - `evaluate` the held-out metrics of stored weights (the draft LM's along the target's greedy path).
 - `storage`  what ships: `save_stored` (the drafts' int8 matrices by `models.io.quantize_int8_matrices`).
@@ -54,18 +56,19 @@ from .evaluate import (evaluate_bundle, evaluate_dflash, evaluate_draft_lm, eval
 from .hparams import DRAFTS, STAGES, StageOpts, TargetShape, Windows, default_opts
 from .loop import init_weights_, lr_at, make_optimizer, num_params
 from .pipeline import train_all
+from .regenerate import SegmentWindows, load_segments, regenerate_segments
 from .stages import (DRAFT_LM_SHAPE, dflash_blocks, dflash_loss, draft_lm_loss, draft_vocabulary, eagle3_loss,
                      eagle_loss, eagle_unrolled, mtp_forward, mtp_loss, new_draft_lm, new_eagle3_head, pass_weights,
                      soft_ce, target_loss, train_dflash, train_draft_lm, train_eagle, train_eagle3, train_mtp,
                      train_mtp_chain, train_target, ttt_mask, zoo_feature_layers)
 from .storage import DRAFT_STORAGE, STORE_DTYPE, save_stored
 
-__all__ = ["DRAFTS", "DRAFT_LM_SHAPE", "DRAFT_STORAGE", "MODEL_CARD", "STAGES", "STORE_DTYPE", "StageOpts",
-           "TargetShape", "Windows", "card_path", "default_opts", "dflash_blocks", "dflash_loss", "draft_lm_loss",
-           "draft_vocabulary", "eagle3_loss", "eagle_loss", "eagle_unrolled", "evaluate_bundle", "evaluate_dflash",
-           "evaluate_draft_lm", "evaluate_eagle", "evaluate_mtp", "evaluate_target", "init_weights_", "lr_at", "main",
-           "make_optimizer", "mtp_forward", "mtp_loss", "new_draft_lm", "new_eagle3_head", "num_params",
-           "pass_weights", "read_card", "render_model_card", "render_model_cards", "save_stored", "shape_summary",
-           "soft_ce", "target_loss", "train_all", "train_dflash", "train_draft_lm", "train_eagle", "train_eagle3",
-           "train_mtp", "train_mtp_chain", "train_target", "ttt_mask", "why_this_shape", "write_card",
-           "zoo_feature_layers"]
+__all__ = ["DRAFTS", "DRAFT_LM_SHAPE", "DRAFT_STORAGE", "MODEL_CARD", "STAGES", "STORE_DTYPE", "SegmentWindows",
+           "StageOpts", "TargetShape", "Windows", "card_path", "default_opts", "dflash_blocks", "dflash_loss",
+           "draft_lm_loss", "draft_vocabulary", "eagle3_loss", "eagle_loss", "eagle_unrolled", "evaluate_bundle",
+           "evaluate_dflash", "evaluate_draft_lm", "evaluate_eagle", "evaluate_mtp", "evaluate_target", "init_weights_",
+           "load_segments", "lr_at", "main", "make_optimizer", "mtp_forward", "mtp_loss", "new_draft_lm",
+           "new_eagle3_head", "num_params", "pass_weights", "read_card", "regenerate_segments", "render_model_card",
+           "render_model_cards", "save_stored", "shape_summary", "soft_ce", "target_loss", "train_all", "train_dflash",
+           "train_draft_lm", "train_eagle", "train_eagle3", "train_mtp", "train_mtp_chain", "train_target", "ttt_mask",
+           "why_this_shape", "write_card", "zoo_feature_layers"]
