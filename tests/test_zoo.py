@@ -470,3 +470,13 @@ def test_bad_regenerated_data_is_refused_before_any_training(capsys, files, says
         zt.main(["--regen-data", files, "--out", "/nonexistent"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--regen-data: regenerated data" in err and says in err
+
+
+def test_the_deep_pair_s_heads_trained_on_the_target_s_own_text_and_the_card_says_so():
+    deep = zoo.load(zoo.DEEP_NAME)
+    text = zt.render_model_card(deep.card)
+    for kind in ("eagle", "eagle3"):
+        regen = deep.card["training"][kind]["regen_data"]
+        assert regen["segments"] == 5600 and regen["segment_len"] == 257, kind
+        assert f"`{kind}` trained on the target's own text" in text
+    assert "trained on the target's own text" not in zt.render_model_card(zoo.load().card)

@@ -109,8 +109,13 @@ def render_model_card(card: dict) -> str:
               f"({' or '.join(map(str, threads))} torch threads, bf16 autocast, fp32 master weights"
               + (f"; {', '.join(fp32)} in fp32" if fp32 else "")
               + f"); total on disk {card.get('total_bytes_on_disk', 0) / 1e6:.1f} MB "
-              f"(stored: {card.get('stored_dtype')}; loaded as fp32).", "",
-              "## Held-out metrics", "",
+              f"(stored: {card.get('stored_dtype')}; loaded as fp32).", ""]
+    for name, r in [(name, t["regen_data"]) for name, t in stages if t.get("regen_data")]:
+        lines += [f"`{name}` trained on the target's own text, not corpus windows: {r['segments']:,} segments of "
+                  f"{r['segment_len']} tokens, each a train-stream prefix and the target's greedy continuation of it "
+                  f"(`python -m specdec.zoo.train.regenerate`, files {', '.join(r['files'])}, digest {r['sha256']}); "
+                  "its held-out metrics below are on corpus windows, text the target did not write.", ""]
+    lines += ["## Held-out metrics", "",
               "Measured on the stored weights in fp32 over windows of the held-out files "
               "(%s windows of %s bytes)." % (card.get("heldout_eval", {}).get("windows"),
                                              card.get("heldout_eval", {}).get("length")), ""]
