@@ -303,8 +303,8 @@ class AdaptiveShapes(ShapePolicy):
 
     Among the drafting candidates the bucket's tuned shape stands unless another is predicted `margin` faster. The
     candidates' acceptance comes from the tuning prompts, and how it ranks near-equal shapes does not carry over to
-    other prompts: on the small pair at B = 1 the chain S6 measured 0.2% faster than the tuned chain S5 on the tuning
-    prompts and 6% slower on the tune check's code + prose prompts, so the policy without the margin ran S6 in 61 % of
+    other prompts: on the small pair at B = 1 the chain S6 measured 0.2 % faster than the tuned chain S5 on the tuning
+    prompts and 6 % slower on the tune check's code + prose prompts, so the policy without the margin ran S6 in 61 % of
     its steps and fell to 0.96x the best static shape (`results/adaptive-sim-20261205/`). A request whose drafts fail
     still leaves for no draft: that prediction (one token a step) does not depend on the tuning prompts.
 

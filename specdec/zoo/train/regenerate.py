@@ -2,7 +2,8 @@
 
 A draft head is judged on what it drafts after a prompt, where the text it reads is the target's own output; the
 corpus windows it otherwise trains on are text the target did not write. SpecForge (SGLang's EAGLE-3 trainer) offers
-the same: regenerate the training responses with the target before training its head. Here a segment is `prefix`
+the same: regenerate the training responses with the target before training its head (its example samples at
+temperature 0.8; here greedy, as the heads bench, the tuner and the acceptance bench decode). Here a segment is `prefix`
 tokens of the train stream at a seeded random offset followed by the target's `new_tokens` greedy tokens after them
 (an EOS it writes is kept and followed by what it writes next, as EOS is followed by the next file in the
 train stream); a training row joins random segments (`SegmentWindows`).
