@@ -160,9 +160,10 @@ def main(argv=None) -> int:
                               add_help=False)
     zoo_help.add_argument("action", nargs="?", choices=["list", "train"])
     report = sub.add_parser("report", formatter_class=fmt,
-                            help="print the README's results table from a committed acceptance or penalties CSV")
-    report.add_argument("csv", help="an acceptance-*.csv of results/ (run with the transformers peers) or a "
-                                    "penalties-*.csv")
+                            help="print docs/results.md from the committed CSVs, or one CSV's tables")
+    report.add_argument("csv", nargs="?", default=None,
+                        help="an acceptance-*.csv or penalties-*.csv of results/; without it, the whole results page "
+                             "(run from the repository root; `specdec report > docs/results.md`)")
     report.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     plot = sub.add_parser("plot", formatter_class=fmt,
                           help="draw every CSV of a results directory (each schema its plot, beside the file) and "

@@ -1,5 +1,5 @@
-"""`specdec report results/<acceptance CSV>`: the README's results table, printed from a committed CSV, so the
-README never quotes a number that no file backs."""
+"""`specdec report`: docs/results.md (every current result, `specdec.bench.results_page`), or with a CSV of
+results/ that file's tables, printed from committed files so that no page quotes a number that no file backs."""
 from __future__ import annotations
 
 import statistics
@@ -54,7 +54,7 @@ def has_peers(df: pd.DataFrame) -> bool:
         df["cpu_speedup_vs_hf_target_only"], errors="coerce").isna().all()
 
 
-#: the goals of #32 and #34 that one acceptance CSV decides: (what, the row, the row it is compared with, batch
+#: the project's speed goals that one acceptance CSV decides: (what, the row, the row it is compared with, batch
 #: size or None for every one the CSV has, the goal). "best worker" is the specdec row with the highest ratio.
 GOALS = (
     ("best worker / transformers' target-only", "best worker", "transformers target-only", 1, 2.5),
@@ -126,7 +126,7 @@ def goals_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
     return "\n".join(["| goal | measured | passes: range, met | goal | met |", "|---|---|---|---|---|"] + lines)
 
 
-#: the kind that drafts with a small LM of the target's vocabulary (STANDALONE), and the workers #32 measures it
+#: the kind that drafts with a small LM of the target's vocabulary (STANDALONE), and the workers it is measured
 #: against: every kind that needs a trained head (not an untrained draft such as NGRAM)
 STANDALONE_KIND = "draft_lm"
 
@@ -176,7 +176,7 @@ def where_it_accepts_more(a, b) -> dict | None:
 
 
 def accepts_more_table(df: pd.DataFrame, batch_size: int = 1, temperature: float = 0.0) -> str:
-    """Markdown, #32's "STANDALONE ahead of every worker that needs a trained head on the prompts where its acceptance
+    """Markdown, "is STANDALONE ahead of every worker that needs a trained head on the prompts where its acceptance
     is higher": for every such row of the CSV at `batch_size`, the tuned STANDALONE row and the STANDALONE row of the
     same shape (where the run has one) on the prompts where STANDALONE accepts more per step
     (`where_it_accepts_more`). Empty when the CSV lacks the rows or the per-batch columns."""
@@ -207,7 +207,12 @@ def accepts_more_table(df: pd.DataFrame, batch_size: int = 1, temperature: float
                       "(passes' range) | ahead |", "|---|---|---|---|---|---|"] + lines)
 
 
-def print_report(csv_path) -> int:
+def print_report(csv_path=None) -> int:
+    """No CSV: docs/results.md's text (run from the repository root). A CSV: its tables."""
+    if csv_path is None:
+        from .results_page import render_page
+        print(render_page("."), end="")
+        return 0
     path = Path(csv_path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
@@ -234,7 +239,7 @@ def print_report(csv_path) -> int:
     goals = goals_table(df)
     if goals:
         print()
-        print("Against the goals of #32 and #34 (CPU tokens/s, the median over passes of the per-pass ratio):")
+        print("Against the project's goals (CPU tokens/s, the median over passes of the per-pass ratio):")
         print()
         print(goals)
     more = accepts_more_table(df)

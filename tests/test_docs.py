@@ -1,0 +1,80 @@
+"""The documents a newcomer reads: a README that fits on a few screens, a results page that is what `specdec report`
+prints from the committed CSVs, and no work-log history in any tracked text file."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: work-log entries in the style the project's documents once used ("Session 22", "this session", "session 23's"),
+#: and internal issue numbers ("#32", "issue #14"); pytest's session-scoped fixtures ("scope='session'") are not that
+WORK_LOG = re.compile(r"\b[Ss]essions? \d+|\b[Tt]his session\b|\b[Ii]ssues? #\d+|(?<![\w&/#])#\d{1,2}\b(?!\w)")
+#: binary or generated files that the check does not read
+SKIPPED_SUFFIXES = {".png", ".safetensors", ".npy", ".gguf", ".csv", ".log"}
+
+
+def tracked_text_files() -> list[Path]:
+    try:
+        names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [ROOT / n for n in names.splitlines() if Path(n).suffix not in SKIPPED_SUFFIXES and (ROOT / n).is_file()]
+
+
+def test_work_log_pattern_catches_what_it_should():
+    for text in ["Session 22: the heads", "this session", "(session 23's run)", "the goals of #32 and #34",
+                 "issue #14", "sessions 18-23"]:
+        assert WORK_LOG.search(text), text
+    for text in ['@pytest.fixture(scope="session")', "SGLang #26312", "vLLM #41044", "color: #fff",
+                 "session-scoped", "&#39;"]:
+        assert not WORK_LOG.search(text), text
+
+
+def test_no_work_log_in_tracked_text():
+    found = []
+    for path in tracked_text_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        for i, line in enumerate(text.splitlines(), 1):
+            if WORK_LOG.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()[:100]}")
+    assert not found, "work-log entries or internal issue numbers:\n" + "\n".join(found[:40])
+
+
+def test_readme_fits_on_a_few_screens():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines (at most 300)"
+
+
+def test_results_page_is_what_report_prints():
+    from specdec.bench.results_page import render_page
+    committed = (ROOT / "docs" / "results.md").read_text()
+    assert committed == render_page(ROOT), "docs/results.md differs from `specdec report`: run " \
+                                           "`specdec report > docs/results.md`"
+
+
+def test_results_page_names_every_csv_it_quotes():
+    """Each section's CSV exists, and every committed CSV is either a section's or in the archive."""
+    import json
+    manifest = json.loads((ROOT / "results" / "current.json").read_text())
+    page = (ROOT / "docs" / "results.md").read_text()
+    for section in manifest["sections"]:
+        assert (ROOT / section["csv"]).is_file(), section["csv"]
+    for csv in (ROOT / "results").rglob("*.csv"):
+        assert f"`{csv.relative_to(ROOT).as_posix()}`" in page, csv
+
+
+def test_docs_links_resolve():
+    """Every relative link of README.md and docs/*.md points at a file or directory of the repository."""
+    missing = []
+    for doc in [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if re.match(r"[a-z]+://", target) or target.startswith("mailto:"):
+                continue
+            if not (doc.parent / target).exists():
+                missing.append(f"{doc.relative_to(ROOT)} -> {target}")
+    assert not missing, "\n".join(missing)
