@@ -113,6 +113,6 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="module")
 def small():
-    """The shipped small pair (`specdec.zoo.DEFAULT_NAME`)."""
+    """The shipped small pair (`specdec.zoo.SMALL_NAME`)."""
     from specdec import zoo
-    return zoo.load(zoo.DEFAULT_NAME)
+    return zoo.load(zoo.SMALL_NAME)

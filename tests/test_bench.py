@@ -191,16 +191,16 @@ def test_the_grammar_benchmark_rows():
     from specdec.bench.cases import CASES
     from specdec.bench.common import Run
     from specdec.bench.grammar import fill_rows, grammar_rows
-    bundle = zoo.load(zoo.DEFAULT_NAME)
+    bundle = zoo.load(zoo.SMALL_NAME)
     run = Run("grammar", "cpu")
-    rows = grammar_rows(run, bundle, zoo.DEFAULT_NAME, 12, 1, cases=[c for c in CASES if c.kind in ("target-only",
+    rows = grammar_rows(run, bundle, zoo.SMALL_NAME, 12, 1, cases=[c for c in CASES if c.kind in ("target-only",
                                                                                                    "mtp")])
     assert [(r.label, r.grammar, r.draft_grammar) for r in rows] == [
         ("target-only", "none", False), ("target-only", "json", False), ("MTP MiMo S3", "none", False),
         ("MTP MiMo S3", "json", False), ("MTP MiMo S3", "json", True)]
     assert all(r.fill_ms_per_step > 0 for r in rows if r.grammar == "json")
     assert all(r.relative_tokens_per_s == 1.0 for r in rows if r.grammar == "none")
-    fills = fill_rows(run, bundle, zoo.DEFAULT_NAME, 12)
+    fills = fill_rows(run, bundle, zoo.SMALL_NAME, 12)
     assert len(fills) == 3 and all(f.us_per_node > 0 and f.trees > 0 for f in fills)
 
 
@@ -329,8 +329,8 @@ def test_heads_bench_compares_a_swapped_head(capsys):
     from specdec import zoo
     from specdec.bench.heads import main, parse_shape
 
-    shipped = zoo.WEIGHTS_DIR / zoo.DEFAULT_NAME
-    assert main(["--model", zoo.DEFAULT_NAME, "--kinds", "eagle", "--swap", f"eagle={shipped}", "--shapes", "2;2,2,4",
+    shipped = zoo.WEIGHTS_DIR / zoo.SMALL_NAME
+    assert main(["--model", zoo.SMALL_NAME, "--kinds", "eagle", "--swap", f"eagle={shipped}", "--shapes", "2;2,2,4",
                  "--num-prompts", "2", "--prompt-len", "32", "--max-new-tokens", "12"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = out["rows"]

@@ -32,7 +32,7 @@ def greedy_baseline(deep):
 def test_the_deep_pair_is_deep_narrow_trained_and_fits(deep):
     cfg = deep.target.config
     assert (cfg.num_hidden_layers, cfg.hidden_size) == (24, 128)
-    small = zoo.load().card["heldout"]["target"]["heldout_nats_per_byte"]
+    small = zoo.load("stdlib-byte-6l").card["heldout"]["target"]["heldout_nats_per_byte"]
     assert deep.card["heldout"]["target"]["heldout_nats_per_byte"] <= 1.1 * small
     assert sum(f.stat().st_size for f in deep.path.rglob("*") if f.is_file()) <= 20e6
     e3, trained = deep.eagle3, deep.card["training"]["eagle3"]

@@ -19,7 +19,7 @@ SPECS = {"chain S3": SpecConfig(3, 1), "tree S5 K4 W16": SpecConfig(5, 4, 16)}
 
 @pytest.fixture(scope="module")
 def bundle():
-    return zoo.load()
+    return zoo.load("stdlib-byte-6l")
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_the_depth_rows_score_the_target_s_greedy_path():
 
 
 def test_the_card_renders_the_draft_lm_only_where_a_pair_has_one():
-    card = zt.read_card(zoo.WEIGHTS_DIR, zoo.DEFAULT_NAME)
+    card = zt.read_card(zoo.WEIGHTS_DIR, zoo.SMALL_NAME)
     md = zt.render_model_card(card)
     assert "| `draft_lm` | STANDALONE draft LM" in md and "| `draft_lm` | depth5 |" in md
     assert card["training"]["draft_lm"]["command"] in md and "The draft LM reads bytes only" in md

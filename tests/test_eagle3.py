@@ -323,7 +323,7 @@ def test_a_perfect_eagle3_draft_accepts_every_drafted_token(spec):
 @pytest.fixture(scope="module")
 def zoo_bundle():
     from specdec import zoo
-    b = zoo.load()
+    b = zoo.load("stdlib-byte-6l")
     if b.eagle3 is None:
         pytest.fail("the shipped checkpoint has no eagle3 head")
     return b

@@ -31,7 +31,7 @@ with torch.no_grad():
 DECODE_FAST_AND_COMPARE = """
 assert "triton" in sys.modules, "the case must import triton before fast"
 from specdec import Engine, SamplingParams, SpecConfig, zoo
-bundle = zoo.load()
+bundle = zoo.load("stdlib-byte-6l")
 prompts = [bundle.tokenizer.encode("def fibonacci(n):\\n")]
 params = SamplingParams(max_new_tokens=6, return_logprob=True)
 baseline = Engine(bundle.target, impl="reference").generate(prompts, params)
@@ -70,7 +70,7 @@ def test_fast_on_a_cpu_with_the_interpreter_turned_off_is_a_clear_error(tmp_path
         import pytest
         from specdec import Engine, zoo
         with pytest.raises(ValueError, match="TRITON_INTERPRET='0' turns it off"):
-            Engine(zoo.load().target, impl="fast")
+            Engine(zoo.load("stdlib-byte-6l").target, impl="fast")
         print("OK")
     """)
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))

@@ -68,7 +68,7 @@ def test_the_generation_config_eos_is_the_default_stop(hf_dir):
 
 def test_generate_streams_what_it_returns():
     from specdec import zoo
-    b = zoo.load()
+    b = zoo.load("stdlib-byte-6l")
     engine = Engine(b.target, b.eagle, __import__("specdec").SpecConfig(3, 2, 6), max_seq_len=256)
     pieces = []
     out = generate_text(engine, b.tokenizer, ["import sys\n"], SamplingParams(max_new_tokens=30),
@@ -130,7 +130,7 @@ def test_a_directory_without_a_tokenizer_is_a_clear_error(tmp_path):
 def test_cli_generate_with_an_eagle3_checkpoint(tmp_path, capsys):
     from specdec import zoo
     from specdec.models import random_eagle3_head
-    random_eagle3_head(zoo.load().target, draft_vocab_size=100, seed=0).save_pretrained(tmp_path)
+    random_eagle3_head(zoo.load("stdlib-byte-6l").target, draft_vocab_size=100, seed=0).save_pretrained(tmp_path)
     assert main(["generate", "--target", f"{ZOO}/target", "--draft", str(tmp_path), "--max-new-tokens", "12",
                  "def f("]) == 0
     assert "Eagle3DraftHead" in capsys.readouterr().out

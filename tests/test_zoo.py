@@ -68,9 +68,9 @@ def test_heldout_prompts_are_reproducible_and_come_from_heldout_files():
 # ---- shipped checkpoints ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def bundle():
-    if zoo.DEFAULT_NAME not in zoo.names():
-        pytest.fail(f"shipped checkpoint {zoo.DEFAULT_NAME!r} missing; names() = {zoo.names()}")
-    return zoo.load()
+    if zoo.SMALL_NAME not in zoo.names():
+        pytest.fail(f"shipped checkpoint {zoo.SMALL_NAME!r} missing; names() = {zoo.names()}")
+    return zoo.load("stdlib-byte-6l")
 
 
 def test_unknown_name_is_a_value_error():
@@ -79,7 +79,7 @@ def test_unknown_name_is_a_value_error():
 
 
 def test_load_gives_fp32_models_and_a_card(bundle):
-    assert bundle.name == zoo.DEFAULT_NAME
+    assert bundle.name == zoo.SMALL_NAME
     for m in (bundle.target, bundle.eagle, bundle.eagle3, bundle.mtp, bundle.mtp_chain):
         assert m is not None and m.dtype == torch.float32 and not m.training
     assert bundle.mtp.num_layers == 3 and not bundle.mtp.chain_hidden_states
@@ -381,15 +381,15 @@ def test_main_end_to_end_tiny(tmp_path):
 
 def test_speed_pair_is_the_deep_pair_only_when_it_ships_whole(tmp_path, monkeypatch):
     import shutil
-    small = zoo.WEIGHTS_DIR / zoo.DEFAULT_NAME
+    small = zoo.WEIGHTS_DIR / zoo.SMALL_NAME
     monkeypatch.setattr(zoo, "WEIGHTS_DIR", tmp_path)
-    shutil.copytree(small, tmp_path / zoo.DEFAULT_NAME)
-    assert zoo.speed_pair() == zoo.DEFAULT_NAME
+    shutil.copytree(small, tmp_path / zoo.SMALL_NAME)
+    assert zoo.speed_pair() == zoo.SMALL_NAME
     deep = tmp_path / zoo.DEEP_NAME
     deep.mkdir()
     shutil.copytree(small / "target", deep / "target")
     shutil.copy(small / "card.json", deep / "card.json")
-    assert zoo.DEEP_NAME in zoo.names() and zoo.speed_pair() == zoo.DEFAULT_NAME  # a target without its drafts
+    assert zoo.DEEP_NAME in zoo.names() and zoo.speed_pair() == zoo.SMALL_NAME  # a target without its drafts
     for draft in zoo.zoo_kinds():
         shutil.copytree(small / draft, deep / draft)
     assert zoo.speed_pair() == zoo.DEEP_NAME
@@ -479,4 +479,4 @@ def test_the_deep_pair_s_heads_trained_on_the_target_s_own_text_and_the_card_say
         regen = deep.card["training"][kind]["regen_data"]
         assert regen["segments"] == 5600 and regen["segment_len"] == 257, kind
         assert f"`{kind}` trained on the target's own text" in text
-    assert "trained on the target's own text" not in zt.render_model_card(zoo.load().card)
+    assert "trained on the target's own text" not in zt.render_model_card(zoo.load("stdlib-byte-6l").card)

@@ -77,7 +77,7 @@ def shipped_model(num_prompts: int, prompt_len: int, device, dtype=torch.float32
     from .. import zoo
     from ..zoo.corpus import heldout_prompts
 
-    b = zoo.load()
+    b = zoo.load(zoo.SMALL_NAME)
     cast = dict(device=device, dtype=dtype)
     drafts = {kind: draft.to(**cast) for kind, draft in b.drafts.items()}
     return E2EModel(b.name, b.target.to(**cast), drafts, heldout_prompts(num_prompts, prompt_len, seed=0))

@@ -191,7 +191,7 @@ def fill_rows(run: Run, bundle, model: str, max_new_tokens: int) -> list[FillRow
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specdec.bench.grammar", description=__doc__)
-    ap.add_argument("--model", default=zoo.DEFAULT_NAME, choices=zoo.names())
+    ap.add_argument("--model", default=zoo.SMALL_NAME, choices=zoo.names())
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)

@@ -1,12 +1,12 @@
 """Shipped tiny checkpoints trained on real text (the Python standard library), and their trainer.
 
-`specdec.zoo.names()` lists what ships; `specdec.zoo.load(name)` returns a `Bundle` with `.target`
-(a byte-level Llama), a draft per kind (`specdec.draft_kinds`): `.eagle` (EAGLE head), `.eagle3` (EAGLE-3
-head), `.mtp` (MiMo-style MTP layers), `.mtp_chain` (Step-3.5-style), `.draft_lm` (a standalone 1-layer
-`LlamaForCausalLM`, STANDALONE's draft), also as `.drafts[kind]`; `.tokenizer`
-(`ByteTokenizer`) and `.card` (sizes, corpus, split, training time, held-out losses, seed, command). The
-target is stored in float16, the drafts' matrices in int8 with per-row scales; everything loads as fp32.
-Retrain with `specdec zoo train` (see `specdec.zoo.train`); the card records the exact command.
+`specdec.zoo.names()` lists what ships; `specdec.zoo.load(name)` (the deep pair without a name) returns a `Bundle`
+with `.target` (a byte-level Llama), a draft per kind (`specdec.draft_kinds`): `.eagle` (EAGLE head), `.eagle3`
+(EAGLE-3 head), `.mtp` (MiMo-style MTP layers), `.mtp_chain` (Step-3.5-style), `.draft_lm` (a standalone 1-layer
+`LlamaForCausalLM`, STANDALONE's draft), also as `.drafts[kind]`; `.tokenizer` (`ByteTokenizer`) and `.card` (sizes,
+corpus, split, training time, held-out losses, seed, command). The target is stored in float16, the drafts' matrices
+in int8 with per-row scales; everything loads as fp32. Retrain with `specdec zoo train` (see `specdec.zoo.train`);
+the card records the exact command.
 """
 from __future__ import annotations
 
@@ -20,14 +20,16 @@ from ..draft_kinds import DRAFT_KINDS, draft_kind
 from ..tokenizer import ByteTokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-#: the small pair, what `load()` and the tests use: a 6-layer target whose draft step costs ~1/4 of its step
-DEFAULT_NAME = "stdlib-byte-6l"
+#: the small pair, what the tests run for speed: a 6-layer target whose draft step costs ~1/4 of its step
+SMALL_NAME = "stdlib-byte-6l"
 #: the deep, narrow pair (24 layers at hidden 128) whose draft steps cost what real drafts cost, relative
-#: to the target; `specdec demo` and `specdec bench` run it when it ships
+#: to the target
 DEEP_NAME = "stdlib-byte-24l"
+#: what `load()` without a name loads, as `specdec demo`, `generate`, `bench` and `tune` run by default
+DEFAULT_NAME = DEEP_NAME
 
-__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "load", "load_dir", "names", "speed_pair",
-           "zoo_kinds"]
+__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "SMALL_NAME", "load", "load_dir", "names",
+           "speed_pair", "zoo_kinds"]
 
 
 @dataclass
@@ -67,7 +69,7 @@ def speed_pair() -> str:
     """The pair to measure speed on: the deep pair when it ships with every draft, else the small one."""
     deep = WEIGHTS_DIR / DEEP_NAME
     complete = all((deep / kind / "config.json").is_file() for kind in zoo_kinds())
-    return DEEP_NAME if DEEP_NAME in names() and complete else DEFAULT_NAME
+    return DEEP_NAME if DEEP_NAME in names() and complete else SMALL_NAME
 
 
 def load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:
@@ -87,7 +89,8 @@ def load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) 
 
 
 def load(name: str = DEFAULT_NAME, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:
-    """name: one of names() -> Bundle with every model in eval mode on `device` in `dtype` (fp32 default)."""
+    """name: one of names(), the deep pair (`DEFAULT_NAME`) when not given; the tests pass `SMALL_NAME`, the
+    6-layer pair, for speed -> Bundle with every model in eval mode on `device` in `dtype` (fp32 default)."""
     available = names()
     if name not in available:
         raise ValueError(f"unknown zoo checkpoint {name!r}; available: {available}")

@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...draft_kinds import DRAFT_KINDS
-from .. import DEFAULT_NAME, WEIGHTS_DIR
+from .. import SMALL_NAME, WEIGHTS_DIR
 from .hparams import DRAFTS
 
 
@@ -45,7 +45,7 @@ def shape_summary(cfg) -> dict:
 def why_this_shape(card: dict) -> str:
     """The model card's paragraph on why the target has its shape."""
     target = card.get("models", {}).get("target", {})
-    if card.get("name") == DEFAULT_NAME or target.get("num_hidden_layers", 6) <= 6:
+    if card.get("name") == SMALL_NAME or target.get("num_hidden_layers", 6) <= 6:
         return ("Why this size: the ~20 MB cap on what ships binds first, since eight draft decoder layers of the "
                 "target's width ship beside it (1 EAGLE + 1 EAGLE-3 + 3 + 3 MTP); hidden 256 with 6 layers fits "
                 "(the target in float16, the drafts' matrices in int8), trains in about 18 minutes at ~8k bytes/s "
@@ -66,7 +66,7 @@ def why_this_shape(card: dict) -> str:
 
 def render_model_cards(cards: list[dict]) -> str:
     """MODEL_CARD.md: every shipped pair's card, the small pair first."""
-    return "\n\n".join(render_model_card(c) for c in sorted(cards, key=lambda c: c.get("name") != DEFAULT_NAME))
+    return "\n\n".join(render_model_card(c) for c in sorted(cards, key=lambda c: c.get("name") != SMALL_NAME))
 
 
 def render_model_card(card: dict) -> str:

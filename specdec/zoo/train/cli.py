@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .. import DEFAULT_NAME, WEIGHTS_DIR
+from .. import SMALL_NAME, WEIGHTS_DIR
 from ...tokenizer import ByteTokenizer
 from .card import MODEL_CARD, read_card, render_model_card, render_model_cards
 from .hparams import STAGES, TargetShape, default_opts
@@ -25,7 +25,7 @@ def main(argv=None, after_training=None) -> int:
                                 "Python standard library (target, EAGLE and EAGLE-3 heads, MTP layers in two styles, a "
                                 "standalone draft LM).")
     p.add_argument("--out", default=str(WEIGHTS_DIR), help="weights root (default: the package's own)")
-    p.add_argument("--name", default=DEFAULT_NAME)
+    p.add_argument("--name", default=SMALL_NAME)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stage", default="all", choices=("all",) + STAGES + ("eval",),
                    help="train every stage, one stage (later stages read the stored target), or only "

@@ -13,7 +13,7 @@ import torch
 
 from ...draft_kinds import DRAFT_KINDS
 from ...models import LlamaForCausalLM
-from .. import DEFAULT_NAME, WEIGHTS_DIR, corpus
+from .. import SMALL_NAME, WEIGHTS_DIR, corpus
 from ...tokenizer import ByteTokenizer
 from .card import read_card, shape_summary, write_card
 from .evaluate import evaluate_bundle
@@ -22,7 +22,7 @@ from .loop import freeze, num_params
 from .stages import train_target
 from .storage import DRAFT_STORAGE, save_stored
 
-def train_all(out=WEIGHTS_DIR, name: str = DEFAULT_NAME, seed: int = 0, stages=STAGES, shape: TargetShape | None = None,
+def train_all(out=WEIGHTS_DIR, name: str = SMALL_NAME, seed: int = 0, stages=STAGES, shape: TargetShape | None = None,
               opts: dict[str, StageOpts] | None = None, command: str = "", log=print,
               eval_windows: int = 32, eval_len: int = 512) -> dict:
 
