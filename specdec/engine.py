@@ -60,7 +60,9 @@ class Engine:
     spec: a SpecConfig (one shape), or a file `specdec tune` wrote (`specdec.tuning`): "tuned:PATH" runs each step
     at the best measured shape of the batch's size, "adaptive:PATH" chooses each step's shape among the tuned
     candidates by an EMA of each request's accepted length (a `TunedSpec`, e.g. `TunedSpec.load(PATH)`, does the
-    same). The file must have been tuned for this target and draft (ValueError naming the field otherwise).
+    same); "tuned:PAIR" / "adaptive:PAIR" load the file shipped for a zoo pair and this draft's kind
+    (`specdec.tuning.shipped_files`). The file must have been tuned for this target and draft (ValueError naming the
+    field otherwise).
 
     draft=None is plain target-only decoding; a draft runs on the worker its kind names (`specdec.draft_kinds`:
     an EAGLE or EAGLE-3 head on EagleWorkerV2, MTP layers on MultiLayerEagleWorkerV2). impl="auto" is fast on
@@ -87,7 +89,7 @@ class Engine:
             raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's max_position_embeddings={max_pos}")
         self.target = target
         self.draft = draft
-        spec = parse_spec(spec)
+        spec = parse_spec(spec, draft)
         self.tuned = spec if isinstance(spec, TunedSpec) else None
         if self.tuned is not None:
             if draft is None:

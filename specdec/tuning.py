@@ -5,6 +5,8 @@ engine loads, and the two ways the engine decodes with it.
     Engine(target, draft, spec="adaptive:PATH")  # each step: a choice among the bucket's candidates, by an EMA of
                                                  # each request's accepted length (no draft at all among them)
     Engine(target, draft, spec=TunedSpec.load(PATH))  # the same as "tuned:PATH"; adaptive=True for the other
+    Engine(target, draft, spec="tuned:stdlib-byte-24l")  # a zoo pair's name: the file shipped for it and the
+                                                         # draft's kind (`SHIPPED_DIR`, `shipped_files`)
 
 A shape is (num_steps, topk, num_draft_tokens); `NO_DRAFT` (0, 0, 1) verifies the root alone. Shapes switch between
 steps only, each one a fixed-shape step (one CUDA graph per batch bucket and shape), so output stays exactly what
@@ -248,13 +250,57 @@ class TunedSpec:
         return AdaptiveShapes(self) if self.adaptive else TunedShapes(self)
 
 
-def parse_spec(spec):
-    """Engine's `spec` argument: a SpecConfig, a TunedSpec, or "tuned:PATH" / "adaptive:PATH" (loaded)."""
+#: the tuned files that ship with the zoo's pairs, one per (pair, draft kind): `<pair>-<kind>.json`, measured at one
+#: thread on the CPU their `machine` names (`specdec tune --out` writes one)
+SHIPPED_DIR = Path(__file__).resolve().parent / "zoo" / "tuned"
+
+
+def shipped_files() -> dict[tuple[str, str], Path]:
+    """(pair, draft kind) -> the tuned file shipped for it. Kind names hold no hyphen, pair names do."""
+    files = {}
+    for path in sorted(SHIPPED_DIR.glob("*.json")):
+        pair, _, kind = path.stem.rpartition("-")
+        files[(pair, kind)] = path
+    return files
+
+
+def shipped_names() -> str:
+    """What ships, for a message: `stdlib-byte-24l (draft_lm, eagle, ngram), stdlib-byte-6l (eagle)`."""
+    by_pair: dict[str, list[str]] = {}
+    for pair, kind in shipped_files():
+        by_pair.setdefault(pair, []).append(kind)
+    return ", ".join(f"{pair} ({', '.join(kinds)})" for pair, kinds in by_pair.items()) or "none"
+
+
+def shipped_file(pair: str, kind: str) -> Path:
+    """The tuned file shipped for a zoo pair and draft kind; a one-line ValueError listing what ships otherwise."""
+    path = shipped_files().get((pair, kind))
+    if path is None:
+        raise ValueError(f"no tuned file ships for pair {pair!r} with a draft of kind {kind!r}; shipped: "
+                         f"{shipped_names()}; run `specdec tune` and pass 'tuned:PATH'")
+    return path
+
+
+def names_a_pair(where: str) -> bool:
+    """`tuned:WHERE` names a pair when WHERE is no file, holds no directory and no `.json`: a path stays a path."""
+    return not Path(where).is_file() and "/" not in where and "\\" not in where and not where.endswith(".json")
+
+
+def parse_spec(spec, draft=None):
+    """Engine's `spec` argument: a SpecConfig, a TunedSpec, or "tuned:WHERE" / "adaptive:WHERE" (loaded), WHERE a
+    file's path or a zoo pair's name (its shipped file for `draft`'s kind, `shipped_file`)."""
     if isinstance(spec, str):
-        how, colon, path = spec.partition(":")
-        if not colon or how not in ("tuned", "adaptive") or not path:
-            raise ValueError(f"spec as a string must be 'tuned:PATH' or 'adaptive:PATH', got {spec!r}")
-        return TunedSpec.load(path, adaptive=how == "adaptive")
+        how, colon, where = spec.partition(":")
+        if not colon or how not in ("tuned", "adaptive") or not where:
+            raise ValueError(f"spec as a string must be 'tuned:PAIR' / 'adaptive:PAIR' (the file shipped for a zoo "
+                             f"pair) or 'tuned:PATH' or 'adaptive:PATH', got {spec!r}")
+        if names_a_pair(where):
+            if draft is None:
+                raise ValueError(f"spec {spec!r}: a tuned spec needs the draft it was tuned with (its kind picks "
+                                 f"the file)")
+            from .draft_kinds import kind_of
+            where = shipped_file(where, kind_of(draft).name)
+        return TunedSpec.load(where, adaptive=how == "adaptive")
     return spec
 
 

@@ -246,6 +246,24 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
     return run.write(rows, out_dir, tag)
 
 
+def tuned_paths(values: list[str], pair: str) -> list[Path]:
+    """`--tuned` values: a file's path, or the bench's pair name for every tuned file shipped for that pair
+    (`specdec.tuning.shipped_files`); a one-line ValueError for another pair's name or a pair with none."""
+    from ..tuning import names_a_pair, shipped_files, shipped_names
+    out = []
+    for value in values:
+        if not names_a_pair(value):
+            out.append(Path(value))
+            continue
+        if value != pair:
+            raise ValueError(f"--tuned {value!r} names a pair, but the bench runs {pair!r}: give a path or {pair!r}")
+        found = [path for (name, _), path in shipped_files().items() if name == pair]
+        if not found:
+            raise ValueError(f"--tuned {value!r}: no tuned file ships for pair {pair!r}; shipped: {shipped_names()}")
+        out += found
+    return out
+
+
 def main_bench(args) -> int:
     """`specdec bench`: the shipped models on held-out prompts; one CSV + its plot in args.out."""
     from .. import zoo
@@ -258,7 +276,7 @@ def main_bench(args) -> int:
     drafts = {kind: getattr(bundle, kind) for kind in offered_kinds(bundle, args.workers)}
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
     cases = [c for c in by_kind(CASES + NGRAM_SHARED_CASES) if c.spec is None or c.kind in drafts]
-    for path in args.tuned or []:
+    for path in tuned_paths(args.tuned or [], bundle.name):
         from ..tuning import TunedSpec
         tuned = TunedSpec.load(path)
         if tuned.draft["kind"] not in drafts:

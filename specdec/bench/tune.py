@@ -23,9 +23,10 @@ per batch bucket, written to the JSON the engine loads (`specdec.tuning`: `Engin
    tokens each greedy request must repeat: the goal's figures (the tuned shape within 3 % of the best of the grid;
    adaptive at least the best static shape where drafts succeed for some requests and fail for others).
 
-Writes the JSON (`--out`, default results/tuned-<pair>-<kind>.json) and results/tune-<run_id>.csv (`TuneRow`: one
-row per measured or predicted (bucket, shape)); prints the choice, the predicted and the measured figures side by
-side. Timing is process CPU time: run it at one thread (`--threads 1`, the default) on a shared machine.
+Writes the JSON (`--out`, default results/tuned-<pair>-<kind>.json; the files that ship with the zoo's pairs,
+which `spec="tuned:<pair>"` loads, are specdec/zoo/tuned/<pair>-<kind>.json) and results/tune-<run_id>.csv
+(`TuneRow`: one row per measured or predicted (bucket, shape)); prints the choice, the predicted and the measured
+figures side by side. Timing is process CPU time: run it at one thread (`--threads 1`, the default) on a shared machine.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from tqdm import tqdm
 
 from .. import Engine, SamplingParams, SpecConfig
 from ..contract import NO_DRAFT, max_num_draft_tokens
-from ..tuning import Bucket, Candidate, TunedSpec, fingerprint, shape_name
+from ..tuning import Bucket, Candidate, TunedSpec, fingerprint, names_a_pair, shape_name, shipped_file
 from .common import Run, RunRow, cpu_model, dtype_name, median_of
 
 #: the 12 shapes the goal compares the tuned one with: chains, narrow and wide trees
@@ -496,7 +497,8 @@ def main(argv=None) -> int:
                         "alternating with English prose no model saw); sampled (that code, every other request "
                         "sampled at temperature 1)")
     p.add_argument("--check-tuned", default=None, metavar="PATH",
-                   help="check the tuned file PATH against the grid (as --check-grid) without tuning again")
+                   help="check the tuned file PATH against the grid (as --check-grid) without tuning again; a pair's "
+                        "name checks the file shipped for it and --kind (specdec/zoo/tuned/)")
     p.add_argument("--out", default=None, help="the tuned JSON (default: results/tuned-<pair>-<kind>.json)")
     p.add_argument("--results", default="results", help="where the CSV goes")
     p.add_argument("--threads", type=int, default=1)
@@ -550,6 +552,8 @@ def _tune_command(a, sizes) -> int:
     t0 = time.monotonic()
     if a.check_tuned:
         # the grid check alone, of a tuned file written earlier (its pair and draft checked by the engine)
+        if names_a_pair(a.check_tuned):
+            a.check_tuned = str(shipped_file(a.check_tuned, a.kind))
         tuned = TunedSpec.load(a.check_tuned)
         print(f"specdec tune: checking {a.check_tuned} ({name} with its {a.kind} draft), buckets {sizes}, "
               f"{torch.get_num_threads()} thread(s), {cpu_model()}")
