@@ -1,16 +1,18 @@
-"""Usage: python paired.py. The four deep-pair heads by greedy tokens per step on the same 128 held-out prompts
-(`python -m specdec.bench.heads --num-prompts 128`): the shipped-before heads (session 21's run,
-results/eagle3-retrain-20261204/heads-128-prompts.json) and the two trained on the target's own text (this
-directory's runs, each with the old EAGLE head beside it: its rows are the same tokens, greedy decoding being
-deterministic). Prints each pair's ratio and its paired-bootstrap 95 % interval, shape by shape, as JSON lines."""
+"""Usage: python scripts/studies/regen-heads/paired.py. The four deep-pair heads by greedy tokens per step on the same
+128 held-out prompts (`python -m specdec.bench.heads --num-prompts 128`): the heads shipped before
+(results/eagle3-retrain-20261204/heads-128-prompts.json) and the two trained on the target's own text
+(results/regen-heads-20261205/, each run with the old EAGLE head beside it: its rows are the same tokens, greedy
+decoding being deterministic); the output is results/regen-heads-20261205/paired.jsonl. Prints each pair's ratio
+and its paired-bootstrap 95 % interval, shape by shape, as JSON lines."""
 import json
 from pathlib import Path
 
 from specdec.bench.heads import paired_bootstrap
 
-here = Path(__file__).parent
+RESULTS = Path(__file__).resolve().parents[3] / "results"
+here = RESULTS / "regen-heads-20261205"
 rows = {}
-for path, tag in ((here.parent / "eagle3-retrain-20261204" / "heads-128-prompts.json", "corpus"),
+for path, tag in ((RESULTS / "eagle3-retrain-20261204" / "heads-128-prompts.json", "corpus"),
                   (here / "heads-128-prompts-eagle-regen.json", "regen"),
                   (here / "heads-128-prompts-eagle3-regen.json", "regen")):
     for r in json.loads(path.read_text())["rows"]:

@@ -1,16 +1,20 @@
-"""Usage: python sim.py PAIR TUNED.json B SET [SET ...] (SET: code or mixed, the tune check's 32 prompts x 48 tokens).
+"""Usage, from the repository root: python scripts/studies/adaptive-sim/sim.py PAIR TUNED.json B SET [SET ...]
+(SET: code or mixed, the tune check's 32 prompts x 48 tokens; e.g. stdlib-byte-24l
+specdec/zoo/tuned/stdlib-byte-24l-eagle.json 16 code mixed); its output is results/adaptive-sim-20261205/sim-*.jsonl.
 
 Adaptive speculation's choices, costed without a clock. Every policy decodes the prompts greedily once (deterministic:
 the same tokens and steps on any machine); each decode step is then priced by the tuned file's own step cost of the
-shape it ran at bucket B (the full batch's, also for the last steps of a batch whose requests finish apart) (`Candidate.step_ms`), the figure adaptive itself chooses by. So policies are compared on the
+shape it ran at bucket B (the full batch's, also for the last steps of a batch whose requests finish apart)
+(`Candidate.step_ms`), the figure adaptive itself chooses by. So policies are compared on the
 same prices, free of the machine's noise: decode tokens per priced millisecond, relative to the best static candidate
 on the same prompts. At B = 1 the per-prompt oracle also picks, for each prompt, the static candidate that was best on
 that prompt: what choosing one shape per request, knowing its prompt, could gain at most. One thread; JSON lines."""
-import dataclasses, json, sys
+import dataclasses
+import json
+import sys
 
 import torch
 
-torch.set_num_threads(1)
 from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.bench.tune import fixed_shape_spec, mixed_prompts
 from specdec.contract import NO_DRAFT
@@ -97,9 +101,8 @@ for m in (0.03, 0.06, 0.1):
     policy(f"adaptive, margin {m}")(lambda t, m=m: AdaptiveShapes(t, margin=m))
 
 
-
-
 def main():
+    torch.set_num_threads(1)
     name, path, B, sets = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
     b = zoo.load(name)
     tuned = TunedSpec.load(path)

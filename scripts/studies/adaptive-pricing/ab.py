@@ -1,18 +1,22 @@
-"""Usage: python ab.py PAIR TUNED.json SIZES REPEATS SETS (e.g. stdlib-byte-6l tuned-small.json 16,1 7,3 mixed).
+"""Usage, from the repository root: python scripts/studies/adaptive-pricing/ab.py PAIR TUNED.json SIZES REPEATS SETS
+(e.g. stdlib-byte-6l results/adaptive-pricing-20261204/tuned-small.json 16,1 7,3 mixed); its output is
+results/adaptive-pricing-20261204/ab-small.jsonl.
 
 Adaptive with each candidate priced by its own confirm run (the file as tuned) against adaptive with the prices
 refitted by the linear cost model over the bucket's candidates, side by side with the tuned shape, target-only and
 the chains, on the tune check's prompt sets. One thread, process CPU; prints JSON lines."""
-import dataclasses, json, statistics, sys
+import dataclasses
+import json
+import statistics
+import sys
+
 import torch
-torch.set_num_threads(1)
+
 from specdec import zoo
 from specdec.bench.tune import Measurer, batches_of, fit_cost_model, held_out_ratio, mixed_prompts, predict_step_ms
 from specdec.contract import NO_DRAFT
 from specdec.tuning import Bucket, TunedSpec, shape_name
 from specdec.zoo.corpus import heldout_prompts, prose_prompts
-
-
 
 def candidate_step_ms(confirmed: dict, no_draft_ms: float) -> dict:
     """The tried (and reverted) pricing: each drafting candidate's full-batch step by the linear cost model fitted
@@ -21,6 +25,7 @@ def candidate_step_ms(confirmed: dict, no_draft_ms: float) -> dict:
     return {s: no_draft_ms if s == NO_DRAFT else max(predict_step_ms(coef, s), no_draft_ms) for s in confirmed}
 
 
+torch.set_num_threads(1)
 name, path = sys.argv[1], sys.argv[2]
 sizes = [int(x) for x in sys.argv[3].split(",")]
 repeats = [int(x) for x in sys.argv[4].split(",")]
@@ -48,10 +53,12 @@ for set_name in sets:
         labels = ["target-only"] + [shape_name(s) for s in statics] + [
             f"tuned ({shape_name(tuned.bucket(B).shape)})", "adaptive (as tuned)", "adaptive (refitted)"]
         res = m.decode_in_turn(keys, batches_of(prompt_sets[set_name], B), reps)
-        grid = {l: r["passes"] for l, r in zip(labels, res) if l != "target-only" and not l.startswith(("tuned", "adaptive"))}
+        grid = {label: r["passes"] for label, r in zip(labels, res)
+                if label != "target-only" and not label.startswith(("tuned", "adaptive"))}
         out = {"set": set_name, "B": B, "passes": reps, "threads": torch.get_num_threads()}
-        for l, r in zip(labels, res):
-            held = None if l == "target-only" else held_out_ratio(r["passes"], grid)  # None with one pass
-            out[l] = {"median": round(statistics.median(r["passes"]), 1), "passes": [round(x, 1) for x in r["passes"]],
-                      "vs_best_static_other_passes": None if held is None else round(held, 3)}
+        for label, r in zip(labels, res):
+            held = None if label == "target-only" else held_out_ratio(r["passes"], grid)  # None with one pass
+            out[label] = {"median": round(statistics.median(r["passes"]), 1),
+                          "passes": [round(x, 1) for x in r["passes"]],
+                          "vs_best_static_other_passes": None if held is None else round(held, 3)}
         print(json.dumps(out), flush=True)

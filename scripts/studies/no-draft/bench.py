@@ -1,12 +1,18 @@
-"""NO_DRAFT steps against target-only, in turn, one thread: tokens per process-CPU second."""
-import json, sys
+"""NO_DRAFT steps against target-only, in turn, one thread: tokens per process-CPU second, one JSON line.
+
+Usage, from the repository root: python scripts/studies/no-draft/bench.py PAIR B LABEL (e.g. stdlib-byte-6l 1
+after); its outputs are results/no-draft-20261204/{before,after,after-P32}.jsonl."""
+import json
+import sys
+
 import torch
-torch.set_num_threads(1)
+
 from specdec import zoo
 from specdec.bench.tune import Measurer
 from specdec.contract import NO_DRAFT
 from specdec.zoo.corpus import heldout_prompts
 
+torch.set_num_threads(1)
 name, B, label = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 b = zoo.load(name)
 prompts = heldout_prompts(2 * B, length=96, seed=11)
