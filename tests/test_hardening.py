@@ -1,6 +1,6 @@
 """Bad numbers and bad timing: non-finite logits, a poisoned KV cache, concurrent and interrupted calls.
 
-Each test reproduces a failure found by trying the engine as a user would (issue #14) and failed
+Each test reproduces a failure found by trying the engine as a user would, and failed
 before its fix."""
 import threading
 
