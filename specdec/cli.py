@@ -1,4 +1,5 @@
-"""`specdec` console command: `specdec demo`, `specdec bench`, `specdec gpu-check`, `specdec zoo train ...`."""
+"""`specdec` console command: `specdec demo`, `generate`, `bench`, `tune`, `report`, `plot`, `gpu-check`, `zoo list`,
+`zoo train`."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +7,23 @@ import os
 import sys
 
 from .draft_kinds import DRAFT_KINDS
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """States each option's default once: appended where the help text does not state it and there is one to state
+    (not None, False or empty), a list as it is typed (comma-separated)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is False or default is argparse.SUPPRESS
+                or (isinstance(default, (list, tuple)) and not default)
+                or "%(default)" in text or "default:" in text or "(default" in text
+                or not (action.option_strings or action.nargs in ("?", "*"))):
+            return text
+        if isinstance(default, (list, tuple)):
+            default = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in default)
+        return f"{text} (default: {str(default).replace('%', '%%')})"
 
 
 def positive_int(text: str) -> int:
@@ -69,8 +87,8 @@ def _draft_kinds(text: str) -> list[str]:
     return kinds
 
 
-THREADS_HELP = ("torch CPU threads; 0 leaves torch's default. One is the default because the shipped models are "
-                "small enough that one thread is fastest, and a loaded machine slows one thread least")
+THREADS_HELP = ("torch CPU threads, 0 for torch's own choice; the shipped models are small enough that one thread is "
+                "fastest, and a loaded machine slows one thread least")
 
 
 def _version() -> str:
@@ -83,7 +101,7 @@ def _version() -> str:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     parser = argparse.ArgumentParser(prog="specdec", description="EAGLE-style speculative decoding toolkit",
                                      formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"specdec {_version()}")
@@ -107,24 +125,44 @@ def main(argv=None) -> int:
     demo.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
     demo.add_argument("--model", default="auto", choices=["auto"] + zoo_names, help=MODEL_HELP)
     gen = sub.add_parser("generate", formatter_class=fmt,
-                         help="decode a prompt (text) with a target, and optionally a draft, from checkpoint "
-                              "directories; prints the continuation as it is produced")
+                         help="decode a prompt (text) with a zoo pair or checkpoint directories, streaming the "
+                              "continuation, then the same request target-only for comparison",
+                         description="Decode one prompt speculatively, printing the continuation as it is produced, "
+                                     "then decode it again target-only with the same sampling parameters and print "
+                                     "both runs' tokens/s (process CPU time and wall time), tokens accepted per "
+                                     "step, and whether the tokens are identical. Example: specdec generate "
+                                     "--model stdlib-byte-24l --draft eagle3 'def parse_args('")
     gen.add_argument("prompt", help="the prompt, as text")
-    gen.add_argument("--target", required=True, help="the target's directory (config.json, safetensors, "
-                                                     "tokenizer.json; or a shipped zoo model's target/)")
-    gen.add_argument("--draft", default=None, help="the draft's directory (a head, MTP layers, or a small causal "
-                                                   "LM of the target's vocabulary: STANDALONE; for mtp-deepseek / "
-                                                   "mtp-mimo the directory holding the MTP layers, by default the "
-                                                   "target's), or 'ngram' (no model: SGLang's NGRAM)")
+    source = gen.add_mutually_exclusive_group()
+    source.add_argument("--model", default=None, choices=zoo_names,
+                        help="a shipped zoo pair (`specdec zoo list`): its target and its draft of the kind --draft "
+                             "names; without --model and --target, the deep pair")
+    source.add_argument("--target", default=None, help="the target's directory (config.json, safetensors, "
+                                                       "tokenizer.json), instead of --model")
+    gen.add_argument("--draft", default=None,
+                     help=f"with --model: the pair's draft of this kind, one of {', '.join(DRAFT_KINDS)} "
+                          "(default: eagle, else the first kind the pair ships). With --target: the draft's "
+                          "directory (a head, MTP layers, or a small causal LM of the target's vocabulary: "
+                          "STANDALONE; for mtp-deepseek / mtp-mimo the directory holding the MTP layers, by default "
+                          "the target's), or 'ngram' (no model: SGLang's NGRAM); none decodes target-only")
     gen.add_argument("--draft-layout", default="auto",
                      choices=["auto", *(k for k in DRAFT_KINDS if k != "ngram"), "mtp-deepseek", "mtp-mimo"],
-                     help="auto: from the draft's config.json and weights (this project's heads, an EAGLE-1/2 or an "
-                          "EAGLE-3 checkpoint, MTP layers, a causal LM)")
+                     help="how to read --draft DIR (with --target); auto: from the draft's config.json and weights "
+                          "(this project's heads, an EAGLE-1/2 or an EAGLE-3 checkpoint, MTP layers, a causal LM)")
     gen.add_argument("--num-steps", type=positive_int, default=None,
-                     help="draft depth S (default: 5 for EAGLE heads, the layer count for MTP)")
-    gen.add_argument("--topk", type=positive_int, default=None, help="draft top-K per step (default: 4 for EAGLE)")
+                     help="draft depth S (default: with --model, the shape tuned for the pair and kind at batch "
+                          "size 1 where one ships; else 5 for EAGLE heads, the layer count for MTP)")
+    gen.add_argument("--topk", type=positive_int, default=None,
+                     help="draft top-K per step (default: the tuned shape's, else 4 for EAGLE)")
     gen.add_argument("--num-draft-tokens", type=positive_int, default=None,
-                     help="tree size W, root included (default: 16 for EAGLE, S+1 for chains)")
+                     help="tree size W, root included (default: the tuned shape's, else 16 for EAGLE, S+1 for "
+                          "chains)")
+    gen.add_argument("--no-baseline", action="store_true",
+                     help="skip the target-only run that follows the speculative one")
+    gen.add_argument("--chat-template", default="auto", choices=["auto", "yes", "no"],
+                     help="send the prompt as a user turn of the tokenizer's chat template; auto: where the tokenizer "
+                          "has one and the model is an instruct model (its zoo card says so, or its name has "
+                          "'instruct' or 'chat'; not the byte pairs, trained on raw code)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate")
     gen.add_argument("--frequency-penalty", type=float, default=0.0, help="in [-2, 2]: minus this per occurrence "
@@ -201,7 +239,7 @@ def main(argv=None) -> int:
                        help="timed passes per case (the CSV has their median and p20 / p80)")
     bench.add_argument("--workers", type=_draft_kinds, default=None,
                        help="comma-separated drafts to run beside target-only (acceptance and penalties suites), of "
-                            f"{','.join(DRAFT_KINDS)} (default: every kind the pair offers)")
+                            f"{', '.join(DRAFT_KINDS)} (default: every kind the pair offers)")
     bench.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                        help="also run the transformers peers (acceptance suite, float32, needs the bench extra)")
     bench.add_argument("--dtype", default="float32", choices=list(DTYPES),

@@ -26,11 +26,13 @@ def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, devi
     if ran == "fast" and torch.device(bundle.target.device).type != "cuda":
         print("note: no CUDA device: the fast path's Triton kernels run under Triton's interpreter (exact, slow)")
     base, base_tps, status = None, None, 0
+    header = (f"{'worker':26s}{'accepted/step':>14s}{'tokens/s':>10s}{'vs target-only':>16s}  {'identical':9s}  "
+              f"max |logprob diff|")
     for case in CASES:
         name, spec = case.label, case.spec
         draft = getattr(bundle, case.kind) if spec else None
         if spec is not None and draft is None:  # a kind registered before this pair was trained with it
-            print(f"{name:25s} skipped: {bundle.name!r} ships no {case.kind} draft")
+            print(f"{name:26s}skipped: {bundle.name!r} ships no {case.kind} draft")
             continue
         engine = Engine(bundle.target, draft, spec, impl=impl, max_batch=1,
                         max_seq_len=prompt_len + max_new_tokens + 64)
@@ -46,12 +48,16 @@ def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, devi
             base, base_tps = outs, tps
             print("\n--- held-out prompt ---\n" + textwrap.indent(tok.decode(prompts[0]).rstrip(), "  "))
             print("--- target-only continuation ---\n" + textwrap.indent(tok.decode(outs[0].token_ids), "  "))
-            print()
+            print("\ntokens/s: wall time over every prompt; identical: the same tokens as target-only\n")
+            print(header)
         same = all(o.token_ids == b.token_ids for o, b in zip(outs, base))
         lp_diff = max(abs(x - y) for o, b in zip(outs, base) for x, y in zip(o.logprobs, b.logprobs))
         mean_acc = sum(acc) / len(acc) if acc else 1.0
-        print(f"{name:25s} accepted/step {mean_acc:4.2f}  tokens/s {tps:7.1f} ({tps / base_tps:4.2f}x)  "
-              f"same tokens: {'yes' if same else 'NO'}  max |logprob diff| {lp_diff:.1e}")
+        if outs is base:
+            print(f"{name + ' (baseline)':26s}{mean_acc:14.2f}{tps:10.1f}{1:15.2f}x  {'-':9s}  -")
+            continue
+        print(f"{name:26s}{mean_acc:14.2f}{tps:10.1f}{tps / base_tps:15.2f}x  {'yes' if same else 'NO':9s}  "
+              f"{lp_diff:.1e}")
         if not same or lp_diff > 1e-4:
             print("  !! not lossless: the speculative output differs from the baseline")
             status = 1

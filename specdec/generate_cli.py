@@ -1,4 +1,5 @@
-"""`specdec generate`: text in, text out, from checkpoint directories, streamed to the terminal."""
+"""`specdec generate`: text in, text out, from a zoo pair or checkpoint directories, streamed to the terminal, then
+the same request target-only beside it."""
 from __future__ import annotations
 
 import sys
@@ -8,8 +9,8 @@ from pathlib import Path
 from .config import SamplingParams, SpecConfig
 from .draft_kinds import DRAFT_KINDS, draft_kind, kind_of
 from .engine import Engine
-from .text import generate_text
 from .tokenizer import eos_ids_of, load_tokenizer
+from .tuning import shape_name
 
 
 #: the kind an `--draft-layout auto` checkpoint loads as when its architectures name no kind's model: EAGLE-1/2
@@ -83,49 +84,142 @@ def read_grammar(args) -> dict:
     return {}
 
 
-def run_generate(args) -> int:
+def default_draft_kind(bundle) -> str:
+    """The kind `specdec generate --model` drafts with when --draft names none: EAGLE, the kind every pair's tuned
+    file ships for, else the first trained draft the pair ships, else NGRAM (no weights: any pair has it)."""
+    return next((k for k in ("eagle", *bundle.drafts) if bundle.drafts.get(k) is not None), "ngram")
+
+
+def zoo_draft(bundle, kind: str | None):
+    """A zoo pair and a --draft value (a kind's name, "none", or None for the default) -> (its draft or None, the
+    SpecConfig to run it with: the pair's tuned shape at batch size 1 where a tuned file ships, else the kind's
+    default)."""
+    from .tuning import shape_spec, shipped_files
+    if kind == "none":
+        return None, None
+    kind = kind or default_draft_kind(bundle)
+    if kind not in DRAFT_KINDS:
+        raise ValueError(f"--draft {kind!r}: with --model, a draft kind ({', '.join(DRAFT_KINDS)}) or none")
+    draft = getattr(bundle, kind)
+    if draft is None:
+        shipped = ", ".join(k for k, d in bundle.drafts.items() if d is not None) or "none"
+        raise ValueError(f"--draft {kind}: zoo pair {bundle.name!r} ships no {kind} draft (it ships: {shipped})")
+    tuned = shipped_files().get((bundle.name, kind))
+    if tuned is not None:
+        from .tuning import TunedSpec
+        spec = shape_spec(TunedSpec.load(tuned).bucket(1).shape)
+        if spec is not None:  # the tuned file may say that batch size 1 is best served without drafting
+            return draft, spec
+    return draft, kind_of(draft).default_spec(draft)
+
+
+def is_instruct(name: str, card: dict) -> bool:
+    """Whether a model was tuned to follow its chat template: its zoo card says so (`instruct`), else its name (a
+    zoo pair's, or the target directory's) says Instruct or chat. The zoo's byte pairs were trained on raw code."""
+    if "instruct" in card:
+        return bool(card["instruct"])
+    return any(word in Path(name).name.lower() for word in ("instruct", "chat"))
+
+
+def chat_prompt_ids(tokenizer, prompt: str, use_template: bool) -> list[int]:
+    """The prompt's ids: through the tokenizer's chat template as one user turn (with the assistant's opening)
+    where it has one and `use_template`, else the text as the tokenizer encodes it."""
+    if use_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             tokenize=False)
+        return tokenizer.encode(text, add_special_tokens=False)  # the template writes the special tokens itself
+    return tokenizer.encode(prompt)
+
+
+def load_models(args):
+    """--model / --target, --draft, --draft-layout -> (name, target, tokenizer, draft or None, its SpecConfig,
+    whether the target is an instruct model)."""
+    if args.target is None:
+        from . import zoo
+        if args.draft_layout != "auto":
+            raise ValueError("--draft-layout reads --draft DIR with --target; with --model, --draft names a kind")
+        bundle = zoo.load(args.model or zoo.DEFAULT_NAME)
+        draft, spec = zoo_draft(bundle, args.draft)
+        return bundle.name, bundle.target, bundle.tokenizer, draft, spec, is_instruct(bundle.name, bundle.card)
     from .models import LlamaForCausalLM
     target_dir = Path(args.target)
     if not target_dir.is_dir():
         raise ValueError(f"--target {target_dir}: no such directory")
-    if args.draft not in (None, "ngram") and not Path(args.draft).is_dir():
+    if args.draft not in (None, "ngram", "none") and not Path(args.draft).is_dir():
         raise ValueError(f"--draft {args.draft}: no such directory")
     tokenizer = load_tokenizer(target_dir)
     target = LlamaForCausalLM.from_pretrained(target_dir)
-    draft, spec = load_draft(target, target_dir, Path(args.draft) if args.draft else None, args.draft_layout)
+    draft_dir = None if args.draft in (None, "none") else Path(args.draft)
+    draft, spec = load_draft(target, target_dir, draft_dir, args.draft_layout)
+    return str(target_dir), target, tokenizer, draft, spec, is_instruct(str(target_dir.resolve()), {})
+
+
+def spec_name(spec: SpecConfig) -> str:
+    return shape_name((spec.num_steps, spec.topk, spec.num_draft_tokens))
+
+
+def timed_generate(engine, ids, params, seed, stream=None) -> tuple:
+    """-> (the one output, process CPU seconds, wall seconds) of decoding `ids`."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = engine.generate([ids], params, seed=seed, stream=stream)[0]
+    return out, time.process_time() - c0, time.perf_counter() - t0
+
+
+def summary(what: str, engine, out, cpu_s: float, wall_s: float) -> str:
+    n = len(out.token_ids)
+    return (f"[{what}, impl={engine.impl}] {n} tokens: {n / cpu_s:.1f} tokens/s by CPU time, {n / wall_s:.1f} by "
+            f"wall time; {engine.last_stats.mean_accept_len:.2f} accepted per step; finish: {out.finish_reason}")
+
+
+def run_generate(args) -> int:
+    name, target, tokenizer, draft, spec, instruct = load_models(args)
     if draft is not None and (args.num_steps or args.topk or args.num_draft_tokens):
-        S = args.num_steps or spec.num_steps
-        spec = SpecConfig(S, args.topk or spec.topk, args.num_draft_tokens)
+        spec = SpecConfig(args.num_steps or spec.num_steps, args.topk or spec.topk, args.num_draft_tokens)
     if draft is not None and (args.penalty_mode != spec.penalty_mode or args.draft_grammar):
         spec = SpecConfig(spec.num_steps, spec.topk, spec.num_draft_tokens, penalty_mode=args.penalty_mode,
                           draft_grammar=args.draft_grammar)
-    prompt_len = len(tokenizer.encode(args.prompt))
+    ids = chat_prompt_ids(tokenizer, args.prompt, args.chat_template == "yes" or
+                          (args.chat_template == "auto" and instruct))
     # room for the in-flight draft slots of the worker that runs (MTP's extend writes up to 2 S past the length)
     margin = 0 if draft is None else kind_of(draft).kv_margin(spec)
-    grammar = read_grammar(args)
-    engine = Engine(target, draft, spec, impl=args.impl, max_batch=1, tokenizer=tokenizer,
-                    max_seq_len=min(target.config.max_position_embeddings, prompt_len + args.max_new_tokens + margin))
-    eos = set(eos_ids_of(tokenizer))
+    max_seq_len = min(target.config.max_position_embeddings, len(ids) + args.max_new_tokens + margin)
+    eos = eos_ids_of(tokenizer)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
+                            repetition_penalty=args.repetition_penalty, min_new_tokens=args.min_new_tokens,
+                            logit_bias=parse_logit_bias(args.logit_bias), stop_token_ids=eos,
+                            **read_grammar(args))
+    engine = Engine(target, draft, spec, impl=args.impl, max_batch=1, tokenizer=tokenizer, max_seq_len=max_seq_len)
+    baseline = None
+    if draft is not None and not args.no_baseline:
+        baseline = Engine(target, impl=args.impl, max_batch=1, tokenizer=tokenizer, max_seq_len=max_seq_len)
+    for warm in filter(None, (engine, baseline)):  # first calls pay one-time costs the comparison should not
+        warm.generate([ids], SamplingParams(max_new_tokens=2), seed=args.seed)
+        warm.flush_cache()  # an NGRAM index forgets the warm-up
     shown = []
+    eos_set = set(eos)
 
     def show(_request, new_ids):
         # decode the whole continuation each time: a multi-byte character can span two steps
         before = tokenizer.decode(shown)
-        shown.extend(t for t in new_ids if t not in eos)
+        shown.extend(t for t in new_ids if t not in eos_set)
         sys.stdout.write(tokenizer.decode(shown)[len(before):])
         sys.stdout.flush()
 
     sys.stdout.write(args.prompt)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                            frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
-                            repetition_penalty=args.repetition_penalty, min_new_tokens=args.min_new_tokens,
-                            logit_bias=parse_logit_bias(args.logit_bias), **grammar)
-    t0 = time.perf_counter()
-    out = generate_text(engine, tokenizer, [args.prompt], params, seed=args.seed, stream=show)[0]
-    wall = time.perf_counter() - t0
-    stats = engine.last_stats
-    n = len(out.output.token_ids)
-    what = "target-only" if draft is None else f"{type(draft).__name__} {spec}"
-    print(f"\n\n[{what}, impl={engine.impl}] {n} tokens in {wall:.2f} s ({n / wall:.1f} tokens/s), "
-          f"{stats.mean_accept_len:.2f} accepted per step, finish: {out.output.finish_reason}")
+    out, cpu_s, wall_s = timed_generate(engine, ids, params, args.seed, stream=show)
+    what = "target-only" if draft is None else f"{kind_of(draft).name}: {type(draft).__name__} {spec_name(spec)}"
+    print("\n\n" + summary(what, engine, out, cpu_s, wall_s))
+    if baseline is None:
+        return 0
+    base, base_cpu_s, base_wall_s = timed_generate(baseline, ids, params, args.seed)
+    print(summary("target-only", baseline, base, base_cpu_s, base_wall_s))
+    if params.temperature == 0:
+        same = "yes" if base.token_ids == out.token_ids else "NO"
+    else:  # lossless in distribution: a sampled request draws another path through the RNG than target-only's
+        same = f"not compared (sampled at temperature {params.temperature:g})"
+    print(f"speculative against target-only: {base_cpu_s / cpu_s:.2f}x by CPU time, {base_wall_s / wall_s:.2f}x by "
+          f"wall time; identical tokens: {same}")
+    if base.token_ids != out.token_ids:
+        print("--- target-only output ---\n" + tokenizer.decode([t for t in base.token_ids if t not in eos_set]))
     return 0
