@@ -119,6 +119,38 @@ def test_the_fast_path_is_identical(tiny):
     assert_same_as_baseline(outs, base)
 
 
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_a_context_layer_listed_twice(tiny, impl):
+    """z-lab's default ids for two draft layers on a 4-layer target are [1, 1]: every block the worker proposes is
+    the raw-tensor forward over layer 1's output concatenated with itself, and decoding stays lossless."""
+    target = tiny[0]
+    draft = random_dflash(target, 2, 4, target_layer_ids=[1, 1], mask_token_id=11, seed=6)
+    prompts = [[1, 2, 3], [8, 9]]
+    base = Engine(target, max_seq_len=24).generate(prompts, logprob_params(5))
+    engine = Engine(target, draft=draft, spec=SpecConfig(3), impl=impl, max_seq_len=24)
+    w, seen = engine.worker, []
+    inner = w.draft
+
+    def recording():
+        out = inner()
+        seen.append((list(w.slot_list), w.state.seq_lens.tolist(), out.candidates.tolist()))
+        return out
+
+    w.draft = recording
+    outs = engine.generate(prompts, logprob_params(5))
+    assert_same_as_baseline(outs, base)
+    cfg, sd = draft.checkpoint()
+    request_of = {slot: i for i, slot in enumerate(seen[0][0])}
+    for slots, lens, candidates in seen:
+        for slot, n, cand in zip(slots, lens, candidates):
+            seq = prompts[request_of[slot]] + outs[request_of[slot]].token_ids
+            with torch.no_grad():
+                layer1 = target(torch.tensor([seq[:n]]), torch.arange(n)[None], features=(2,)).features[0]
+            logits = dflash_logits_from_tensors(sd, cfg, target.model.embed_tokens.weight, target.lm_head.weight,
+                                                torch.cat([layer1, layer1], dim=-1), [seq[n]] + [11] * 3)
+            assert cand == [seq[n]] + logits[1:].argmax(-1).tolist()
+
+
 @pytest.mark.parametrize("spec", [SpecConfig(2), SpecConfig(3)], ids=str)
 def test_sampling_is_the_exact_distribution(spec):
     V, N = 6, 3000

@@ -1,7 +1,11 @@
 """The DFlash drafter: a checkpoint in z-lab's layout loads; its forward (the worker's cached path and the trainer's
 dense path) equals z-lab's computation written out from the raw tensors; the trainer's mask shows each block what
-inference shows it; a drafter that does not fit is a one-line ValueError before any compute."""
+inference shows it; every config layout z-lab publishes loads and proposes what the canonical layout of the same
+weights proposes; a drafter that does not fit, or one with sliding-window layers, is a one-line ValueError before
+any compute."""
 import json
+import sys
+import warnings
 
 import pytest
 import torch
@@ -11,7 +15,7 @@ import reference
 from specdec import Engine, SpecConfig
 from specdec.kv_cache import KVCache
 from specdec.models import random_llama
-from specdec.models.dflash import DFlashDraftModel, build_target_layer_ids, random_dflash
+from specdec.models.dflash import DFlashDraftModel, build_target_layer_ids, random_dflash, read_dflash_config
 from specdec.models.layers import AttentionMetadata
 from specdec.zoo.train.stages import dflash_blocks
 from tests.oracles import dflash_logits_from_tensors
@@ -24,10 +28,13 @@ def target():
     return random_llama(vocab_size=V, hidden_size=H, num_hidden_layers=L, seed=7)
 
 
-def zlab_dir(path, target, layers=2, layer_ids=(0, 2), block=4, mask=63, seed=0, drop=None):
+def zlab_dir(path, target, layers=2, layer_ids=(0, 2), block=4, mask=63, seed=0, drop=None, heads=(4, 2, 8),
+             extra=None, layout=None):
     """A checkpoint directory as z-lab's trainer writes one: a Qwen3 config with `block_size`,
-    `num_target_layers` and `dflash_config`, tensors under z-lab's names (random) -> (config, tensors)."""
-    Hq, Hkv, D, inter = 4, 2, 8, 48
+    `num_target_layers` and `dflash_config`, tensors under z-lab's names (random) -> (config, tensors), the
+    canonical layout. heads: (query heads, KV heads, head_dim); extra: more tensors written beside them; layout:
+    a function that rewrites a copy of the config before it is written (the returned config stays canonical)."""
+    (Hq, Hkv, D), inter = heads, 48
     cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H, "vocab_size": V,
            "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": Hq,
            "num_key_value_heads": Hkv, "head_dim": D, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
@@ -55,8 +62,11 @@ def zlab_dir(path, target, layers=2, layer_ids=(0, 2), block=4, mask=63, seed=0,
     if drop:
         sd.pop(drop)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg))
-    save_file(sd, str(path / "model.safetensors"))
+    written = json.loads(json.dumps(cfg))
+    if layout:
+        layout(written)
+    (path / "config.json").write_text(json.dumps(written))
+    save_file(dict(sd, **(extra or {})), str(path / "model.safetensors"))
     return cfg, sd
 
 
@@ -167,3 +177,173 @@ def test_drafters_that_do_not_fit_are_one_line_value_errors(target, tmp_path):
     shallow = random_llama(vocab_size=V, hidden_size=H, num_hidden_layers=2, seed=1)
     _one_line_value_error(r"target_layer_ids \[2\] do not fit the target's 2 layers",
                           lambda: Engine(shallow, draft, SpecConfig(3)))
+
+
+# ---- every layout z-lab publishes -------------------------------------------------------------------------
+
+TOKENS, BLOCK = [5, 9, 2, 44, 17, 3, 30], [11, 63, 63, 63]
+
+
+def _context(target, layer_ids, tokens):
+    """The context features computed one layer at a time: for each listed id i the output of target layer i (the
+    input of layer i + 1), concatenated in the listed order -> (1, T, F * H)."""
+    ids, positions = torch.tensor([tokens]), torch.arange(len(tokens))[None]
+    with torch.no_grad():
+        return torch.cat([target(ids, positions, features=(i + 1,)).features for i in layer_ids], dim=-1)
+
+
+def _block_logits(model, feats, block):
+    """The worker's path: the context written into a KV cache, the block as in-flight slots over it -> (bs, V)."""
+    Tc, bs = feats.shape[1], len(block)
+    cache = KVCache.for_model(model.config, model.config.num_hidden_layers, 1, 32, torch.float32, "cpu")
+    slots = torch.tensor([0])
+    model.write_context(feats, torch.arange(Tc)[None], cache,
+                        AttentionMetadata(slots, torch.tensor([0]), attn_len=Tc, ops=reference))
+    meta = AttentionMetadata(slots, torch.tensor([Tc]), attn_len=Tc + bs, ops=reference,
+                             tree_mask=torch.ones(1, bs, bs, dtype=torch.bool))
+    return model(torch.tensor([block]), Tc + torch.arange(bs)[None], cache, meta).logits[0]
+
+
+def _block_size_inside(cfg):
+    cfg["dflash_config"]["block_size"] = cfg.pop("block_size")
+
+
+def _no_target_layer_ids(cfg):
+    del cfg["dflash_config"]["target_layer_ids"]
+
+
+def _no_head_shape(model_type):
+    def rewrite(cfg):
+        del cfg["head_dim"], cfg["num_key_value_heads"]
+        cfg["model_type"] = model_type
+    return rewrite
+
+
+_EXTRA = {"lm_head.weight": torch.randn(V, H), "model.embed_tokens.weight": torch.randn(V, H)}
+
+#: name -> (the canonical checkpoint's arguments, the layout's, what the loaded config must say). Values by hand:
+#: transformers' Qwen3Config defaults head_dim to 128 and num_key_value_heads to 32, its LlamaConfig to
+#: hidden_size // num_attention_heads (32 // 4) and num_attention_heads; z-lab's rule on a 4-layer target for 2
+#: draft layers: start 1, end 4 - 3 = 1, so [1, 1].
+LAYOUTS = {
+    "block_size in dflash_config": ({}, {"layout": _block_size_inside}, {"block_size": 4}),
+    "unused tensors": ({}, {"extra": _EXTRA}, {}),
+    "no head_dim or num_key_value_heads (qwen3)": ({"heads": (32, 32, 128), "layers": 1},
+                                                   {"layout": _no_head_shape("qwen3")},
+                                                   {"head_dim": 128, "num_key_value_heads": 32}),
+    "no head_dim or num_key_value_heads (llama)": ({"heads": (4, 4, 8)}, {"layout": _no_head_shape("llama")},
+                                                   {"head_dim": 8, "num_key_value_heads": 4}),
+    "no target_layer_ids": ({"layer_ids": (1, 1)}, {"layout": _no_target_layer_ids}, {"target_layer_ids": [1, 1]}),
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_every_layout_zlab_publishes_proposes_what_the_canonical_one_does(target, tmp_path, name):
+    """The same weights in z-lab's canonical layout and in the layout: both load, their blocks are the same
+    logits, and both equal the raw-tensor forward over the context computed one layer at a time."""
+    canonical_kw, layout_kw, facts = LAYOUTS[name]
+    cfg, sd = zlab_dir(tmp_path / "canonical", target, **canonical_kw)
+    zlab_dir(tmp_path / "layout", target, **canonical_kw, **layout_kw)  # same seed: the same weights
+    canonical = DFlashDraftModel.from_pretrained(tmp_path / "canonical", target)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = DFlashDraftModel.from_pretrained(tmp_path / "layout", target)
+    notes = [str(w.message) for w in caught if "does not use" in str(w.message)]
+    if "extra" in layout_kw:
+        assert len(notes) == 1 and "ignoring 2 tensor(s)" in notes[0]
+        assert "'lm_head.weight'" in notes[0] and "'model.embed_tokens.weight'" in notes[0]
+    else:
+        assert not notes
+    for field_name, value in facts.items():
+        assert getattr(model.config, field_name) == value, field_name
+    feats = _context(target, cfg["dflash_config"]["target_layer_ids"], TOKENS)
+    with torch.no_grad():  # the target's capture, a layer listed twice included, is the same context
+        captured = target(torch.tensor([TOKENS]), torch.arange(len(TOKENS))[None],
+                          features=model.feature_layers).features
+    assert torch.equal(captured, feats)
+    got = _block_logits(model, feats, BLOCK)
+    assert torch.equal(got, _block_logits(canonical, feats, BLOCK))
+    want = _oracle(target, sd, cfg, feats[0], BLOCK)
+    assert (got.double() - want).abs().max() < 1e-4
+
+
+def test_a_repeated_context_layer_changes_the_block(target, tmp_path):
+    """[1, 1] reads layer 1's output twice: the second copy goes through its own half of fc, so reading another
+    layer there (as deduplicating or sorting would) is a different block."""
+    zlab_dir(tmp_path, target, layer_ids=(1, 1))
+    model = DFlashDraftModel.from_pretrained(tmp_path, target)
+    twice, other = _context(target, [1, 1], TOKENS), _context(target, [1, 2], TOKENS)
+    assert (_block_logits(model, twice, BLOCK) - _block_logits(model, other, BLOCK)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("L, n, want", [(4, 2, [1, 1]), (4, 3, [1, 1, 1]), (7, 3, [1, 2, 4]), (8, 3, [1, 3, 5]),
+                                        (9, 4, [1, 3, 4, 6]), (28, 1, [14]), (36, 5, [1, 9, 17, 25, 33])])
+def test_derived_context_layers_follow_zlabs_rule(target, tmp_path, L, n, want):
+    """Without target_layer_ids: z-lab's rule for the config's num_target_layers L and n draft layers, worked by
+    hand: [L // 2] for one layer, else round(1 + i * (L - 4) / (n - 1)) (Python's round: 2.5 -> 2)."""
+    def rewrite(cfg):
+        cfg["num_target_layers"] = L
+        del cfg["dflash_config"]["target_layer_ids"]
+
+    zlab_dir(tmp_path, target, layers=n, layout=rewrite)
+    assert read_dflash_config(tmp_path, target.config.num_hidden_layers).target_layer_ids == want
+    assert build_target_layer_ids(L, n) == want
+
+
+def test_without_num_target_layers_the_rule_reads_the_targets_depth(target, tmp_path):
+    def rewrite(cfg):
+        del cfg["num_target_layers"], cfg["dflash_config"]["target_layer_ids"]
+
+    zlab_dir(tmp_path, target, layers=2, layout=rewrite)
+    assert read_dflash_config(tmp_path, 8).target_layer_ids == [1, 5]
+    assert DFlashDraftModel.from_pretrained(tmp_path, target).config.target_layer_ids == [1, 1]
+
+
+def test_layouts_that_would_compute_wrongly_are_one_line_value_errors(target, tmp_path):
+    def sliding_layer(cfg):
+        cfg.update(layer_types=["sliding_attention", "full_attention"], sliding_window=16, use_sliding_window=True)
+
+    zlab_dir(tmp_path / "swa", target, layout=sliding_layer)
+    _one_line_value_error(r"layer_types marks draft layer\(s\) \[0\] 'sliding_attention': only full attention",
+                          lambda: DFlashDraftModel.from_pretrained(tmp_path / "swa", target))
+
+    def window_without_layer_types(cfg):
+        del cfg["layer_types"]
+        cfg.update(sliding_window=16, use_sliding_window=True)
+
+    zlab_dir(tmp_path / "window", target, layout=window_without_layer_types)
+    _one_line_value_error(r"sliding_window=16 is not implemented",
+                          lambda: DFlashDraftModel.from_pretrained(tmp_path / "window", target))
+
+    def two_block_sizes(cfg):
+        cfg["dflash_config"]["block_size"] = 8
+
+    zlab_dir(tmp_path / "two", target, layout=two_block_sizes)
+    _one_line_value_error(r"block_size=4 and dflash_config.block_size=8 differ",
+                          lambda: DFlashDraftModel.from_pretrained(tmp_path / "two", target))
+
+    def no_block_size(cfg):
+        del cfg["block_size"]
+
+    zlab_dir(tmp_path / "none", target, layout=no_block_size)
+    _one_line_value_error(r"no block_size, at the top level or in dflash_config",
+                          lambda: DFlashDraftModel.from_pretrained(tmp_path / "none", target))
+
+
+def test_a_window_on_no_layer_loads(target, tmp_path):
+    """layer_types all full_attention: neither z-lab nor SGLang windows any layer, whatever sliding_window says."""
+    def window_on_no_layer(cfg):
+        cfg.update(sliding_window=16, use_sliding_window=True)
+
+    cfg, sd = zlab_dir(tmp_path, target, layout=window_on_no_layer)
+    feats = _context(target, [0, 2], TOKENS)
+    got = _block_logits(DFlashDraftModel.from_pretrained(tmp_path, target), feats, BLOCK)
+    assert (got.double() - _oracle(target, sd, cfg, feats[0], BLOCK)).abs().max() < 1e-4
+
+
+def test_without_transformers_a_missing_head_dim_is_named(target, tmp_path, monkeypatch):
+    zlab_dir(tmp_path, target, layout=_no_head_shape("qwen3"))
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    _one_line_value_error(r"no head_dim \(its default is transformers' qwen3 config's; install transformers or "
+                          r"write head_dim into config.json\)",
+                          lambda: DFlashDraftModel.from_pretrained(tmp_path, target))

@@ -6,8 +6,9 @@ Layout and names as z-lab's checkpoints store them (config.json: a Qwen3 decoder
 no LM head: the target's are shared):
 
 - the context is the target's features: the outputs of `target_layer_ids` (id i is the residual stream entering
-  target layer i + 1, as EAGLE-3 reads it), concatenated in the listed order, projected by `fc` and normed by
-  `hidden_norm` once, the same for every layer;
+  target layer i + 1, as EAGLE-3 reads it), concatenated in the listed order (a repeated id adds its layer's
+  features again, as z-lab's `extract_context_feature` does), projected by `fc` and normed by `hidden_norm` once,
+  the same for every layer;
 - the block is the last verified token then mask tokens (`mask_token_id`), embedded with the target's embedding;
   its hidden states run through the decoder layers. Each layer's queries are the block's; its keys and values are
   the context's (`k_proj`/`v_proj` of the projected features, k normed, rotated at the context positions)
@@ -15,12 +16,16 @@ no LM head: the target's are shared):
 - `norm` then the target's LM head turn the block's outputs into proposals: the output at block position j >= 1
   proposes the token at that position.
 
+`read_dflash_config` reads every config layout z-lab publishes (block_size at the top level or in dflash_config, no
+target_layer_ids, no head_dim / num_key_value_heads); `from_pretrained` ignores tensors the drafter does not use.
+
 At inference the context's keys and values live in a KV cache (`write_context`), the block is written past them as
 in-flight slots and attends to all of them (`forward` with a tree mask of ones). `forward_dense` is the same
 computation with an explicit mask over [context; blocks], what the trainer runs.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -38,8 +43,9 @@ from .outputs import ModelOutput
 @dataclass
 class DFlashConfig(DraftConfig):
     """A Qwen3 decoder config plus z-lab's DFlash fields: the trained block size, the target layers whose outputs
-    are the context features (z-lab's ids: id i is the output of target layer i), the mask token, and the number
-    of target layers the drafter was trained on (None: not recorded)."""
+    are the context features (z-lab's ids: id i is the output of target layer i; an id listed twice is that
+    layer's features twice, as z-lab concatenates them), the mask token, and the number of target layers the
+    drafter was trained on (None: not recorded)."""
 
     block_size: int = 16
     target_layer_ids: list = field(default_factory=list)
@@ -54,9 +60,6 @@ class DFlashConfig(DraftConfig):
                              f"got {self.target_layer_ids!r}")
         self.target_layer_ids = [check_int(f"config field dflash_config.target_layer_ids[{j}]", i, 0)
                                  for j, i in enumerate(self.target_layer_ids)]
-        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
-            raise ValueError(f"config field dflash_config.target_layer_ids lists a layer twice: "
-                             f"{self.target_layer_ids}")
         self.mask_token_id = check_int("config field dflash_config.mask_token_id", self.mask_token_id, 0,
                                        self.vocab_size - 1)
         if self.num_target_layers is not None:
@@ -68,7 +71,7 @@ class DFlashConfig(DraftConfig):
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """z-lab's default context layers: the middle layer for a one-layer drafter, else `num_draft_layers` ids spread
-    evenly from 1 to L - 3 (rounded)."""
+    evenly from 1 to L - 3 (rounded; a shallow target repeats ids: L = 4 gives [1, 1] for two layers)."""
     L = check_int("num_target_layers", num_target_layers, 1)
     n = check_int("num_draft_layers", num_draft_layers, 1)
     if n == 1:
@@ -193,32 +196,108 @@ class DFlashDraftModel(DraftModelBase):
 
     @classmethod
     def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None):
-        """A DFlash checkpoint directory in z-lab's layout (architectures ["DFlashDraftModel"]). Without
-        `dflash_config.target_layer_ids` the layers are z-lab's default (`build_target_layer_ids`); the decoder is
-        Qwen3's whatever `model_type` says (z-lab's layers always norm q and k). A missing or extra tensor, a
-        hidden size, vocabulary or layer ids that do not fit `target`: a ValueError naming it."""
-        raw = read_config(path)
-        archs = raw.get("architectures")
-        if archs != [cls.architecture]:
-            raise ValueError(f"{path}: architectures={archs!r}, expected [{cls.architecture!r}]")
-        dflash = raw.get("dflash_config") or {}
-        if not isinstance(dflash, dict):
-            raise ValueError(f"{path}/config.json: dflash_config must be an object, got {dflash!r}")
-        if "block_size" not in raw:
-            raise ValueError(f"{path}/config.json: no block_size (the block the drafter was trained on)")
-        layers = dflash.get("target_layer_ids")
-        if layers is None:
-            layers = build_target_layer_ids(raw.get("num_target_layers") or target.config.num_hidden_layers,
-                                            raw.get("num_hidden_layers", 1))
-        fields = {k: v for k, v in raw.items() if k not in ("dflash_config", "architectures")}
-        fields.update(model_type="qwen3", target_layer_ids=layers, mask_token_id=dflash.get("mask_token_id", 0))
-        if "mask_token_id" not in dflash:
-            raise ValueError(f"{path}/config.json: dflash_config has no mask_token_id")
-        config = DFlashConfig.from_dict(fields, where=f"{path}/config.json")
+        """A DFlash checkpoint directory in z-lab's layout (architectures ["DFlashDraftModel"]), read as z-lab's
+        code and SGLang read it (`read_dflash_config`). Tensors the drafter does not use (an `lm_head.weight`,
+        say) are ignored with a warning naming them; a missing tensor, a hidden size, vocabulary or layer ids that
+        do not fit `target`, or sliding-window layers: a ValueError naming it."""
+        config = read_dflash_config(path, target.config.num_hidden_layers)
         model = cls(config, target)
-        sd = {k.removeprefix("model."): v for k, v in read_state_dict(path).items()}
+        own = model.state_dict()
+        sd, unused = {}, []
+        for name, tensor in read_state_dict(path).items():
+            if name.removeprefix("model.") in own:
+                sd[name.removeprefix("model.")] = tensor
+            else:
+                unused.append(name)
+        if unused:  # transformers and SGLang skip them too; the drafter shares the target's embedding and head
+            unused.sort()
+            warnings.warn(f"{path}: ignoring {len(unused)} tensor(s) the DFlash drafter does not use: "
+                          f"{unused[:5]}{' ...' if len(unused) > 5 else ''}", stacklevel=2)
         load_strict(model, sd, path)
         return model.to(device=device or target.device, dtype=dtype or target.dtype).eval()
+
+
+def _dflash_field(raw: dict, dflash: dict, name: str, where: str):
+    """A DFlash field where SGLang looks for it: `dflash_config` first, then the top level (where z-lab's model
+    reads block_size and num_target_layers); both present and different is a ValueError (None: neither)."""
+    inner, outer = dflash.get(name), raw.get(name)
+    if inner is not None and outer is not None and inner != outer:
+        raise ValueError(f"{where}: {name}={outer!r} and dflash_config.{name}={inner!r} differ")
+    return inner if inner is not None else outer
+
+
+def _decoder_defaults(raw: dict, where: str) -> dict:
+    """head_dim and num_key_value_heads when config.json leaves them out: the defaults of transformers' config
+    class for its model_type (what z-lab's drafter, a transformers model, is built from: Qwen3Config gives
+    head_dim 128 and 32 KV heads, LlamaConfig hidden_size // num_attention_heads and num_attention_heads)."""
+    missing = [k for k in ("head_dim", "num_key_value_heads") if raw.get(k) is None]
+    if not missing:
+        return {}
+    model_type = raw.get("model_type") or "qwen3"
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        raise ValueError(f"{where}: no {missing[0]} (its default is transformers' {model_type} config's; "
+                         f"install transformers or write {missing[0]} into config.json)") from None
+    shape = {k: raw[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                 "num_hidden_layers") if raw.get(k) is not None}
+    try:
+        hf = AutoConfig.for_model(model_type, **shape)
+    except (ValueError, KeyError, TypeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{where}: no {missing[0]}, and transformers has no default for model_type="
+                         f"{model_type!r} ({first})") from None
+    return {k: getattr(hf, k) for k in missing}
+
+
+def read_dflash_config(path, num_target_layers: int) -> DFlashConfig:
+    """config.json of a DFlash checkpoint -> DFlashConfig, every layout z-lab publishes:
+
+    - block_size, num_target_layers, target_layer_ids, mask_token_id in `dflash_config` or at the top level
+      (`_dflash_field`: SGLang's order; z-lab's model reads the first two at the top level, the others inside);
+    - no target_layer_ids: z-lab's `build_target_layer_ids(num_target_layers, num_hidden_layers)`, duplicates
+      included, num_target_layers the config's or else the target's (`num_target_layers`);
+    - no head_dim / num_key_value_heads: transformers' defaults for the model_type (`_decoder_defaults`);
+    - the decoder is Qwen3's whatever model_type says (z-lab's layers always norm q and k);
+    - sliding-window layers are refused: z-lab's code ignores the window outside flash attention, SGLang
+      applies it, and this drafter attends to the whole context. `layer_types` says which layers are windowed
+      (both read it); without it an active `sliding_window` is refused whatever `max_window_layers` says."""
+    where = f"{path}/config.json"
+    raw = read_config(path)
+    archs = raw.get("architectures")
+    if archs != [DFlashDraftModel.architecture]:
+        raise ValueError(f"{path}: architectures={archs!r}, expected [{DFlashDraftModel.architecture!r}]")
+    dflash = raw.get("dflash_config") or {}
+    if not isinstance(dflash, dict):
+        raise ValueError(f"{where}: dflash_config must be an object, got {dflash!r}")
+    block_size = _dflash_field(raw, dflash, "block_size", where)
+    if block_size is None:
+        raise ValueError(f"{where}: no block_size, at the top level or in dflash_config (the block the drafter "
+                         f"was trained on)")
+    mask_token_id = _dflash_field(raw, dflash, "mask_token_id", where)
+    if mask_token_id is None:
+        raise ValueError(f"{where}: no mask_token_id, in dflash_config or at the top level")
+    trained_on = _dflash_field(raw, dflash, "num_target_layers", where)
+    layers = _dflash_field(raw, dflash, "target_layer_ids", where)
+    if layers is None:
+        layers = build_target_layer_ids(trained_on if trained_on is not None else num_target_layers,
+                                        raw.get("num_hidden_layers", 1))
+    fields = {k: v for k, v in raw.items() if k not in ("dflash_config", "architectures")}
+    kinds = raw.get("layer_types")
+    if kinds is not None:  # z-lab and SGLang window exactly the layers marked sliding_attention
+        if not isinstance(kinds, list):
+            raise ValueError(f"{where}: layer_types must be a list of attention kinds, got {kinds!r}")
+        windowed = [i for i, kind in enumerate(kinds) if kind != "full_attention"]
+        if windowed:
+            raise ValueError(f"{where}: layer_types marks draft layer(s) {windowed} {kinds[windowed[0]]!r}: only "
+                             f"full attention is implemented (SGLang applies the window; z-lab's code ignores it "
+                             f"outside flash attention)")
+        fields.pop("sliding_window", None)  # it applies to no layer
+        fields.pop("use_sliding_window", None)
+    fields.update(_decoder_defaults(raw, where))
+    fields.update(model_type="qwen3", block_size=block_size, target_layer_ids=layers, mask_token_id=mask_token_id,
+                  num_target_layers=trained_on)
+    return DFlashConfig.from_dict(fields, where=where)
 
 
 def dflash_config_like(target, num_layers: int, block_size: int, target_layer_ids=None, mask_token_id: int = 0,
