@@ -2,7 +2,7 @@
 on one GPU, against a copy (read + write bytes, as gpu-check's ceiling).
 
 Ran once on the H200 of 2026-12-04 at commit fa378ef, whose launcher took `_acc`, `_block_v` and `_num_warps`
-(`python3 scripts/studies/logprob-sweep/sweep.py --out $OUT`; its output is
+(`python3 scripts/studies/gpu-check-20261204-logprob-sweep/sweep.py --out $OUT`; its output is
 results/gpu-check-20261204/logprob-sweep/sweep.csv); the chosen
 per-lane sums over 2048-wide tiles are the only mode since, so it runs only at that commit. Like gpu-check's
 `fast_kernels` rows: the two launches alone, replayed from a CUDA graph over rotated copies of the logits (more

@@ -1,4 +1,5 @@
-"""Usage, from the repository root: python scripts/studies/adaptive-pricing/ab.py PAIR TUNED.json SIZES REPEATS SETS
+"""Usage, from the repository root:
+python scripts/studies/adaptive-pricing-20261204/ab.py PAIR TUNED.json SIZES REPEATS SETS
 (e.g. stdlib-byte-6l results/adaptive-pricing-20261204/tuned-small.json 16,1 7,3 mixed); its output is
 results/adaptive-pricing-20261204/ab-small.jsonl.
 

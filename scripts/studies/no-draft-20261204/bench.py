@@ -1,6 +1,6 @@
 """NO_DRAFT steps against target-only, in turn, one thread: tokens per process-CPU second, one JSON line.
 
-Usage, from the repository root: python scripts/studies/no-draft/bench.py PAIR B LABEL (e.g. stdlib-byte-6l 1
+Usage, from the repository root: python scripts/studies/no-draft-20261204/bench.py PAIR B LABEL (e.g. stdlib-byte-6l 1
 after); its outputs are results/no-draft-20261204/{before,after,after-P32}.jsonl."""
 import json
 import sys

@@ -1,4 +1,4 @@
-"""Usage, from the repository root: python scripts/studies/adaptive-sim/ab.py PAIR TUNED.json B REPEATS SET
+"""Usage, from the repository root: python scripts/studies/adaptive-sim-20261205/ab.py PAIR TUNED.json B REPEATS SET
 (e.g. stdlib-byte-6l specdec/zoo/tuned/stdlib-byte-6l-eagle.json 1 5 mixed); its output is
 results/adaptive-sim-20261205/ab-small-B1-mixed.jsonl.
 

@@ -1,4 +1,4 @@
-"""Usage, from the repository root: python scripts/studies/adaptive-sim/sim.py PAIR TUNED.json B SET [SET ...]
+"""Usage, from the repository root: python scripts/studies/adaptive-sim-20261205/sim.py PAIR TUNED.json B SET [SET ...]
 (SET: code or mixed, the tune check's 32 prompts x 48 tokens; e.g. stdlib-byte-24l
 specdec/zoo/tuned/stdlib-byte-24l-eagle.json 16 code mixed); its output is results/adaptive-sim-20261205/sim-*.jsonl.
 

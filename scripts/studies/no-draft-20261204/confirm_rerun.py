@@ -1,7 +1,8 @@
 """No draft re-run on the tuner's engines and prompts (`Measurer`), beside target-only and two chains, in turn.
 
-Usage, from the repository root: python scripts/studies/no-draft/confirm_rerun.py PAIR B [MAX_SKIPPED_STEPS]; its
-printed output is results/no-draft-20261204/confirm_rerun.txt."""
+Usage, from the repository root:
+python scripts/studies/no-draft-20261204/confirm_rerun.py PAIR B [MAX_SKIPPED_STEPS]; its printed output is
+results/no-draft-20261204/confirm_rerun.txt."""
 import sys
 
 import torch

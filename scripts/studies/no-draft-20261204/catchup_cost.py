@@ -1,6 +1,6 @@
 """One catch-up of the draft after 1, 8 and 32 skipped (no-draft) steps: process CPU ms, the small pair at B = 1.
 
-Usage, from the repository root: python scripts/studies/no-draft/catchup_cost.py; its printed output is
+Usage, from the repository root: python scripts/studies/no-draft-20261204/catchup_cost.py; its printed output is
 results/no-draft-20261204/catchup_cost.txt."""
 import statistics
 import time
