@@ -19,7 +19,8 @@ import torch
 from .. import Engine, SamplingParams, SpecConfig
 from .cases import (ASSISTED_CASE, CASES, NGRAM_SHARED_CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds,
                     tuned_cases)
-from .common import DTYPES, Run, RunRow, cpu_model, dtype_name, median_of, quantile
+from .common import (DTYPES, Run, RunRow, about, above_bar, cpu_model, dtype_name, median_of, progress_bar, quantile,
+                     target_only_batch_seconds)
 
 #: the phases of a decode step that are model forwards (drafting, the draft's extend, the target's verify)
 FORWARD_PHASES = ("draft", "draft_extend", "verify_forward")
@@ -74,7 +75,23 @@ class AcceptanceRow(RunRow):
     cpu_s_by_batch: str  # every pass: ","-separated batches, ";"-separated passes
 
 
-def _forward_pass(runner, batches, params):
+def cases_at(cases: list[WorkerCase], temperature: float, batch_size: int) -> list[WorkerCase]:
+    """The cases a (temperature, batch size) runs: the transformers peers decode greedily only, some at B = 1 only."""
+    return [c for c in cases if not c.is_peer or (temperature == 0 and (batch_size == 1 or not c.batch_one_only))]
+
+
+def planned_decodes(cases: list[WorkerCase], num_prompts: int, batch_sizes, temperatures, repeats: int) -> dict:
+    """Batch size -> how many batches of that size the run decodes: each case's timed passes, and an engine's
+    logprob and phase passes (warm-ups left out). The progress bar's total and the estimate's workload."""
+    out = {}
+    for temperature in temperatures:
+        for B in batch_sizes:
+            passes = sum(repeats + (0 if c.is_peer else 2) for c in cases_at(cases, temperature, B))
+            out[B] = out.get(B, 0) + passes * (num_prompts // B)
+    return out
+
+
+def _forward_pass(runner, batches, params, tick=None):
     """One untimed pass with the phase timer on -> (seconds of model forwards per decode step, seconds of the
     draft phase per decode step), or None for a peer. What a step costs with zero overhead: its draft,
     draft-extend and verify forwards. NGRAM's draft phase is its host work (the index and the tree). Off CUDA the
@@ -91,6 +108,8 @@ def _forward_pass(runner, batches, params):
         for batch in batches:
             runner.generate(batch, params, seed=0)
             steps += runner.last_stats.num_decode_steps
+            if tick:
+                tick()
         totals = worker.timer.totals()
     finally:
         worker.timer = None
@@ -98,16 +117,21 @@ def _forward_pass(runner, batches, params):
             totals.get("draft", 0.0) / max(steps, 1))
 
 
-def _logprob_pass(runner, batches, params) -> list:
+def _logprob_pass(runner, batches, params, tick=None) -> list:
     """One untimed pass with logprobs (None for a peer, which has none)."""
     if not isinstance(runner, Engine):
         return None
     lp_params = dataclasses.replace(params, return_logprob=True)
     runner.flush_cache()
-    return [o for batch in batches for o in runner.generate(batch, lp_params, seed=0)]
+    outs = []
+    for batch in batches:
+        outs += runner.generate(batch, lp_params, seed=0)
+        if tick:
+            tick()
+    return outs
 
 
-def _measure(runners, batches, params, repeats):
+def _measure(runners, batches, params, repeats, tick=None):
     """Every runner (an Engine or a peer with its `generate`) on every batch, `repeats` passes, the runners taken
     round-robin on each batch of a pass, so that a drift of the machine's speed (another process on a shared core)
     lands on all of them alike, within seconds rather than within a runner's whole pass. Every pass of an Engine
@@ -138,6 +162,8 @@ def _measure(runners, batches, params, repeats):
                 acc["wall"] += runner.last_stats.wall_s
                 acc["steps"] += runner.last_stats.num_decode_steps
                 acc["tokens"] += runner.last_stats.num_tokens
+                if tick:
+                    tick()
         for r, acc in enumerate(this_pass):
             passes[r].append(acc)
     return passes
@@ -145,7 +171,7 @@ def _measure(runners, batches, params, repeats):
 
 def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[list[int]], batch_sizes,
                   temperatures, max_new_tokens: int, model_name: str, impl="reference", repeats=1, out_dir="results",
-                  tag="bench", progress=print, peer_dir=None, assistant_dir=None) -> Path:
+                  tag="bench", progress=print, peer_dir=None, assistant_dir=None, show_progress=True) -> Path:
     """Measure every case at every batch size and temperature; write one CSV; return its path.
 
     `drafts` maps a case's kind to its draft model; the first case must be target-only (the baseline of the
@@ -153,7 +179,8 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
     decodes the same prompts). Peer cases (transformers, greedy only) load the target from `peer_dir` (and
     assisted generation its draft LM from `assistant_dir`). Each
     row holds the median pass (tokens/s by wall time, with p20 / p80 over the passes) and process CPU time
-    (the robust figure on a shared machine, at one thread).
+    (the robust figure on a shared machine, at one thread). show_progress: a tqdm bar over the batches decoded,
+    on stderr, with `progress`'s lines above it.
     """
     if not cases or cases[0].kind != "target-only":
         raise ValueError("the first benchmark case must be target-only (the speedup baseline)")
@@ -163,13 +190,16 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
     rows = []
     max_len = max(len(p) for p in prompts) + max_new_tokens + 64
     peers = {}
+    planned = sum(planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats).values())
+    bar = progress_bar(planned, "bench", unit="batch", disable=not show_progress)
+    tick, progress = bar.update, above_bar(progress)
     for temperature in temperatures:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
         for B in batch_sizes:
             batches = [prompts[i:i + B] for i in range(0, len(prompts) - B + 1, B)]
             if not batches:
                 raise ValueError(f"batch size {B} exceeds the {len(prompts)} prompts")
-            here = [c for c in cases if not c.is_peer or (temperature == 0 and (B == 1 or not c.batch_one_only))]
+            here = cases_at(cases, temperature, B)
             runners = []
             for c in here:
                 if c.is_peer:
@@ -183,9 +213,9 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                 else:
                     runners.append(Engine(target, c.draft_for(drafts.get(c.kind)) if c.spec else None, c.spec,
                                           impl=impl, max_batch=B, max_seq_len=max_len))
-            measured = _measure(runners, batches, params, repeats)
-            lp_outs = [_logprob_pass(r, batches, params) for r in runners]
-            forward_s = [_forward_pass(r, batches, params) for r in runners]
+            measured = _measure(runners, batches, params, repeats, tick)
+            lp_outs = [_logprob_pass(r, batches, params, tick) for r in runners]
+            forward_s = [_forward_pass(r, batches, params, tick) for r in runners]
             medians = [median_of(ps, key=lambda p: p["tokens"] / p["wall"]) for ps in measured]
             base, base_cpu = medians[0], medians[0]["tokens"] / medians[0]["cpu"]
             base_step_cpu = base["cpu"] / base["steps"]
@@ -243,6 +273,7 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                          f"accept {row.mean_accept_len or 1:.2f} x{row.cpu_speedup_vs_target_only:.2f} "
                          + (f"bound x{row.speedup_bound:.2f} " if row.speedup_bound != "" else "")
                          + f"same={same}")
+    bar.close()
     return run.write(rows, out_dir, tag)
 
 
@@ -262,6 +293,22 @@ def tuned_paths(values: list[str], pair: str) -> list[Path]:
             raise ValueError(f"--tuned {value!r}: no tuned file ships for pair {pair!r}; shipped: {shipped_names()}")
         out += found
     return out
+
+
+def estimate(target, cases, prompts, batch_sizes, temperatures, max_new_tokens: int, repeats: int,
+             impl: str = "reference") -> str:
+    """The line `specdec bench` prints before it starts: the workload and how long it will take, every batch priced
+    at what target-only takes for it on this machine, measured now (`target_only_batch_seconds`)."""
+    planned = planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats)
+    seconds = target_only_batch_seconds(target, prompts, batch_sizes, max_new_tokens, impl=impl)
+    total = sum(n * seconds[B] for B, n in planned.items())
+    return (f"estimate: {about(total)} for {sum(planned.values())} batch decodes of {max_new_tokens} tokens "
+            f"({len(cases)} workers x batch sizes {', '.join(map(str, batch_sizes))} x temperatures "
+            f"{', '.join(f'{t:g}' for t in temperatures)} x {repeats} timed passes, and a logprob and a phase pass per "
+            f"engine), each priced at "
+            f"what target-only takes for it here, measured just now: drafting workers usually run faster, the "
+            f"transformers peers slower. --num-prompts, --max-new-tokens, --repeats, --workers and --no-peers "
+            f"shorten it")
 
 
 def main_bench(args) -> int:
@@ -295,8 +342,11 @@ def main_bench(args) -> int:
             # transformers loads the same draft LM from what save_pretrained writes
             drafts["draft_lm"].save_pretrained(assistant_dir)
             cases.append(ASSISTED_CASE)
+        sizes = args.batch_sizes or [1, 4]
+        print(estimate(bundle.target, cases, prompts, sizes, args.temperatures, args.max_new_tokens, args.repeats,
+                       args.impl))
         path = run_benchmark(bundle.target, drafts, cases, prompts,
-                             args.batch_sizes or [1, 4], args.temperatures, args.max_new_tokens,
+                             sizes, args.temperatures, args.max_new_tokens,
                              model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
                              tag="acceptance", peer_dir=bundle.path / "target", assistant_dir=assistant_dir)
     png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))

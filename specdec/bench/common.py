@@ -13,6 +13,7 @@ import itertools
 import os
 import platform
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -147,7 +148,7 @@ class RowWriter:
 def write_csv(rows: list, out_dir, name: str) -> Path:
     """One run's rows (dataclasses of one type) -> `out_dir/name` (the directory is created), or `<stem>-2`, `-3`
     ... where that file exists: two runs started in the same second share a run id, and the one that finished
-    second replaced the other's file (session 20's two grid checks, side by side)."""
+    second replaced the other's file (two grid checks started side by side)."""
     if not rows:
         raise ValueError(f"{name}: no rows to write")
     out = Path(out_dir)
@@ -194,3 +195,54 @@ def time_in_turn(calls: list[Callable], device, repeats: int) -> list[float]:
     """`time_calls` over `calls` taken in turn, without a warm-up: call i % len(calls) at repeat i."""
     turn = itertools.cycle(calls)
     return time_calls(lambda: next(turn)(), device, repeats, warmup=False)
+
+
+def target_only_batch_seconds(target, prompts, batch_sizes, max_new_tokens: int, impl: str = "reference",
+                              probe_tokens: int = 8) -> dict[int, float]:
+    """Batch size B -> process CPU seconds a batch of B of `prompts` takes to decode `max_new_tokens` target-only,
+    measured now (what the long commands' estimates price every decode at): after a warm-up, a decode of one token
+    (the prefill) and one of probe_tokens + 1, extrapolated linearly in the tokens."""
+    from ..config import SamplingParams
+    from ..engine import Engine
+
+    max_len = max(len(p) for p in prompts) + max(max_new_tokens, probe_tokens + 1) + 8
+    out = {}
+    for B in batch_sizes:
+        batch = (list(prompts) * B)[:B]
+        engine = Engine(target, impl=impl, max_batch=B, max_seq_len=max_len)
+        engine.generate(batch, SamplingParams(max_new_tokens=2))  # warm-up
+        cpu = []
+        for n in (1, probe_tokens + 1):
+            c0 = time.process_time()
+            engine.generate(batch, SamplingParams(max_new_tokens=n, min_new_tokens=n))
+            cpu.append(time.process_time() - c0)
+        step = max(cpu[1] - cpu[0], 0.0) / probe_tokens
+        out[B] = cpu[0] + step * (max_new_tokens - 1)
+    return out
+
+
+def about(seconds: float) -> str:
+    """A duration as a person says it: "about 40 seconds", "about 12 minutes", "about 2.5 hours"."""
+    if seconds < 90:
+        return f"about {max(5, round(seconds / 5) * 5):.0f} seconds"
+    if seconds < 90 * 60:
+        return f"about {seconds / 60:.0f} minutes"
+    return f"about {seconds / 3600:.1f} hours"
+
+
+def progress_bar(total: int, desc: str, unit: str = "decode", disable: bool = False):
+    """The long commands' tqdm bar, on stderr (their results go to stdout), refreshed at most every half second; off
+    where stderr is no terminal (a log file keeps the results' lines, without the bar's carriage returns)."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=0.5,
+                disable=True if disable else None)
+
+
+def above_bar(write: Callable = print) -> Callable:
+    """`write` (print, a log function) wrapped so that its lines land above the active tqdm bars, not through them."""
+    from tqdm import tqdm
+
+    def say(*args, **kwargs):
+        with tqdm.external_write_mode():
+            write(*args, **kwargs)
+    return say
