@@ -264,6 +264,8 @@ def read_dflash_config(path, num_target_layers: int) -> DFlashConfig:
       (both read it); without it an active `sliding_window` is refused whatever `max_window_layers` says."""
     where = f"{path}/config.json"
     raw = read_config(path)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
     archs = raw.get("architectures")
     if archs != [DFlashDraftModel.architecture]:
         raise ValueError(f"{path}: architectures={archs!r}, expected [{DFlashDraftModel.architecture!r}]")
