@@ -39,12 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
-
 from .. import Engine, SamplingParams, SpecConfig
 from ..contract import NO_DRAFT, max_num_draft_tokens
 from ..tuning import Bucket, Candidate, TunedSpec, fingerprint, names_a_pair, shape_name, shipped_file
-from .common import Run, RunRow, cpu_model, dtype_name, median_of
+from .common import (Run, RunRow, about, above_bar, cpu_model, dtype_name, median_of, progress_bar,
+                     target_only_batch_seconds)
 
 #: the 12 shapes the goal compares the tuned one with: chains, narrow and wide trees
 CHECK_GRID = ((2, 1, 3), (3, 1, 4), (4, 1, 5), (5, 1, 6), (3, 2, 6), (4, 2, 8), (5, 2, 12), (3, 4, 8), (4, 4, 12),
@@ -124,12 +123,19 @@ def fixed_shape_spec(target, draft, shape, batch_size: int) -> TunedSpec:
 
 
 class Measurer:
-    """Decodes batches with one engine per (shape or policy, batch size), kept for the whole run."""
+    """Decodes batches with one engine per (shape or policy, batch size), kept for the whole run. bar: a tqdm bar
+    that counts the batches decoded (None: no bar)."""
 
-    def __init__(self, target, draft, max_seq_len: int, max_new_tokens: int):
+    def __init__(self, target, draft, max_seq_len: int, max_new_tokens: int, bar=None):
         self.target, self.draft = target, draft
         self.max_seq_len, self.params = max_seq_len, SamplingParams(max_new_tokens=max_new_tokens)
         self.engines: dict = {}
+        self.bar = bar
+
+    def phase(self, name: str) -> None:
+        """Names what the bar counts now."""
+        if self.bar is not None:
+            self.bar.set_description(name)
 
     def engine(self, key, batch_size: int) -> Engine:
         """key: a shape, None (target-only), or a TunedSpec (tuned / adaptive)."""
@@ -164,25 +170,26 @@ class Measurer:
             out = e.generate(prompts, params, seed=0)
             parts.append(dict(tokens=e.last_stats.num_tokens, steps=e.last_stats.num_decode_steps,
                               cpu=time.process_time() - c0, outs=out))
+            if self.bar is not None:
+                self.bar.update()
         return combine_decodes(parts)
 
     def decode_in_turn(self, keys: list, batches, repeats: int, desc: str = "") -> list[dict]:
         """Each of `keys` decoding `batches`, `repeats` passes: the keys take turns on every batch and each pass
         starts at another key, so that a drift of the machine's speed lands on all of them alike -> per key its
         median pass by tokens per CPU second (a `decode` result), with "passes": every pass's tokens per CPU second
-        in pass order (pass r of every key ran in the same stretch)."""
+        in pass order (pass r of every key ran in the same stretch). desc: the bar's phase."""
+        if desc:
+            self.phase(desc)
         passes = [[] for _ in keys]
-        with tqdm(total=repeats * len(batches) * len(keys), desc=desc or "in turn", file=sys.stderr,
-                  leave=False, disable=not desc) as bar:
-            for r in range(repeats):
-                order = [(j + r * len(keys) // repeats) % len(keys) for j in range(len(keys))]
-                parts = {i: [] for i in order}
-                for batch in batches:
-                    for i in order:
-                        parts[i].append(self.decode(keys[i], [batch]))
-                        bar.update()
+        for r in range(repeats):
+            order = [(j + r * len(keys) // repeats) % len(keys) for j in range(len(keys))]
+            parts = {i: [] for i in order}
+            for batch in batches:
                 for i in order:
-                    passes[i].append(combine_decodes(parts[i]))
+                    parts[i].append(self.decode(keys[i], [batch]))
+            for i in order:
+                passes[i].append(combine_decodes(parts[i]))
         return [dict(median_of(p, key=lambda res: res["tokens_per_cpu_s"]),
                      passes=[res["tokens_per_cpu_s"] for res in p]) for p in passes]
 
@@ -285,26 +292,51 @@ def confirm_candidates(ranked: list, confirm: int) -> list:
     Adaptive speculation's candidates should differ in cost, down to the shallow chains a request whose drafts
     mostly fail is best served by. The chains are all measured because the cost model ranks them worst against the
     trees of their depth where the verify is dearest: on the deep pair at B = 16 it put the K4 tree of depth 3 ahead
-    of the chain S3, which the grid check then found best (session 20). No draft is measured in turn with them:
+    of the chain S3, which the grid check then found best. No draft is measured in turn with them:
     where no shape beats it at this batch size, the bucket does not draft."""
     drafting = [s for s in ranked if s != NO_DRAFT]
     best_of = [next(s for s in drafting if s[i] == v) for i in (1, 0) for v in sorted({s[i] for s in drafting})]
     return list(dict.fromkeys(ranked[:confirm] + best_of + [s for s in drafting if s[1] == 1] + [NO_DRAFT]))
 
 
+def max_confirmed(shapes, confirm: int) -> int:
+    """The most shapes `confirm_candidates` can return for these candidates (NO_DRAFT included), whatever the
+    ranking: the planned work of a confirm step before its ranking is known."""
+    drafting = list(shapes)
+    best_of = len({s[1] for s in drafting}) + len({s[0] for s in drafting})
+    return min(len(drafting) + 1, confirm + best_of + sum(1 for s in drafting if s[1] == 1) + 1)
+
+
+def planned_decodes(shapes, batch_sizes, num_prompts: int, acceptance_prompts: int | None, confirm: int,
+                    repeats: int, check_repeats=(), check_sets: int = 0) -> dict:
+    """Batch size -> the batches of that size a `specdec tune` run decodes (warm-ups left out; each confirm step
+    counted at `max_confirmed`, which the bar's total drops to the step's own count once it is known): the progress
+    bar's total and the estimate's workload. check_repeats: the grid check's passes per bucket (none: no check)."""
+    shapes = list(shapes)
+    out = {1: (len(shapes) + 1) * min(acceptance_prompts or num_prompts, num_prompts)} if shapes else {}
+    for B in batch_sizes:
+        batches = num_prompts // B
+        probes = len(probe_shapes(shapes)) if B > 1 and shapes else 0
+        tuning = (probes + 1 + max_confirmed(shapes, confirm) * repeats) * batches if shapes else 0
+        out[B] = out.get(B, 0) + tuning
+    for B, passes in zip(batch_sizes, check_repeats):
+        out[B] = out.get(B, 0) + check_sets * (len(CHECK_GRID) + 3) * passes * (num_prompts // B)
+    return out
+
+
 def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=None, confirm: int = 3,
          repeats: int = 1, model_name: str = "", progress=print, run: Run | None = None,
-         acceptance_prompts: int | None = None):
+         acceptance_prompts: int | None = None, bar=None):
     """-> (the TunedSpec, the TuneRows, the Measurer with its engines). Acceptance is measured on the first
     `acceptance_prompts` of `tune_prompts` (all by default), costs at batch B on all of them. Every figure is process
-    CPU time at the current thread count."""
+    CPU time at the current thread count. bar: a tqdm bar counting the batches decoded (`planned_decodes`)."""
     from ..draft_kinds import kind_of
 
     shapes = list(shapes or candidate_shapes())
     kind = kind_of(draft).name
     run = run or Run("tune", target.device)
     max_len = max(len(p) for p in tune_prompts) + max_new_tokens + 64
-    m = Measurer(target, draft, max_len, max_new_tokens)
+    m = Measurer(target, draft, max_len, max_new_tokens, bar=bar)
     rows = []
 
     def row(B, source, shape, res=None, pred_ms="", pred_tps="", chosen=False, policy="static", base=None,
@@ -328,7 +360,8 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
     one = batches_of(tune_prompts[:acceptance_prompts or len(tune_prompts)], 1)
     # per shape at B = 1: acceptance, a step's cost, and each request's steps and tokens (how a batch empties)
     accept, cost_at_one, drain = {}, {}, {}
-    for shape in tqdm(shapes + [NO_DRAFT], desc="acceptance by shape (B=1)", file=sys.stderr, leave=False):
+    m.phase("acceptance by shape (B=1)")
+    for shape in shapes + [NO_DRAFT]:
         res = m.decode(shape, one)
         accept[shape], cost_at_one[shape] = res["accept"], res["step_ms"]
         drain[shape] = (request_steps(res), [len(o.token_ids) for o in res["outs"]])
@@ -341,8 +374,8 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
             observed = {s: cost_at_one[s] for s in shapes}
         else:
             observed = {}
-            for shape in tqdm(probe_shapes(shapes), desc=f"cost probes (B={B})",
-                              file=sys.stderr, leave=False):
+            m.phase(f"cost probes (B={B})")
+            for shape in probe_shapes(shapes):
                 res = m.decode(shape, batches)
                 observed[shape] = full_batch_step_ms(res, cost_at_one[shape], B)
                 row(B, "probe", shape, res)
@@ -357,6 +390,9 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
                for s in predicted}
         ranked = sorted(predicted, key=lambda s: -tps[s])
         to_confirm = confirm_candidates(ranked, confirm)
+        if bar is not None:  # the plan counted the most a confirm step can measure
+            bar.total -= (max_confirmed(shapes, confirm) - len(to_confirm)) * repeats * len(batches)
+            bar.refresh()
         measured = dict(zip(to_confirm, m.decode_in_turn(to_confirm, batches, repeats, desc=f"confirm (B={B})")))
         best = max(measured, key=lambda s: measured[s]["tokens_per_cpu_s"])
         for shape in ranked:
@@ -403,7 +439,7 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
             batches = batches_of(prompts, B)
             greedy_b = greedy[:sum(len(b) for b in batches)]
             keys = [None, *CHECK_GRID, tuned, adaptive]
-            med = dict(enumerate(m.decode_in_turn(keys, batches, passes[B])))
+            med = dict(enumerate(m.decode_in_turn(keys, batches, passes[B], desc=f"check {set_name} (B={B})")))
             base = med[0]
             for i, key in enumerate(keys):
                 if key is None:
@@ -470,39 +506,47 @@ def mixed_prompts(code: list, prose: list) -> list:
 
 
 def main(argv=None) -> int:
+    from .. import zoo
+    from ..cli import MODEL_HELP, THREADS_HELP, HelpFormatter
+    from ..draft_kinds import DRAFT_KINDS
     from .common import DTYPES
 
-    p = argparse.ArgumentParser(prog="specdec tune", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="auto", help="a zoo pair (default: the speed pair)")
-    p.add_argument("--kind", default="eagle",
-                   help="the pair's draft to tune (a kind that switches shapes: eagle, eagle3, draft_lm, ngram)")
-    p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch buckets")
+    p = argparse.ArgumentParser(prog="specdec tune", formatter_class=HelpFormatter,
+                                description="Measure the best speculative shape (num_steps, topk, num_draft_tokens) "
+                                            "of a zoo pair's draft on this machine, per batch size, and write the "
+                                            "JSON the engine loads (Engine(..., spec='tuned:PATH') or "
+                                            "'adaptive:PATH'). Prints how long the run will take before it starts. "
+                                            "Example: specdec tune --kind eagle3 --batch-sizes 1,4")
+    p.add_argument("--model", default="auto", choices=["auto", *zoo.names()], help=MODEL_HELP)
+    p.add_argument("--kind", default="eagle", choices=list(DRAFT_KINDS),
+                   help="the pair's draft to tune: a kind that switches shapes (eagle, eagle3, draft_lm, ngram)")
+    p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes, one tuned shape each")
     p.add_argument("--num-prompts", type=int, default=32,
                    help="tuning prompts (held-out, seed 1); with 16 the shape chosen at B=16 did not carry over to "
-                        "other prompts (session 22)")
+                        "other prompts")
     p.add_argument("--acceptance-prompts", type=int, default=4, help="of them, how many measure acceptance at B=1")
-    p.add_argument("--prompt-len", type=int, default=96)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-steps", type=int, default=6)
-    p.add_argument("--confirm", type=int, default=3, help="best predicted shapes measured per bucket")
+    p.add_argument("--prompt-len", type=int, default=96, help="prompt length in tokens (bytes)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens to generate per prompt")
+    p.add_argument("--max-steps", type=int, default=6, help="the deepest draft (num_steps) among the candidates")
+    p.add_argument("--confirm", type=int, default=3, help="best predicted shapes measured per batch size")
     p.add_argument("--repeats", type=int, default=1, help="passes per confirmed shape (median)")
     p.add_argument("--check-grid", action="store_true",
                    help="also decode the 12-shape grid, the tuned shape and adaptive speculation on the evaluation "
                         "prompts (held-out, seed 0), side by side")
     p.add_argument("--check-repeats", default="3",
-                   help="the grid check's passes: one count for every bucket, or one per bucket of --batch-sizes")
+                   help="the grid check's passes: one count for every batch size, or one per batch size of "
+                        "--batch-sizes")
     p.add_argument("--check-sets", default="code,mixed,sampled",
                    help="the grid check's prompt sets (held-out, seed 0), comma-separated: code; mixed (that code "
                         "alternating with English prose no model saw); sampled (that code, every other request "
                         "sampled at temperature 1)")
     p.add_argument("--check-tuned", default=None, metavar="PATH",
-                   help="check the tuned file PATH against the grid (as --check-grid) without tuning again; a pair's "
-                        "name checks the file shipped for it and --kind (specdec/zoo/tuned/)")
+                   help="check the tuned file PATH (or the one shipped for the pair, by its name) against the grid "
+                        "(as --check-grid) without tuning again")
     p.add_argument("--out", default=None, help="the tuned JSON (default: results/tuned-<pair>-<kind>.json)")
-    p.add_argument("--results", default="results", help="where the CSV goes")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--results", default="results", help="where the CSV and its plot go")
+    p.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="the models' dtype")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -532,6 +576,17 @@ def main(argv=None) -> int:
         return 1
 
 
+def estimate(target, prompts, planned: dict, max_new_tokens: int) -> str:
+    """The line `specdec tune` prints before it starts: its batch decodes and how long they will take, each priced at
+    what target-only takes for it on this machine, measured now (`target_only_batch_seconds`)."""
+    seconds = target_only_batch_seconds(target, prompts, sorted(planned), max_new_tokens)
+    total = sum(n * seconds[B] for B, n in planned.items())
+    per_size = ", ".join(f"{n} at B={B}" for B, n in sorted(planned.items()))
+    return (f"estimate: {about(total)} for at most {sum(planned.values())} batch decodes of {max_new_tokens} tokens "
+            f"({per_size}), each priced at what target-only takes for it here, measured just now (a drafting shape "
+            f"usually runs faster); --num-prompts, --max-new-tokens, --batch-sizes and --check-repeats shorten it")
+
+
 def _tune_command(a, sizes) -> int:
     from .. import zoo
     from ..draft_kinds import draft_kind
@@ -549,6 +604,13 @@ def _tune_command(a, sizes) -> int:
         raise ValueError(f"zoo pair {name!r} ships no {a.kind!r} draft")
     prompts = heldout_prompts(a.num_prompts, a.prompt_len, seed=1)
     run = Run("tune", bundle.target.device)
+    shapes = [] if a.check_tuned else candidate_shapes(a.max_steps)
+    check_sets = a.check_sets.split(",") if a.check_grid or a.check_tuned else []
+    planned = planned_decodes(shapes, sizes, a.num_prompts, a.acceptance_prompts, a.confirm, a.repeats,
+                              a.check_repeats if check_sets else (), len(check_sets))
+    print(estimate(bundle.target, prompts, planned, a.max_new_tokens))
+    bar = progress_bar(sum(planned.values()), "tune", unit="batch")
+    say = above_bar(print)
     t0 = time.monotonic()
     if a.check_tuned:
         # the grid check alone, of a tuned file written earlier (its pair and draft checked by the engine)
@@ -558,19 +620,22 @@ def _tune_command(a, sizes) -> int:
         print(f"specdec tune: checking {a.check_tuned} ({name} with its {a.kind} draft), buckets {sizes}, "
               f"{torch.get_num_threads()} thread(s), {cpu_model()}")
         rows = []
-        m = Measurer(bundle.target, draft, max(len(p) for p in prompts) + a.max_new_tokens + 64, a.max_new_tokens)
+        m = Measurer(bundle.target, draft, max(len(p) for p in prompts) + a.max_new_tokens + 64, a.max_new_tokens,
+                     bar=bar)
     else:
         print(f"specdec tune: {name} with its {a.kind} draft, {len(candidate_shapes(a.max_steps))} shapes, buckets "
               f"{sizes}, {torch.get_num_threads()} thread(s), {cpu_model()}")
         tuned, rows, m = tune(bundle.target, draft, prompts, sizes, a.max_new_tokens, candidate_shapes(a.max_steps),
-                              a.confirm, a.repeats, model_name=name, run=run, acceptance_prompts=a.acceptance_prompts)
+                              a.confirm, a.repeats, model_name=name, progress=say, run=run,
+                              acceptance_prompts=a.acceptance_prompts, bar=bar)
         written = Path(a.out or Path(a.results) / f"tuned-{name}-{a.kind}.json")
         tuned.save(written)
     if a.check_grid or a.check_tuned:
         code = heldout_prompts(a.num_prompts, a.prompt_len, seed=0)
         mixed = mixed_prompts(code, prose_prompts(a.num_prompts, a.prompt_len, seed=0))[:a.num_prompts]
         sets = {"code": code, "mixed": mixed, "sampled": sampled_prompts(code, m.params)}
-        check_grid(m, tuned, {k: sets[k] for k in a.check_sets.split(",")}, sizes, a.check_repeats, rows, run, name)
+        check_grid(m, tuned, {k: sets[k] for k in check_sets}, sizes, a.check_repeats, rows, run, name, progress=say)
+    bar.close()
     csv = write_csv(rows, a.results, f"tune-{run.run_id}.csv")
     from .plots import plot_csv
     png = plot_csv(csv)  # committed beside its CSV, as every bench's plot is
