@@ -541,8 +541,8 @@ def main(argv=None) -> int:
                         "alternating with English prose no model saw); sampled (that code, every other request "
                         "sampled at temperature 1)")
     p.add_argument("--check-tuned", default=None, metavar="PATH",
-                   help="check the tuned file PATH (or the one shipped for the pair, by its name) against the grid "
-                        "(as --check-grid) without tuning again")
+                   help="check the tuned file PATH against the grid (as --check-grid) without tuning again; a pair's "
+                        "name checks the file shipped for it and --kind (specdec/zoo/tuned/)")
     p.add_argument("--out", default=None, help="the tuned JSON (default: results/tuned-<pair>-<kind>.json)")
     p.add_argument("--results", default="results", help="where the CSV and its plot go")
     p.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
