@@ -1,4 +1,4 @@
-"""NgramWorker: SGLang's NGRAM speculative algorithm, a tree of continuations from a host n-gram index, verified by
+"""NgramWorker: SGLang's NGRAM speculative algorithm, a tree of continuations from a host n-gram trie, verified by
 the same tree verify, commit, penalties, grammar masks and logprobs as EagleWorkerV2."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from ..config import SpecConfig
 from ..contract import NO_DRAFT
 from ..kv_cache import KVCache
-from ..ngram import NgramDraft, NgramIndex, anchored_tree, verify_input
+from ..ngram import MatchState, NgramDraft, NgramTrie, build_tree, verify_input
 from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
 from .graphs import batch_buckets
 
@@ -35,10 +35,11 @@ def tree_capacity(depth: int, breadth: int) -> int:
 
 class NgramWorker(SpeculativeWorkerBase):
     """The draft is an `NgramDraft`: no model, no draft cache. Its work is host work in the step's prologue
-    (`prepare_decode`): the last step's emitted tokens come down in one transfer and extend each request's indexed
-    sequence, each request's proposal is matched and built into a verify tree, and the tree goes up in one
-    transfer as state tensors. The body (verify, commit) reads only those, so it has fixed shapes (W nodes per
-    request, proposals padded with nodes no link reaches) and replays as a CUDA graph like the other workers'."""
+    (`prepare_decode`): the last step's emitted tokens come down in one transfer and extend each request's
+    sequence, each request's proposal is matched and built into a verify tree (then, SGLang's indexing, each
+    request's last max_trie_depth tokens enter the trie), and the tree goes up in one transfer as state tensors.
+    The body (verify, commit) reads only those, so it has fixed shapes (W nodes per request, proposals padded with
+    nodes no link reaches) and replays as a CUDA graph like the other workers'."""
 
     state_type = NgramState
 
@@ -47,21 +48,25 @@ class NgramWorker(SpeculativeWorkerBase):
         self._tree_bitmask = None  # a grammar batch's per-node masks, filled by the prologue
         self.allow_shapes([spec])
         self.use_shape((spec.num_steps, spec.topk, spec.num_draft_tokens))
-        self.shared_index = None
+        self.shared_trie = None
         self.clear_cache_pool()
-        self._indexes: list[NgramIndex] = []
-        self._seq_ids: list[int] = []
+        # per request: its trie (the shared one or its own), its tokens, its match state, and with
+        # indexing="sequence" the trie nodes of its suffixes still growing
+        self._tries: list[NgramTrie] = []
+        self._seqs: list[list[int]] = []
+        self._match_states: list[MatchState] = []
+        self._open_paths: list[list] = []
 
     # ---- step shapes (a tuned or adaptive engine's, as EagleWorkerV2's) -----------------------------------
     def check_shape(self, spec: SpecConfig) -> None:
         """ValueError when an n-gram tree of this draft cannot fill `spec`'s num_draft_tokens."""
-        depth, breadth = min(spec.num_steps, self.draft_model.branch_length), min(spec.topk,
-                                                                                  self.draft_model.max_bfs_breadth)
+        d = self.draft_model
+        depth, breadth = min(spec.num_steps, d.max_trie_depth - 1), min(spec.topk, d.max_bfs_breadth)
         room = tree_capacity(depth, breadth)
         if spec.num_draft_tokens - 1 > room:
             raise ValueError(
                 f"num_draft_tokens={spec.num_draft_tokens} cannot be filled by an n-gram tree of depth "
-                f"min(num_steps, branch_length)={depth} with min(topk, max_bfs_breadth)={breadth} children "
+                f"min(num_steps, max_trie_depth - 1)={depth} with min(topk, max_bfs_breadth)={breadth} children "
                 f"per node: at most {room + 1} nodes, the root included")
 
     def allow_shapes(self, specs: list[SpecConfig], no_draft: bool = False) -> None:
@@ -79,7 +84,7 @@ class NgramWorker(SpeculativeWorkerBase):
             self.num_steps, self.topk, self.num_draft_tokens, self.depth, self.breadth = 1, 1, 1, 0, 1
         else:
             self.num_steps, self.topk, self.num_draft_tokens = shape
-            self.depth = min(self.num_steps, self.draft_model.branch_length)
+            self.depth = min(self.num_steps, self.draft_model.max_trie_depth - 1)
             self.breadth = min(self.topk, self.draft_model.max_bfs_breadth)
         self.verify_width = self.num_draft_tokens
         self.chains = True
@@ -101,36 +106,29 @@ class NgramWorker(SpeculativeWorkerBase):
         return [self.cache]
 
     def clear_cache_pool(self) -> None:
-        """A shared draft's index starts empty again (SGLang's NGRAM worker's `clear_cache_pool`)."""
+        """A shared draft's trie starts empty again (SGLang's NGRAM worker's `clear_cache_pool`)."""
         d = self.draft_model
         if d.shared:
-            self.shared_index = NgramIndex(d.min_match_window_size, d.max_match_window_size, d.capacity)
+            self.shared_trie = NgramTrie(d.max_trie_depth, d.capacity)
 
-    # ---- the requests' indexed sequences ------------------------------------------------------------
+    # ---- the requests' tries and sequences ----------------------------------------------------------
     def start(self, prompts, params, seed, grammars=None) -> None:
         super().start(prompts, params, seed, grammars)
         d = self.draft_model
-        if self.shared_index is not None:
-            self._indexes = [self.shared_index] * len(prompts)
-        else:
-            self._indexes = [NgramIndex(d.min_match_window_size, d.max_match_window_size) for _ in prompts]
-        self._seq_ids = [index.add(p) for index, p in zip(self._indexes, prompts)]
-        for index, sid in zip(self._indexes, self._seq_ids):
-            index.active.add(sid)
-
-    def _release(self, positions) -> None:
-        for i in positions:
-            self._indexes[i].active.discard(self._seq_ids[i])
+        shared = self.shared_trie
+        self._tries = [shared if shared is not None else NgramTrie(d.max_trie_depth, d.capacity) for _ in prompts]
+        self._seqs = [[int(t) for t in p] for p in prompts]
+        self._match_states = [MatchState() for _ in prompts]
+        self._open_paths = [[] for _ in prompts]
+        if d.indexing == "sequence":
+            for i, (trie, seq) in enumerate(zip(self._tries, self._seqs)):
+                for t in seq:
+                    self._open_paths[i] = trie.extend(self._open_paths[i], t)
 
     def filter(self, keep: list[int]) -> None:
-        self._release(set(range(len(self._seq_ids))) - set(keep))
         super().filter(keep)
-        self._indexes = [self._indexes[i] for i in keep]
-        self._seq_ids = [self._seq_ids[i] for i in keep]
-
-    def finish(self) -> None:
-        self._release(range(len(self._seq_ids)))
-        super().finish()
+        for name in ("_tries", "_seqs", "_match_states", "_open_paths"):
+            setattr(self, name, [getattr(self, name)[i] for i in keep])
 
     def count_emitted(self, tokens, num_emitted) -> None:
         super().count_emitted(tokens, num_emitted)
@@ -142,26 +140,35 @@ class NgramWorker(SpeculativeWorkerBase):
 
     # ---- stages --------------------------------------------------------------------------------------
     def draft_extend_for_prefill(self, ids, hidden, positions, tokens) -> None:
-        """Nothing to run: the prompts were indexed at `start`, the first token comes down with the next step's."""
+        """Nothing to run: the first token comes down with the next step's (SGLang indexes nothing at prefill)."""
 
     def prepare_decode(self) -> None:
-        """Host prologue: the step's uniforms, then the last step's tokens down, the indexes extended, each
-        request's proposal matched and built, and the verify tree up (state tensors `VERIFY_INPUT`)."""
+        """Host prologue: the step's uniforms, then the last step's tokens down, each request's sequence extended,
+        its proposal matched and built, the trie indexed, and the verify tree up (state tensors `VERIFY_INPUT`)."""
         super().prepare_decode()
         st = self.state
         T = st.ngram_tokens.shape[1]
         rows = torch.cat([st.ngram_tokens.long(), st.ngram_lens[:, None].long()], dim=1).tolist()
+        d = self.draft_model
+        D, by_sequence = d.max_trie_depth, d.indexing == "sequence"
         with self.phase("draft"):
-            roots, trees, committed = [], [], []
-            max_n = self.draft_model.max_match_window_size
-            for index, sid, row in zip(self._indexes, self._seq_ids, rows):
-                index.extend(sid, row[:row[T]])
-                seq = index.seqs[sid]
-                found = index.anchored_continuations(seq[-max_n:], sid, self.depth) if self.depth else ()
-                trees.append(anchored_tree(found, self.num_draft_tokens - 1, self.breadth,
-                                           self.draft_model.match_type))
+            roots, trees, committed, windows = [], [], [], []
+            for i, (trie, seq, row) in enumerate(zip(self._tries, self._seqs, rows)):
+                new = row[:row[T]]
+                seq.extend(new)
+                if by_sequence:
+                    for t in new:
+                        self._open_paths[i] = trie.extend(self._open_paths[i], t)
+                window = seq[-D:]
+                windows.append(window)
+                anchors = trie.match(window, len(seq), self._match_states[i]) if self.depth else []
+                trees.append(build_tree(anchors, d, self.num_draft_tokens - 1, self.depth, self.breadth))
                 roots.append(seq[-1])
                 committed.append(len(seq) - 1)  # the root (last token) is not committed yet
+            if not by_sequence:
+                # after every request's match, as SGLang inserts the batch's windows after its verify
+                for trie, window in zip(self._tries, windows):
+                    trie.insert(window)
             self.verify_width = self.width_for(max(len(t) for t in trees) + 1)
             # a later anchor can branch even a breadth-1 tree: whether the commit has nothing to move is read here
             self.chains = all(parent == i for t in trees for i, (_, parent) in enumerate(t))
