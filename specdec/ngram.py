@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -78,6 +79,8 @@ class NgramDraft:
     indexing: str = "window"
     #: BFS's order of a node's children: "recency" (SGLang's) or "frequency" (descending count, ties by token id)
     child_order: str = "recency"
+    #: named when a tuned file made for them is refused (`TunedSpec.check_pair`)
+    RETIRED_PARAMETERS: ClassVar[tuple[str, ...]] = RETIRED_PARAMETERS
 
     def __new__(cls, *args, **kwargs):
         retired = [name for name in RETIRED_PARAMETERS if name in kwargs]

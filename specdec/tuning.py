@@ -66,6 +66,12 @@ def fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
+def parameters_entry(draft) -> dict:
+    """A tuned file's draft.parameters for a draft of parameters only (NGRAM's): recorded beside the fingerprint so
+    that a file tuned for parameters of other names is refused naming them; {} for a model."""
+    return {"parameters": dataclasses.asdict(draft)} if dataclasses.is_dataclass(draft) else {}
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One shape of a bucket: its measured acceptance (tokens per request and step, bonus included) and step cost."""
@@ -238,6 +244,15 @@ class TunedSpec:
         if self.draft["kind"] != kind:
             raise ValueError(f"tuned file {self.path}: draft.kind is {self.draft['kind']!r}, but the draft given is "
                              f"of kind {kind!r}")
+        params, recorded_params = parameters_entry(draft).get("parameters"), self.draft.get("parameters")
+        if params is not None and self.draft["fingerprint"] != fingerprint(draft) and (
+                not isinstance(recorded_params, dict) or set(recorded_params) != set(params)):
+            # a file from before the draft's parameters were renamed (NGRAM's, for SGLang 0.5.23's) is named so
+            old = sorted(set(recorded_params) - set(params)) if isinstance(recorded_params, dict) else list(
+                getattr(draft, "RETIRED_PARAMETERS", ()))
+            raise ValueError(f"tuned file {self.path}: tuned for {type(draft).__name__}'s older parameters"
+                             f"{' (' + ', '.join(old) + ')' if old else ''}, not this one's "
+                             f"({', '.join(params)}); run `specdec tune` for this pair")
         for what, model in (("target", target), ("draft", draft)):
             recorded = getattr(self, what)
             if recorded["fingerprint"] != fingerprint(model):

@@ -251,3 +251,23 @@ def test_ngram_speculates_for_any_target():
     outs = Engine(target, draft=NgramDraft(), spec=SpecConfig(4, 2, 8), max_seq_len=64).generate(
         [prompt], logprob_params(20))
     assert_same_as_baseline(outs, base)
+
+
+def test_a_tuned_file_for_the_older_parameters_is_refused_by_name(small):
+    """A tuned NGRAM file records its draft's parameters; one that records none (tuned before SGLang 0.5.23's names)
+    is refused naming the older ones, one for other values of the same names by its fingerprint."""
+    from specdec.tuning import Bucket, Candidate, TunedSpec, fingerprint, parameters_entry
+    draft = NgramDraft()
+    buckets = {1: Bucket((3, 1, 4), (Candidate((3, 1, 4), 2.0, 1.0),))}
+    target = {"fingerprint": fingerprint(small.target)}
+    old = TunedSpec(target, {"kind": "ngram", "fingerprint": "b277725787a624a0"}, {}, buckets, path="old.json")
+    with pytest.raises(ValueError, match=r"tuned file old.json: tuned for NgramDraft's older parameters "
+                                         r"\(min_match_window_size, max_match_window_size, branch_length\), not this "
+                                         r"one's \(max_trie_depth, min_bfs_breadth, max_bfs_breadth, "):
+        Engine(small.target, draft, old)
+    other = NgramDraft(max_trie_depth=12)
+    tuned = TunedSpec(target, {"kind": "ngram", "fingerprint": fingerprint(other), **parameters_entry(other)}, {},
+                      buckets, path="other.json")
+    with pytest.raises(ValueError, match=r"draft\.fingerprint .* is not this draft's"):
+        Engine(small.target, draft, tuned)
+    assert Engine(small.target, other, tuned, max_seq_len=64).generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))

@@ -11,7 +11,7 @@ from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.contract import NO_DRAFT
 from specdec.models.bigram import near_bigram_target
 from specdec.models.eagle import random_eagle_head
-from specdec.tuning import AdaptiveShapes, Bucket, Candidate, TunedSpec, fingerprint
+from specdec.tuning import AdaptiveShapes, Bucket, Candidate, TunedSpec, fingerprint, parameters_entry
 from tests.helpers import (FALSE_FAILURE_RATE, CyclingSpec, assert_same_as_baseline, chi_square_pvalue,
                            logprob_params)
 from tests.oracles import exact_joint
@@ -20,7 +20,7 @@ from tests.oracles import exact_joint
 def tuned_for(target, draft, buckets: dict, adaptive=False, kind="eagle") -> TunedSpec:
     """A tuned spec written by hand: buckets maps a batch size to (best shape, [(shape, accept, step_ms), ...])."""
     return TunedSpec({"name": "test", "fingerprint": fingerprint(target)},
-                     {"kind": kind, "fingerprint": fingerprint(draft)}, {},
+                     {"kind": kind, "fingerprint": fingerprint(draft), **parameters_entry(draft)}, {},
                      {b: Bucket(best, tuple(Candidate(*c) for c in cands)) for b, (best, cands) in buckets.items()},
                      adaptive=adaptive)
 

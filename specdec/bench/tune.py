@@ -41,7 +41,8 @@ from pathlib import Path
 import torch
 from .. import Engine, SamplingParams, SpecConfig
 from ..contract import NO_DRAFT, max_num_draft_tokens
-from ..tuning import Bucket, Candidate, TunedSpec, fingerprint, names_a_pair, shape_name, shipped_file
+from ..tuning import (Bucket, Candidate, TunedSpec, fingerprint, names_a_pair, parameters_entry, shape_name,
+                      shipped_file)
 from .common import (Run, RunRow, about, above_bar, cpu_model, dtype_name, median_of, progress_bar,
                      target_only_batch_seconds)
 
@@ -413,7 +414,7 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
                 progress(f"        also measured {shape_name(shape):12s} predicted {tps[shape]:8.1f}, measured "
                          f"{measured[shape]['tokens_per_cpu_s']:8.1f} tok/cpu-s")
     tuned = TunedSpec({"name": model_name, "fingerprint": fingerprint(target)},
-                      {"kind": kind, "fingerprint": fingerprint(draft)},
+                      {"kind": kind, "fingerprint": fingerprint(draft), **parameters_entry(draft)},
                       {"device": str(target.device), "cpu_model": cpu_model(), "threads": torch.get_num_threads(),
                        "impl": "reference", "dtype": dtype_name(target.dtype)},
                       buckets, extra={"tuned_at": run.run_id, "num_prompts": len(tune_prompts),
