@@ -401,21 +401,27 @@ def test_runners_take_turns_on_every_batch_of_a_pass():
 
 
 def test_a_shared_ngram_case_starts_every_pass_from_an_empty_index(small, tmp_path):
-    """`NGRAM shared` rows: each pass starts from an empty shared index (the warm-up and the passes before it leave
-    nothing behind), so the row's accepted lengths are those of a fresh engine over the same prompts in order."""
+    """NGRAM rows (one trie for every request, SGLang's): each pass starts from an empty trie (the warm-up and the
+    passes before it leave nothing behind), so the row's accepted lengths are those of a fresh engine over the same
+    prompts in order. An option's row is labelled by it."""
     from specdec import Engine, SamplingParams
-    from specdec.bench.cases import NGRAM_SHARED_CASES
+    from specdec.bench.cases import NGRAM_OPTION_CASES
     from specdec.ngram import NgramDraft
     from specdec.zoo import corpus
     prompts = [[int(t) for t in w] for w in corpus.heldout_windows(3, 96, seed=5)]
-    case = next(c for c in NGRAM_SHARED_CASES if c.spec.topk == 1)
-    path = run_benchmark(small.target, {"ngram": NgramDraft()}, [WorkerCase("target-only", None), case], prompts,
-                         [1], [0.0], 32, "stdlib-byte-6l", out_dir=tmp_path, progress=lambda s: None, repeats=2)
-    row = list(csv.DictReader(path.open()))[1]
-    assert row["label"] == f"NGRAM shared chain S{case.spec.num_steps}" and row["same_tokens_as_target_only"] == "True"
-    fresh = Engine(small.target, NgramDraft(shared=True), case.spec)
-    lens = [a for p in prompts for a in fresh.generate([p], SamplingParams(max_new_tokens=32))[0].accept_lens]
-    assert float(row["mean_accept_len"]) == round(sum(lens) / len(lens), 4)
+    option = next(c for c in NGRAM_OPTION_CASES if c.spec.topk == 1 and c.draft_options == (("indexing", "sequence"),))
+    case = WorkerCase("ngram", option.spec, e2e=False)
+    path = run_benchmark(small.target, {"ngram": NgramDraft()}, [WorkerCase("target-only", None), case, option],
+                         prompts, [1], [0.0], 32, "stdlib-byte-6l", out_dir=tmp_path, progress=lambda s: None,
+                         repeats=2)
+    rows = list(csv.DictReader(path.open()))
+    assert [r["label"] for r in rows[1:]] == [f"NGRAM chain S{case.spec.num_steps}",
+                                             f"NGRAM indexing=sequence chain S{case.spec.num_steps}"]
+    assert all(r["same_tokens_as_target_only"] == "True" for r in rows[1:])
+    for row, draft in zip(rows[1:], (NgramDraft(), NgramDraft(indexing="sequence"))):
+        fresh = Engine(small.target, draft, case.spec)
+        lens = [a for p in prompts for a in fresh.generate([p], SamplingParams(max_new_tokens=32))[0].accept_lens]
+        assert float(row["mean_accept_len"]) == round(sum(lens) / len(lens), 4)
 
 
 def test_case_label_names_every_row_of_the_committed_acceptance_csvs():

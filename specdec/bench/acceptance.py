@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .. import Engine, SamplingParams, SpecConfig
-from .cases import (ASSISTED_CASE, CASES, NGRAM_SHARED_CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds,
+from .cases import (ASSISTED_CASE, CASES, NGRAM_OPTION_CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds,
                     tuned_cases)
 from .common import (DTYPES, Run, RunRow, about, above_bar, cpu_model, dtype_name, median_of, progress_bar, quantile,
                      target_only_batch_seconds)
@@ -322,7 +322,7 @@ def main_bench(args) -> int:
     print(f"specdec bench: zoo pair {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target)")
     drafts = {kind: getattr(bundle, kind) for kind in offered_kinds(bundle, args.workers)}
     prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
-    cases = [c for c in by_kind(CASES + NGRAM_SHARED_CASES) if c.spec is None or c.kind in drafts]
+    cases = [c for c in by_kind(CASES + NGRAM_OPTION_CASES) if c.spec is None or c.kind in drafts]
     for path in tuned_paths(args.tuned or [], bundle.name):
         from ..tuning import TunedSpec
         tuned = TunedSpec.load(path)

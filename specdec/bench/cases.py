@@ -19,7 +19,8 @@ class WorkerCase:
     "hf-prompt-lookup" (`generate` with `prompt_lookup_num_tokens=prompt_lookup`), "hf-assisted" (`generate` with
     `assistant_model=` the pair's draft LM, STANDALONE's peer); both batch size 1 only, as transformers allows.
     e2e: whether the e2e suite runs it. draft_options: (field, value) pairs that replace the kind's draft's own
-    (`dataclasses.replace`; a dataclass draft: `NgramDraft`), named in the label ("NGRAM shared tree S5 K4 W16")."""
+    (`dataclasses.replace`; a dataclass draft: `NgramDraft`), named in the label ("NGRAM indexing=sequence tree
+    S5 K4 W16")."""
 
     kind: str
     spec: SpecConfig | None  # or a `specdec.tuning.TunedSpec`: the shapes `specdec tune` chose, tuned or adaptive
@@ -94,9 +95,11 @@ PEER_CASES = [WorkerCase("hf-target-only", None), WorkerCase("hf-prompt-lookup",
 ASSISTED_CASE = WorkerCase("hf-assisted", None)
 
 
-#: NGRAM with one index shared across requests (SGLang's NGRAM worker keeps one cache for every request), at its
-#: demo shapes; the acceptance suite runs them beside the per-request index, each pass from an empty index
-NGRAM_SHARED_CASES = [WorkerCase("ngram", spec, e2e=False, draft_options=(("shared", True),))
+#: NGRAM with each of the toolkit's own options in place of SGLang's rule (`NgramDraft`: one trie per request,
+#: the whole sequence indexed, BFS children by count), at its demo shapes; the acceptance suite runs them beside
+#: SGLang's rules, each pass from an empty trie
+NGRAM_OPTION_CASES = [WorkerCase("ngram", spec, e2e=False, draft_options=(option,))
+                      for option in (("shared", False), ("indexing", "sequence"), ("child_order", "frequency"))
                       for spec in DRAFT_KINDS["ngram"].demo_specs]
 
 
