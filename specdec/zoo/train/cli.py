@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from tqdm import tqdm
 
 from .. import SMALL_NAME, WEIGHTS_DIR
 from ...tokenizer import ByteTokenizer
+from ...bench.common import about
 from .card import MODEL_CARD, read_card, render_model_card, render_model_cards
 from .hparams import STAGES, TargetShape, default_opts
 from .pipeline import train_all
@@ -20,13 +22,18 @@ def main(argv=None, after_training=None) -> int:
     """`specdec zoo train`. after_training(out, name, stages, cost_prompts), when given, runs after the stages
     trained and before the model card is written (`specdec zoo train` measures the drafts' step costs there, a bench
     step the trainer does not import)."""
+    from ...cli import HelpFormatter
+
     d = default_opts()
-    p = argparse.ArgumentParser(prog="specdec zoo train", description="Train the zoo's checkpoints on the "
-                                "Python standard library (target, EAGLE and EAGLE-3 heads, MTP layers in two styles, a "
-                                "standalone draft LM).")
-    p.add_argument("--out", default=str(WEIGHTS_DIR), help="weights root (default: the package's own)")
-    p.add_argument("--name", default=SMALL_NAME)
-    p.add_argument("--seed", type=int, default=0)
+    p = argparse.ArgumentParser(prog="specdec zoo train", formatter_class=HelpFormatter,
+                                description="Train the zoo's checkpoints on the Python standard library (a target, "
+                                            "then its drafts: EAGLE and EAGLE-3 heads, MTP layers in two styles, a "
+                                            "standalone draft LM, a DFlash drafter). Prints how long the run will "
+                                            "take before it starts, and a progress bar per stage. Example: specdec "
+                                            "zoo train --out /tmp/zoo --name my-pair --stage eagle")
+    p.add_argument("--out", default=None, help="weights root (default: the package's own, specdec/zoo/weights)")
+    p.add_argument("--name", default=SMALL_NAME, help="the pair's directory under --out")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights' init and of the training windows")
     p.add_argument("--stage", default="all", choices=("all",) + STAGES + ("eval",),
                    help="train every stage, one stage (later stages read the stored target), or only "
 
@@ -35,22 +42,25 @@ def main(argv=None, after_training=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--no-amp", action="store_true", help="train in fp32 instead of bf16 autocast")
     for st in STAGES:
-        p.add_argument(f"--{st.replace('_', '-')}-steps", type=int, default=d[st].steps)
+        p.add_argument(f"--{st.replace('_', '-')}-steps", type=int, default=d[st].steps,
+                       help=f"optimiser steps of the {st} stage")
     p.add_argument("--batch-size", type=int, default=None,
                    help="windows per step, every stage run (default: each stage's own; the target's is "
                         f"{d['target'].batch_size})")
     p.add_argument("--seq-len", type=int, default=None,
                    help=f"bytes per window, every stage run (default: each stage's own; the target's is "
                         f"{d['target'].seq_len})")
-    p.add_argument("--layers", type=int, default=TargetShape.num_hidden_layers)
-    p.add_argument("--hidden", type=int, default=TargetShape.hidden_size)
-    p.add_argument("--intermediate", type=int, default=TargetShape.intermediate_size)
-    p.add_argument("--heads", type=int, default=TargetShape.num_attention_heads)
-    p.add_argument("--kv-heads", type=int, default=TargetShape.num_key_value_heads)
+    p.add_argument("--layers", type=int, default=TargetShape.num_hidden_layers, help="the target's decoder layers")
+    p.add_argument("--hidden", type=int, default=TargetShape.hidden_size, help="the target's hidden size")
+    p.add_argument("--intermediate", type=int, default=TargetShape.intermediate_size,
+                   help="the target's MLP intermediate size")
+    p.add_argument("--heads", type=int, default=TargetShape.num_attention_heads, help="the target's attention heads")
+    p.add_argument("--kv-heads", type=int, default=TargetShape.num_key_value_heads,
+                   help="the target's key-value heads (grouped-query attention)")
     p.add_argument("--eagle-unroll", type=int, default=d["eagle"].extra["unroll"],
-                   help="unrolled training-time-test passes of the EAGLE head (default: %(default)s)")
+                   help="unrolled training-time-test passes of the EAGLE head")
     p.add_argument("--eagle3-unroll", type=int, default=d["eagle3"].extra["unroll"],
-                   help="unrolled training-time-test passes of the EAGLE-3 head (default: %(default)s)")
+                   help="unrolled training-time-test passes of the EAGLE-3 head")
     p.add_argument("--eagle3-vocab", type=int,
                    default=d["eagle3"].extra.get("draft_vocab_size", ByteTokenizer.vocab_size),
                    help="the EAGLE-3 head's draft vocabulary: this many most frequent ids (default: %(default)s, "
@@ -60,8 +70,8 @@ def main(argv=None, after_training=None) -> int:
                         "(the number of target layers: the last layer's output; default: low, middle and high as "
                         "`zoo_feature_layers` picks them)")
     p.add_argument("--eagle3-w-reg", type=float, default=0.0,
-                   help="weight of EAGLE's hidden-state regression in the EAGLE-3 loss (default: %(default)s, the "
-                        "paper's cross-entropy only)")
+                   help="weight of EAGLE's hidden-state regression in the EAGLE-3 loss (0: the paper's cross-entropy "
+                        "only)")
     p.add_argument("--eagle3-fc-norm", action="store_true",
                    help="one RMSNorm per feature before the EAGLE-3 head's fc (SGLang's fc_norm; default: the paper's "
                         "raw features)")
@@ -72,13 +82,14 @@ def main(argv=None, after_training=None) -> int:
                    help="held-out prompts over which `specdec zoo train` measures, after training, the step cost of "
                         "each trained draft whose card states one (the draft LM, DFlash) against the target's "
                         "(0: not measured; `python -m specdec.zoo.train` never measures: run `specdec bench --suite "
-                        "draft-cost`; default: %(default)s)")
+                        "draft-cost`)")
     p.add_argument("--eval-windows", type=int, default=32, help="held-out windows for the card's metrics")
-    p.add_argument("--eval-len", type=int, default=512, help="length of those windows")
+    p.add_argument("--eval-len", type=int, default=512, help="bytes per held-out window")
     p.add_argument("--model-card", default=None,
                    help="also write the Markdown model card here (default: specdec/zoo/MODEL_CARD.md when --out "
                         "is the package's weights directory)")
     a = p.parse_args(argv)
+    a.out = a.out or str(WEIGHTS_DIR)
     torch.set_num_threads(a.threads)
     opts = default_opts()
     for st in STAGES:
@@ -111,6 +122,7 @@ def main(argv=None, after_training=None) -> int:
     shape = TargetShape(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                         num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate)
     stages = STAGES if a.stage == "all" else () if a.stage == "eval" else (a.stage,)
+    print(estimate(stages, opts, shape), file=sys.stderr)
     command = "specdec zoo train " + " ".join(argv if argv is not None else sys.argv[1:])
     card = train_all(a.out, a.name, a.seed, stages, shape, opts, command.strip(),
                      log=lambda s: tqdm.write(s, file=sys.stderr), eval_windows=a.eval_windows,
@@ -128,6 +140,47 @@ def main(argv=None, after_training=None) -> int:
         Path(md).write_text(render_model_card(card))
     print(json.dumps(card["heldout"], indent=1))
     return 0
+
+
+def estimate(stages, opts: dict, shape: TargetShape) -> str:
+    """The line `specdec zoo train` prints before it starts: how long its stages will take, from the training speed
+    (seconds per window byte, each stage its own) recorded on a shipped pair's card, that of the target shape asked
+    for or else the nearest in layers x hidden^2 scaled by that product."""
+    from .. import names
+    cards = [read_card(WEIGHTS_DIR, n) for n in names()]
+    cards = [c for c in cards if c.get("training") and c.get("models", {}).get("target")]
+    if not stages:
+        return "estimate: no stage to train; the held-out metrics of the stored weights take a minute or two"
+    if not cards:
+        return "estimate: none (no shipped card records a training time); each stage's bar shows its own"
+    work = shape.num_hidden_layers * shape.hidden_size ** 2
+
+    def card_work(card):
+        t = card["models"]["target"]
+        return t["num_hidden_layers"] * t["hidden_size"] ** 2
+
+    def same_shape(card):
+        t = card["models"]["target"]
+        return (t["num_hidden_layers"], t["hidden_size"]) == (shape.num_hidden_layers, shape.hidden_size)
+
+    card = min(cards, key=lambda c: (not same_shape(c), abs(math.log(card_work(c) / work))))
+    scale = work / card_work(card)
+    per_stage = {}
+    for st in stages:
+        rec = card["training"].get(st)
+        if rec and rec.get("train_seconds") and rec.get("steps"):
+            per_byte = rec["train_seconds"] / (rec["steps"] * rec["batch_size"] * rec["seq_len"])
+            per_stage[st] = per_byte * scale * opts[st].steps * opts[st].batch_size * opts[st].seq_len
+    threads = card["training"].get(stages[0], {}).get("torch_threads") or card.get("environment", {}).get(
+        "torch_threads")
+    how = (f"from the training speed recorded on {card['name']}'s card" +
+           ("" if scale == 1 else f", scaled by the target's layers x hidden^2 ({scale:.2g}x)") +
+           ", on the machine that trained it" + (f" at {threads} torch thread{'s' * (threads != 1)}" if threads else "")
+           + " with its own precision per stage; each stage's bar shows its own estimate as it goes")
+    unknown = [st for st in stages if st not in per_stage]
+    return (f"estimate: {about(sum(per_stage.values()))} for {', '.join(stages)} ("
+            + ", ".join(f"{st} {about(v).removeprefix('about ')}" for st, v in per_stage.items())
+            + (f"; {', '.join(unknown)} not recorded" if unknown else "") + f"), {how}")
 
 
 def _feature_layers(p: argparse.ArgumentParser, text: str) -> list[int]:

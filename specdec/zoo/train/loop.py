@@ -72,7 +72,9 @@ def run_stage_loop(name: str, opts: StageOpts, params_named, loss_fn, windows: W
     t0 = time.time()
     ema = None
     history = []
-    bar = tqdm(range(opts.steps), desc=f"train {name}", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
+    # off where stderr is no terminal: a log file keeps the lines `log` writes every 100 steps, without carriage returns
+    bar = tqdm(range(opts.steps), desc=f"train {name}", dynamic_ncols=True, mininterval=2.0, file=sys.stderr,
+               disable=None)
     for step in bar:
         lr = lr_at(step, opts)
         for g in opt.param_groups:
