@@ -467,7 +467,7 @@ def test_the_reports_goals_compare_two_rows_pass_by_pass():
 
 
 def test_standalone_against_trained_heads_where_it_accepts_more():
-    """#32's comparison on the prompts where STANDALONE accepts more per step than a worker with a trained head:
+    """The comparison on the prompts where STANDALONE accepts more per step than a worker with a trained head:
     the tuned STANDALONE row against every such row, and the STANDALONE row of the same shape; tokens per CPU second
     on those prompts only, pass by pass (computed here by hand), and a row with no such prompt says so."""
     import pandas as pd

@@ -1,4 +1,4 @@
-"""Structured output (#23): the bitmask op against its per-token loop and fast against reference; the per-node
+"""Structured output: the bitmask op against its per-token loop and fast against reference; the per-node
 masks of random trees against fresh matchers per path; every worker's outputs parse, satisfy the grammar and are
 token-identical to plain greedy decoding with the grammar (a fresh matcher per step); the exact distribution when
 sampling; cut windows, bad input, mixed batches."""

@@ -1,4 +1,4 @@
-"""The fast path in a process where something else imported triton first (issue #25, item 1).
+"""The fast path in a process where something else imported triton first.
 
 Each case runs in a fresh interpreter with TRITON_INTERPRET unset, as in a user's notebook: a
 transformers model is loaded (transformers imports triton while it does so) or triton is imported bare,

@@ -1,4 +1,4 @@
-"""Penalties, min_new_tokens and logit bias (#21): the op against its per-node loop and by hand, fast against
+"""Penalties, min_new_tokens and logit bias: the op against its per-node loop and by hand, fast against
 reference, every worker against transformers' generate and against plain decoding with the penalties applied by
 hand in float64, the exact distribution when sampling, and SGLang's approximation shown to differ."""
 from __future__ import annotations
