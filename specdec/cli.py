@@ -17,7 +17,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         default = action.default
         if (default is None or default is False or default is argparse.SUPPRESS
-                or (isinstance(default, (list, tuple)) and not default)
+                or (isinstance(default, (str, list, tuple)) and not default)
                 or "%(default)" in text or "default:" in text or "(default" in text
                 or not (action.option_strings or action.nargs in ("?", "*"))):
             return text
@@ -91,6 +91,12 @@ THREADS_HELP = ("torch CPU threads, 0 for torch's own choice; the shipped models
                 "fastest, and a loaded machine slows one thread least")
 
 
+ZOO_HELP = """usage: specdec zoo list | specdec zoo train [options]
+
+  list   each shipped pair: its models, their size on disk, its tokenizer and directory
+  train  train a pair on the Python standard library (`specdec zoo train --help`)"""
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -111,13 +117,15 @@ def main(argv=None) -> int:
     zoo_names = _zoo_names()
     impl_help = "ops: reference (PyTorch), fast (Triton; interpreted on a CPU), auto (fast on CUDA)"
     demo = sub.add_parser("demo", formatter_class=fmt,
-                          help="decode held-out prompts with target-only, EAGLE, EAGLE-3 and MTP decoding",
-                          description="Decode held-out prompts of the shipped checkpoint (`specdec zoo list`) one at "
-                                      "a time, greedy: target-only, then EagleWorkerV2 with the EAGLE and the "
-                                      "EAGLE-3 head (tree S5 K4 W16 and chain S3) and MultiLayerEagleWorkerV2 (MTP "
-                                      "in MiMo and Step-3.5 style). Prints the text, tokens accepted per step, "
-                                      "tokens/s against target-only, and whether each worker's tokens and logprobs "
-                                      "equal target-only's; exits 1 if one does not.")
+                          help="decode held-out prompts target-only and with every draft of a shipped pair, side "
+                               "by side (a few seconds)",
+                          description="Decode held-out prompts of a shipped pair (`specdec zoo list`) one at a time, "
+                                      "greedy: target-only, then each draft the pair ships (EAGLE and EAGLE-3 heads, "
+                                      "NGRAM, a STANDALONE draft LM: a tree S5 K4 W16 and a chain S3; MTP layers in "
+                                      "MiMo and Step-3.5 style; DFlash). Prints a table: tokens accepted per step, "
+                                      "tokens/s and its ratio to target-only's, whether the tokens are identical to "
+                                      "target-only's, and the largest logprob difference; exits 1 if a worker's "
+                                      "output differs.")
     demo.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     demo.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate per prompt")
     demo.add_argument("--num-prompts", type=positive_int, default=2, help="held-out prompts, decoded one at a time")
@@ -210,11 +218,14 @@ def main(argv=None) -> int:
     plot.add_argument("--results", default="results", help="the results directory")
     plot.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     bench = sub.add_parser("bench", formatter_class=fmt,
-                           help="acceptance and tokens/s of every worker against target-only; "
-                                "writes a CSV to results/ and its plot",
+                           help="acceptance and tokens/s of every worker against target-only; writes a CSV to "
+                                "results/ and its plot (about half an hour with the defaults on a CPU: it prints its "
+                                "estimate before it starts)",
                            description="Benchmarks that write one CSV per run to --out (schemas: results/README.md) "
-                                       "and its plot; `specdec report` prints an acceptance CSV as the README's "
-                                       "table.")
+                                       "and its plot; `specdec report CSV` prints its tables. The acceptance suite "
+                                       "prints how long it will take before it starts (its batch decodes priced at "
+                                       "target-only's speed, measured first) and shows a progress bar. "
+                                       "Example: specdec bench --workers eagle,ngram --batch-sizes 1 --no-peers")
     bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e", "penalties",
                                                                        "draft-cost"],
                        help="acceptance: every worker against target-only on the shipped models; "
@@ -263,9 +274,11 @@ def main(argv=None) -> int:
         rest = argv[1:]
         if rest[:1] == ["list"]:
             return _zoo_list()
+        if rest[:1] in (["-h"], ["--help"]):
+            print(ZOO_HELP)
+            return 0
         if rest[:1] != ["train"]:
-            print("usage: specdec zoo list | specdec zoo train [options]  (see `specdec zoo train --help`)",
-                  file=sys.stderr)
+            print(ZOO_HELP, file=sys.stderr)
             return 2
         from .bench.draft_cost import record_trained_step_costs
         from .zoo.train import main as train_main

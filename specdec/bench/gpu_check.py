@@ -418,8 +418,9 @@ def _commit(text: str) -> str:
 
 
 def build_parser(prog="specdec gpu-check") -> argparse.ArgumentParser:
+    from ..cli import HelpFormatter  # each default stated once
     parser = argparse.ArgumentParser(
-        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=prog, formatter_class=HelpFormatter,
         description="Measure and check the fast path on this machine's GPU in one offline run: environment and "
                     "ceilings, the fused logprob kernels, end to end on a random 1.5B Llama, CUDA-graph replay "
                     "against eager, every op of a decode step, the fast-path tests compiled. Installs nothing; "
