@@ -68,19 +68,6 @@ def test_every_option_says_what_it_is(capsys):
             assert len(block.split()) > 1, (command, option)
 
 
-def test_the_readme_results_tables_are_the_reports_of_their_csvs(capsys):
-    """The README quotes no number that its committed CSVs do not give: `specdec report` prints each table."""
-    import re
-    from pathlib import Path
-    readme = Path("README.md").read_text()
-    quoted = sorted(set(re.findall(r"`specdec report (results/(?:acceptance|penalties)-[0-9-]+\.csv)`", readme)))
-    assert "results/acceptance-20261203-122206.csv" in quoted  # the small pair's table
-    for csv in quoted:
-        assert main(["report", csv]) == 0
-        table = capsys.readouterr().out.split("\n\n", 1)[1].split("\n\nAgainst the goals", 1)[0].strip()
-        assert table in readme, csv
-
-
 def test_bench_penalties_writes_its_csv_and_report(tmp_path, capsys):
     """`specdec bench --suite penalties`: every setting under both modes for a tree worker; the exact mode never
     leaves target-only's output; `specdec report` prints the table from the CSV."""
@@ -136,3 +123,97 @@ def test_bench_runs_the_asked_drafts_only(tmp_path, capsys):
     assert [(r["worker"], r["num_steps"], r["topk"]) for r in rows] == [("target-only", "0", "0"),
                                                                          ("eagle3", "5", "4"), ("eagle3", "3", "1")]
     assert all(r["same_tokens_as_target_only"] == "True" for r in rows)
+
+
+def test_generate_with_a_zoo_pair_prints_the_target_only_run_beside_it(capsys):
+    """`specdec generate --model PAIR`: the continuation, then the speculative and the target-only run's figures;
+    greedy decoding is lossless, so the target-only run's tokens are the speculative run's."""
+    import re
+    assert main(["generate", "--model", "stdlib-byte-6l", "--max-new-tokens", "24", "def parse_args("]) == 0
+    out = capsys.readouterr().out
+    text, figures = out.split("\n\n[", 1)
+    assert text.startswith("def parse_args(") and len(text) > len("def parse_args(")
+    spec_line, base_line, verdict = ("[" + figures).strip().splitlines()[:3]
+    assert spec_line.startswith("[eagle: EagleDraftHead S") and "24 tokens" in spec_line
+    assert base_line.startswith("[target-only, impl=") and "24 tokens" in base_line
+    assert "1.00 accepted per step" in base_line
+    assert float(re.search(r"([\d.]+) accepted per step", spec_line).group(1)) > 1
+    assert verdict.endswith("identical tokens: yes") and "--- target-only output ---" not in out
+    assert main(["generate", "--model", "stdlib-byte-6l", "--draft", "mtp", "--no-baseline", "--max-new-tokens", "8",
+                 "import os"]) == 0
+    out = capsys.readouterr().out
+    assert "[mtp: " in out and "target-only" not in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "stdlib-byte-6l", "--target", "somewhere"], "argument --target: not allowed with argument --model"),
+    (["--model", "no-such-pair"], "invalid choice: 'no-such-pair'"),
+])
+def test_generate_model_and_target_are_one_usage_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", *argv, "hello"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--draft", "eagle7"], "--draft 'eagle7': with --model, a draft kind"),
+    (["--draft-layout", "eagle"], "--draft-layout reads --draft DIR with --target"),
+])
+def test_generate_model_errors_are_one_line(argv, message, capsys):
+    assert main(["generate", "--model", "stdlib-byte-6l", *argv, "hello"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [["demo"], ["generate"], ["bench"], ["report"], ["plot"], ["tune"],
+                                     ["gpu-check"], ["zoo", "train"]])
+def test_help_states_each_default_once_as_it_is_typed(command, capsys):
+    """Every option's help block names its default at most once, never as a Python value (None, [..]), and an
+    option without a default says nothing of one."""
+    import re
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    blocks = re.split(r"\n  (?=-)", text.split("options:", 1)[1])
+    assert len(blocks) > 1
+    for block in blocks:
+        flat = " ".join(block.split())
+        assert flat.count("default:") <= 1, flat
+        assert not re.search(r"\(default: (None|\[|\)|False\))", flat), flat
+    assert not re.search(r"[Ss]ession \d+|#\d\d\b", text)
+
+
+def test_bench_and_tune_say_how_long_they_take_and_count_their_work(tmp_path, monkeypatch, capsys):
+    """The estimate line comes before any work; the progress bar's total is the number of batches the run then
+    decodes (counted by the bar's updates)."""
+    import io
+
+    from tqdm import tqdm
+
+    import specdec.bench.acceptance
+    import specdec.bench.tune
+    bars = []
+
+    def recorded_bar(total, desc, unit="decode", disable=False):
+        bars.append(tqdm(total=total, desc=desc, file=io.StringIO()))
+        return bars[-1]
+
+    monkeypatch.setattr(specdec.bench.acceptance, "progress_bar", recorded_bar)
+    monkeypatch.setattr(specdec.bench.tune, "progress_bar", recorded_bar)
+    assert main(["bench", "--model", "stdlib-byte-6l", "--workers", "eagle", "--no-peers", "--batch-sizes", "1,2",
+                 "--num-prompts", "2", "--max-new-tokens", "6", "--repeats", "1", "--temperatures", "0",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("estimate: about ") and "batch decodes of 6 tokens" in out[1]
+    # 3 cases (target-only, the EAGLE tree and chain) x (1 timed + the logprob and phase passes) x (2 + 1) batches
+    assert bars[-1].n == bars[-1].total == 3 * 3 * 3
+    assert main(["tune", "--model", "stdlib-byte-6l", "--batch-sizes", "1,2", "--num-prompts", "2",
+                 "--acceptance-prompts", "1", "--max-new-tokens", "4", "--max-steps", "2", "--check-grid",
+                 "--check-repeats", "1", "--check-sets", "code", "--results", str(tmp_path),
+                 "--out", str(tmp_path / "tuned.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("estimate: about ") and "batch decodes of 4 tokens" in out[0]
+    assert bars[-1].n == bars[-1].total > 0
