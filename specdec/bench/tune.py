@@ -161,9 +161,13 @@ class Measurer:
         prompts = [item[0] if isinstance(item, tuple) else item for item in batch]
         return prompts, [item[1] if isinstance(item, tuple) else self.params for item in batch]
 
-    def decode(self, key, batches) -> dict:
-        """-> tokens, decode steps, process CPU seconds, mean accepted length, the outputs."""
+    def decode(self, key, batches, fresh: bool = True) -> dict:
+        """-> tokens, decode steps, process CPU seconds, mean accepted length, the outputs. fresh: from a flushed
+        draft cache (`Engine.flush_cache`), so that a shared NGRAM trie holds none of the outputs an earlier decode
+        of the same prompts left in it (a pass of `decode_in_turn` flushes once, at its start)."""
         e = self.engine(key, len(batches[0]))
+        if fresh:
+            e.flush_cache()
         parts = []
         for batch in batches:
             prompts, params = self.requests(batch)
@@ -186,9 +190,11 @@ class Measurer:
         for r in range(repeats):
             order = [(j + r * len(keys) // repeats) % len(keys) for j in range(len(keys))]
             parts = {i: [] for i in order}
+            for i in order:
+                self.engine(keys[i], len(batches[0])).flush_cache()
             for batch in batches:
                 for i in order:
-                    parts[i].append(self.decode(keys[i], [batch]))
+                    parts[i].append(self.decode(keys[i], [batch], fresh=False))
             for i in order:
                 passes[i].append(combine_decodes(parts[i]))
         return [dict(median_of(p, key=lambda res: res["tokens_per_cpu_s"]),
