@@ -113,8 +113,8 @@ def main(argv=None) -> int:
     parser.add_argument("--version", action="version", version=f"specdec {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     from .bench.common import DTYPES
-    from .zoo import names as _zoo_names
-    zoo_names = _zoo_names()
+    from . import zoo
+    zoo_names = zoo.names()
     impl_help = "ops: reference (PyTorch), fast (Triton; interpreted on a CPU), auto (fast on CUDA)"
     demo = sub.add_parser("demo", formatter_class=fmt,
                           help="decode held-out prompts target-only and with every draft of a shipped pair, side "
@@ -142,9 +142,10 @@ def main(argv=None) -> int:
                                      "--model stdlib-byte-24l --draft eagle3 'def parse_args('")
     gen.add_argument("prompt", help="the prompt, as text")
     source = gen.add_mutually_exclusive_group()
-    source.add_argument("--model", default=None, choices=zoo_names,
-                        help="a shipped zoo pair (`specdec zoo list`): its target and its draft of the kind --draft "
-                             "names; without --model and --target, the deep pair")
+    source.add_argument("--model", default=None, choices=zoo_names + sorted(getattr(zoo, "REAL_TARGETS", {})),
+                        help="a zoo entry (`specdec zoo list`): a shipped pair, or a released model read from its "
+                             "installed GGUF file; its target, and its draft of the kind --draft names. Without "
+                             "--model and --target, the deep pair")
     source.add_argument("--target", default=None, help="the target's directory (config.json, safetensors, "
                                                        "tokenizer.json), instead of --model")
     gen.add_argument("--draft", default=None,

@@ -178,8 +178,8 @@ def run_generate(args) -> int:
     if draft is not None and (args.penalty_mode != spec.penalty_mode or args.draft_grammar):
         spec = SpecConfig(spec.num_steps, spec.topk, spec.num_draft_tokens, penalty_mode=args.penalty_mode,
                           draft_grammar=args.draft_grammar)
-    ids = chat_prompt_ids(tokenizer, args.prompt, args.chat_template == "yes" or
-                          (args.chat_template == "auto" and instruct))
+    chat = args.chat_template == "yes" or (args.chat_template == "auto" and instruct)
+    ids = chat_prompt_ids(tokenizer, args.prompt, chat)
     # room for the in-flight draft slots of the worker that runs (MTP's extend writes up to 2 S past the length)
     margin = 0 if draft is None else kind_of(draft).kv_margin(spec)
     max_seq_len = min(target.config.max_position_embeddings, len(ids) + args.max_new_tokens + margin)
@@ -206,7 +206,7 @@ def run_generate(args) -> int:
         sys.stdout.write(tokenizer.decode(shown)[len(before):])
         sys.stdout.flush()
 
-    sys.stdout.write(args.prompt)
+    sys.stdout.write(args.prompt + ("\n" if chat and getattr(tokenizer, "chat_template", None) else ""))
     out, cpu_s, wall_s = timed_generate(engine, ids, params, args.seed, stream=show)
     what = "target-only" if draft is None else f"{kind_of(draft).name}: {type(draft).__name__} {spec_name(spec)}"
     print("\n\n" + summary(what, engine, out, cpu_s, wall_s))

@@ -145,6 +145,27 @@ def test_generate_with_a_zoo_pair_prints_the_target_only_run_beside_it(capsys):
     assert "[mtp: " in out and "target-only" not in out
 
 
+def test_generate_sends_an_instruct_model_its_chat_template(capsys):
+    """The released instruct model answers a question sent as a user turn of its chat template, and stops at its
+    end of turn; a byte pair, trained on raw code, gets the raw prompt (no template line in its output)."""
+    import importlib.util
+    real = zoo.REAL_TARGETS["smollm2-135m-instruct"]
+    spec = importlib.util.find_spec(real.package)  # found, never imported: its __init__ imports `llm`
+    if spec is None:
+        pytest.skip(f"the SmolLM2-135M-Instruct GGUF is not installed ({real.install_command})")
+    assert main(["generate", "--model", real.name, "--max-new-tokens", "24", "What is the capital of France?"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("What is the capital of France?\n") and "Paris" in out.split("\n\n[")[0]
+    assert "finish: stop" in out and "identical tokens: yes" in out
+
+    def byte_pair_text(*flags):
+        assert main(["generate", "--model", "stdlib-byte-6l", "--max-new-tokens", "16", "--no-baseline", *flags,
+                     "def f("]) == 0
+        return capsys.readouterr().out.split("\n\n[")[0].removeprefix("def f(").lstrip("\n")
+    raw = byte_pair_text("--chat-template", "no")  # the continuation of another prompt than the template's
+    assert byte_pair_text() == raw != byte_pair_text("--chat-template", "yes")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "stdlib-byte-6l", "--target", "somewhere"], "argument --target: not allowed with argument --model"),
     (["--model", "no-such-pair"], "invalid choice: 'no-such-pair'"),
