@@ -297,7 +297,7 @@ def _tiny(model_type="llama", **kw):
                         max_position_embeddings=128, model_type=model_type, seed=3, **{**shape, **kw})
 
 
-@pytest.mark.parametrize("model_type, tied", [("llama", False), ("llama", True), ("qwen3", True)])
+@pytest.mark.parametrize("model_type, tied", [("llama", False), ("llama", True), ("qwen2", False), ("qwen3", True)])
 def test_an_f32_gguf_gives_back_the_model_it_was_written_from(tmp_path, model_type, tied):
     """Exact: same weights (llama.cpp's permutation undone for Llama; Qwen files are not permuted), same logits."""
     model = _tiny(model_type, tie_word_embeddings=tied)
