@@ -307,7 +307,7 @@ register(dataclasses.replace(
     random_draft_config={"num_layers": 3, "chain_hidden_states": True},
     zoo=dataclasses.replace(_MTP.zoo, trainer=f"{_TRAIN}:train_mtp_chain",
                             card_text="{num_hidden_layers} MTP layers, Step-3.5 style (chained hidden)")))
-# no model: a host n-gram index over each request's prompt and output proposes a tree (SGLang's NGRAM)
+# no model: a host n-gram trie, one for every request, fed each decode step's last tokens (SGLang's NGRAM)
 register(DraftKind(
     name="ngram", label="NGRAM", model="specdec.ngram:NgramDraft", worker="specdec.workers.ngram:NgramWorker",
     kv_margin=verify_only_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),

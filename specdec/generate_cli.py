@@ -28,7 +28,7 @@ def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
     if layout in ("mtp-deepseek", "mtp-mimo"):
         draft = mtp_from_target_dir(draft_dir or target_dir, target, layout.removeprefix("mtp-"))
         return draft, kind_of(draft).default_spec(draft)
-    if str(draft_dir) == "ngram":  # no weights: an n-gram index over the request (SGLang's NGRAM)
+    if str(draft_dir) == "ngram":  # no weights: a host n-gram trie (SGLang's NGRAM)
         draft = draft_kind("ngram").untrained_draft()
         return draft, kind_of(draft).default_spec(draft)
     if draft_dir is None:
