@@ -10,8 +10,8 @@ import torch
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.ngram import NgramDraft, NgramTrie, verify_input
 from specdec.zoo import corpus
-from tests.helpers import (FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue, logprob_params,
-                           near_bigram_target)
+from tests.helpers import (FALSE_FAILURE_RATE, CyclingSpec, assert_same_as_baseline, chi_square_pvalue,
+                           logprob_params, near_bigram_target)
 from tests.oracles import exact_joint
 
 
@@ -212,14 +212,16 @@ def test_a_grammar_batch_takes_no_round_trip_of_its_own(small, prompts):
     assert max(outs[0].accept_lens) > 1
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 2, 6)], ids=str)
-def test_ngram_sampling_is_the_exact_distribution(spec):
+@pytest.mark.parametrize("spec, option", [(SpecConfig(3, 1), "sglang"), (SpecConfig(3, 2, 6), "sglang"),
+                                          (SpecConfig(3, 2, 6), "sequence"), (SpecConfig(3, 2, 6), "per-request"),
+                                          (SpecConfig(3, 2, 6), "frequency")], ids=str)
+def test_ngram_sampling_is_the_exact_distribution(spec, option):
     """A repetitive prompt, so that the index proposes: the joint law of three sampled tokens against enumeration."""
     V, N = 6, 3000
     target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
     prompt = [1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2]
     exact = exact_joint(target, prompt, 3, 0.8, -1, 1.0)
-    engine = Engine(target, draft=NgramDraft(), spec=spec, max_batch=N, max_seq_len=24)
+    engine = Engine(target, draft=NgramDraft(**OPTIONS[option]), spec=spec, max_batch=N, max_seq_len=24)
     outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=3, temperature=0.8), seed=3)
     assert any(a > 1 for o in outs for a in o.accept_lens)  # drafts were accepted: verify decided the law
     assert chi_square_pvalue(Counter(tuple(o.token_ids) for o in outs), exact) > FALSE_FAILURE_RATE
@@ -271,3 +273,20 @@ def test_a_tuned_file_for_the_older_parameters_is_refused_by_name(small):
     with pytest.raises(ValueError, match=r"draft\.fingerprint .* is not this draft's"):
         Engine(small.target, draft, tuned)
     assert Engine(small.target, other, tuned, max_seq_len=64).generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
+
+
+@pytest.mark.parametrize("option", ["per-request", "sequence", "frequency", "prob"])
+def test_every_option_is_lossless_as_the_shape_switches(small, prompts, baseline, option):
+    """Each toolkit option (and PROB) under an adaptive tuned spec whose policy runs a tree, no draft, a chain and
+    a narrow tree in turn: the output stays target-only's (SGLang's rules: tests/test_tuning.py)."""
+    from specdec.contract import NO_DRAFT
+    from specdec.tuning import Bucket, Candidate, TunedSpec, fingerprint, parameters_entry
+    draft = NgramDraft(**OPTIONS[option])
+    cycle = [(5, 4, 16), NO_DRAFT, (3, 1, 4), (8, 2, 8)]
+    tuned = TunedSpec({"fingerprint": fingerprint(small.target)},
+                      {"kind": "ngram", "fingerprint": fingerprint(draft), **parameters_entry(draft)}, {},
+                      {4: Bucket((5, 4, 16), tuple(Candidate(s, 2.0, 1.0) for s in cycle))}, adaptive=True)
+    engine = Engine(small.target, draft=draft, spec=tuned, max_batch=4, max_seq_len=320)
+    engine.tuned = CyclingSpec(cycle)
+    assert_same_as_baseline(engine.generate(prompts, logprob_params(48)), baseline)
+    assert set(engine.last_stats.step_shapes) == set(cycle)
