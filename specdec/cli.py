@@ -142,7 +142,7 @@ def main(argv=None) -> int:
                                      "--model stdlib-byte-24l --draft eagle3 'def parse_args('")
     gen.add_argument("prompt", help="the prompt, as text")
     source = gen.add_mutually_exclusive_group()
-    source.add_argument("--model", default=None, choices=zoo_names + sorted(getattr(zoo, "REAL_TARGETS", {})),
+    source.add_argument("--model", default=None, choices=zoo_names + sorted(zoo.REAL_TARGETS),
                         help="a zoo entry (`specdec zoo list`): a shipped pair, or a released model read from its "
                              "installed GGUF file; its target, and its draft of the kind --draft names. Without "
                              "--model and --target, the deep pair")
