@@ -308,18 +308,17 @@ def main(argv=None) -> int:
 
 
 def _zoo_list() -> int:
-    """`specdec zoo list`: each shipped checkpoint, its models and their sizes."""
-    import json
-
+    """`specdec zoo list`: each shipped pair, its models and their sizes; each real target, where its weights come
+    from (an installed package, never a model hub) and the drafts trained for it."""
     from . import zoo
-    for name in zoo.names():
-        root = zoo.WEIGHTS_DIR / name
-        card = json.loads((root / "card.json").read_text())
-        models = [d.name for d in sorted(root.iterdir()) if (d / "config.json").is_file()]
-        size = sum(f.stat().st_size for d in root.iterdir() if d.is_dir() for f in d.iterdir()) / 2 ** 20
-        tok = card.get("tokenizer", {})
-        tok = tok.get("type", "?") if isinstance(tok, dict) else tok
-        print(f"{name}: {', '.join(models)} ({size:.1f} MiB on disk, {tok}); directory {root}")
+    for e in zoo.entries():
+        if e["kind"] == "pair":
+            print(f"{e['name']}: {', '.join(e['models'])} ({e['size_mib']:.1f} MiB on disk, {e['tokenizer']}); "
+                  f"directory {e['directory']}")
+            continue
+        where = f"GGUF {e['source']}" if e["source"] else f"not installed: {e['install']}"
+        print(f"{e['name']}: {e['description']}, {e['license']}; {where}; "
+              f"drafts: {', '.join(e['drafts']) or 'none yet'}")
     return 0
 
 

