@@ -25,7 +25,8 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
     cases = [c for c in cases if not c.startswith("transformers")] + [c for c in cases if c.startswith("transformers")
                                                                       and c != "transformers target-only"]
     bound = "speedup_bound" in df and not pd.to_numeric(df["speedup_bound"], errors="coerce").isna().all()
-    head = ["worker", "accepted / step", f"step cost (B={sizes[0]})"] + ([f"bound (B={sizes[0]})"] if bound else [])
+    accepted = ["accepted / step"] if len(sizes) == 1 else [f"accepted / step (B={b})" for b in sizes]
+    head = ["worker"] + accepted + [f"step cost (B={sizes[0]})"] + ([f"bound (B={sizes[0]})"] if bound else [])
     head += [f"B={b}" for b in sizes]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in cases:
@@ -33,7 +34,9 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
         first = rows.iloc[0]
         acc = first.get("mean_accept_len")
         cost = first.get("step_cost_in_target_only_steps")
-        cells = [case, "" if pd.isna(acc) else f"{acc:.2f}", "" if pd.isna(cost) else f"{cost:.2f}"]
+        accs = [acc] if len(sizes) == 1 else [rows.loc[b].get("mean_accept_len") if b in rows.index else float("nan")
+                                              for b in sizes]
+        cells = [case] + ["" if pd.isna(a) else f"{a:.2f}" for a in accs] + ["" if pd.isna(cost) else f"{cost:.2f}"]
         if bound:
             b1 = pd.to_numeric(pd.Series([first.get("speedup_bound")]), errors="coerce").iloc[0]
             cells.append("" if pd.isna(b1) else f"{b1:.2f}x")

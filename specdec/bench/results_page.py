@@ -159,8 +159,29 @@ def gpu_e2e_section(path: Path) -> list[str]:
     return lines
 
 
+def tune_choice_section(path: Path) -> list[str]:
+    """A tune run without a grid check: per batch size, the chosen shape against the best other confirmed shape and
+    no draft, on the tuning prompts."""
+    df = pd.read_csv(path)
+    confirm = df[df["source"] == "confirm"]
+    head = ["B", "chosen shape", "accepted / step", "tok/cpu-s", "best other confirmed shape", "its tok/cpu-s",
+            "no draft tok/cpu-s", "shapes confirmed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for B, g in confirm.groupby("batch_size"):
+        chosen = g[g["chosen"].astype(str) == "True"].iloc[0]
+        others = g[(g["chosen"].astype(str) != "True") & (g["label"] != "no draft")]
+        other = others.loc[others["tokens_per_cpu_s"].idxmax()]
+        none = g[g["label"] == "no draft"]
+        lines.append("| " + " | ".join([
+            str(B), str(chosen["label"]), f"{chosen['mean_accept_len']:.2f}", f"{chosen['tokens_per_cpu_s']:.1f}",
+            str(other["label"]), f"{other['tokens_per_cpu_s']:.1f}",
+            f"{none['tokens_per_cpu_s'].iloc[0]:.1f}" if len(none) else "", str(len(g))]) + " |")
+    return lines
+
+
 SECTIONS = {"acceptance": acceptance_section, "heads": heads_section, "tune": tune_section,
-            "penalties": penalties_section, "grammar": grammar_section, "gpu-e2e": gpu_e2e_section}
+            "tune-choice": tune_choice_section, "penalties": penalties_section, "grammar": grammar_section,
+            "gpu-e2e": gpu_e2e_section}
 
 
 def _read_any(path: Path) -> pd.DataFrame:
@@ -213,7 +234,7 @@ def render_page(root: Path | str = ".") -> str:
             out += ["", note]
         out.append("")
     out += ["## Archive", "",
-            "Every other committed run, superseded by the sections above or a one-off study (its directory's README "
+            "Every other committed run, superseded by the sections above or a one-off study (`results/README.md` "
             "says which); `specdec report results/<file>.csv` prints an acceptance or penalties file's tables.", ""]
     out += archive_lines(root, {s["csv"] for s in manifest["sections"]})
     return "\n".join(out).rstrip() + "\n"
