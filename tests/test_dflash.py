@@ -35,6 +35,20 @@ PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 3], [4, 4, 10, 2, 6]]
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(1), SpecConfig(3), SpecConfig(5)], ids=str)
+
+def record_drafts(w) -> list:
+    """Wraps the worker's draft() so that each call appends (slots, committed lengths, candidates) to the list
+    returned."""
+    seen, inner = [], w.draft
+
+    def recording():
+        out = inner()
+        seen.append((list(w.slot_list), w.state.seq_lens.tolist(), out.candidates.tolist()))
+        return out
+
+    w.draft = recording
+    return seen
+
 def test_greedy_identical_with_logprobs_on_a_ragged_batch(tiny, spec):
     target, draft = tiny
     base = Engine(target, max_seq_len=64).generate(PROMPTS, logprob_params(24))
@@ -52,15 +66,7 @@ def test_each_block_is_zlabs_forward_over_the_committed_sequence(small):
     prompts = [list(small.tokenizer.encode(s)) for s in ("import os\nimport sys\n\n\ndef main", "class A:\n    def ",
                                                           "    return self.")]
     engine = Engine(target, draft=draft, spec=SpecConfig(5), max_seq_len=96)
-    w, seen = engine.worker, []
-    inner = w.draft
-
-    def recording():
-        out = inner()
-        seen.append((list(w.slot_list), w.state.seq_lens.tolist(), out.candidates.tolist()))
-        return out
-
-    w.draft = recording
+    seen = record_drafts(engine.worker)
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=24))
     cfg, sd = draft.checkpoint()
     request_of = {slot: i for i, slot in enumerate(seen[0][0])}
@@ -128,15 +134,7 @@ def test_a_context_layer_listed_twice(tiny, impl):
     prompts = [[1, 2, 3], [8, 9]]
     base = Engine(target, max_seq_len=24).generate(prompts, logprob_params(5))
     engine = Engine(target, draft=draft, spec=SpecConfig(3), impl=impl, max_seq_len=24)
-    w, seen = engine.worker, []
-    inner = w.draft
-
-    def recording():
-        out = inner()
-        seen.append((list(w.slot_list), w.state.seq_lens.tolist(), out.candidates.tolist()))
-        return out
-
-    w.draft = recording
+    seen = record_drafts(engine.worker)
     outs = engine.generate(prompts, logprob_params(5))
     assert_same_as_baseline(outs, base)
     cfg, sd = draft.checkpoint()
