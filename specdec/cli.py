@@ -264,7 +264,8 @@ def main(argv=None) -> int:
     bench.add_argument("--out", default="results", help="directory for the CSV and its plot")
     bench.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     bench.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
-    bench.add_argument("--model", default="auto", choices=["auto"] + zoo_names, help=MODEL_HELP + " (acceptance suite)")
+    bench.add_argument("--model", default="auto", choices=["auto"] + zoo_names + sorted(zoo.REAL_TARGETS),
+                       help=MODEL_HELP + " (acceptance suite; a real target answers held-out chat prompts)")
     if argv[:1] == ["tune"]:
         from .bench.tune import main as tune_main
         return tune_main(argv[1:])

@@ -171,7 +171,8 @@ def _measure(runners, batches, params, repeats, tick=None):
 
 def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[list[int]], batch_sizes,
                   temperatures, max_new_tokens: int, model_name: str, impl="reference", repeats=1, out_dir="results",
-                  tag="bench", progress=print, peer_dir=None, assistant_dir=None, show_progress=True) -> Path:
+                  tag="bench", progress=print, peer_dir=None, assistant_dir=None, show_progress=True,
+                  stop_token_ids=()) -> Path:
     """Measure every case at every batch size and temperature; write one CSV; return its path.
 
     `drafts` maps a case's kind to its draft model; the first case must be target-only (the baseline of the
@@ -180,7 +181,9 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
     assisted generation its draft LM from `assistant_dir`). Each
     row holds the median pass (tokens/s by wall time, with p20 / p80 over the passes) and process CPU time
     (the robust figure on a shared machine, at one thread). show_progress: a tqdm bar over the batches decoded,
-    on stderr, with `progress`'s lines above it.
+    on stderr, with `progress`'s lines above it. stop_token_ids: the ids every request stops at, the engines and
+    the peers alike (a real target's EOS ids, as generation stops); none (the shipped pairs): every request decodes
+    exactly max_new_tokens.
     """
     if not cases or cases[0].kind != "target-only":
         raise ValueError("the first benchmark case must be target-only (the speedup baseline)")
@@ -194,7 +197,8 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
     bar = progress_bar(planned, "bench", unit="batch", disable=not show_progress)
     tick, progress = bar.update, above_bar(progress)
     for temperature in temperatures:
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
+                                stop_token_ids=list(stop_token_ids))
         for B in batch_sizes:
             batches = [prompts[i:i + B] for i in range(0, len(prompts) - B + 1, B)]
             if not batches:
@@ -312,16 +316,33 @@ def estimate(target, cases, prompts, batch_sizes, temperatures, max_new_tokens: 
 
 
 def main_bench(args) -> int:
-    """`specdec bench`: the shipped models on held-out prompts; one CSV + its plot in args.out."""
+    """`specdec bench`: the zoo's models on held-out prompts; one CSV + its plot in args.out.
+
+    A shipped pair decodes held-out stdlib code (`heldout_prompts`, --prompt-len bytes), every request exactly
+    --max-new-tokens long. A real target (`zoo.REAL_TARGETS`) answers held-out chat prompts
+    (`specdec.zoo.chat_prompts`, rendered by its chat template) and stops at its tokenizer's EOS ids, as generation
+    does; the transformers peers stop at the same ids and load the same weights, from the directory its GGUF file
+    was converted into (`cached_gguf_dir`)."""
     from .. import zoo
     from ..zoo.corpus import heldout_prompts
     from .plots import load_results, plot_acceptance_and_speedup
 
     dtype = DTYPES[args.dtype]
     bundle = zoo.load(zoo.speed_pair() if args.model == "auto" else args.model, device=args.device, dtype=dtype)
-    print(f"specdec bench: zoo pair {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target)")
     drafts = {kind: getattr(bundle, kind) for kind in offered_kinds(bundle, args.workers)}
-    prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
+    if bundle.name in zoo.REAL_TARGETS:
+        from ..models.gguf import cached_gguf_dir
+        from ..zoo.chat_prompts import chat_prompt_ids
+        prompts = chat_prompt_ids(bundle.tokenizer, "heldout", args.num_prompts, seed=0)
+        stop_token_ids = list(bundle.tokenizer.eos_token_ids)
+        peer_dir = cached_gguf_dir(zoo.real_target_gguf(bundle.name))
+        print(f"specdec bench: real target {bundle.name!r} ({bundle.target.config.num_hidden_layers} layers) on "
+              f"{len(prompts)} held-out chat prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens "
+              f"(--prompt-len does not apply), stopping at EOS ids {stop_token_ids}")
+    else:
+        prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
+        stop_token_ids, peer_dir = [], bundle.path / "target"
+        print(f"specdec bench: zoo pair {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target)")
     cases = [c for c in by_kind(CASES + NGRAM_OPTION_CASES) if c.spec is None or c.kind in drafts]
     for path in tuned_paths(args.tuned or [], bundle.name):
         from ..tuning import TunedSpec
@@ -348,7 +369,8 @@ def main_bench(args) -> int:
         path = run_benchmark(bundle.target, drafts, cases, prompts,
                              sizes, args.temperatures, args.max_new_tokens,
                              model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
-                             tag="acceptance", peer_dir=bundle.path / "target", assistant_dir=assistant_dir)
+                             tag="acceptance", peer_dir=peer_dir, assistant_dir=assistant_dir,
+                             stop_token_ids=stop_token_ids)
     png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))
     print(f"wrote {path} and {png}")
     return 0

@@ -13,10 +13,14 @@ class HFGenerate:
     """`transformers.LlamaForCausalLM.generate` on a target directory (greedy), optionally with prompt-lookup
     decoding (`prompt_lookup_num_tokens`) or assisted generation by a draft LM (`assistant_dir`: its directory,
     as `save_pretrained` writes it; transformers takes batch size 1 for both). Ragged batches are left-padded
-    with an attention mask."""
+    with an attention mask. Like the Engine, a request stops at `params.stop_token_ids` (kept as its last token);
+    without any it decodes exactly max_new_tokens, the model's own EOS held back (`min_new_tokens`)."""
 
     def __init__(self, target_dir, prompt_lookup: int = 0, device="cpu", assistant_dir=None):
         from transformers import LlamaForCausalLM
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()  # its per-load bar would break the bench's own progress lines
 
         self.device = torch.device(device)
         self.model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(self.device).eval()
@@ -35,8 +39,12 @@ class HFGenerate:
         for b, p in enumerate(prompts):
             ids[b, L - len(p):] = torch.tensor(p)
             mask[b, L - len(p):] = 1
-        kwargs = dict(max_new_tokens=params.max_new_tokens, min_new_tokens=params.max_new_tokens, do_sample=False,
-                      pad_token_id=0)
+        stop = list(params.stop_token_ids)
+        kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=False, pad_token_id=0)
+        if stop:
+            kwargs["eos_token_id"] = stop
+        else:
+            kwargs["min_new_tokens"] = params.max_new_tokens
         if self.prompt_lookup:
             kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup
         if self.assistant is not None:
@@ -45,6 +53,15 @@ class HFGenerate:
         t0 = time.perf_counter()
         out = self.model.generate(ids, attention_mask=mask, **kwargs).cpu()  # .cpu() waits for the device
         wall = time.perf_counter() - t0
-        outs = [GenerateOutput(out[b, L:L + params.max_new_tokens].tolist(), "length") for b in range(B)]
+        outs = [_cut_at_stop(out[b, L:L + params.max_new_tokens].tolist(), stop) for b in range(B)]
         self.last_stats = GenerateStats(B, 0, sum(len(o.token_ids) for o in outs), wall, math.nan)
         return outs
+
+
+def _cut_at_stop(token_ids: list[int], stop: list[int]) -> GenerateOutput:
+    """A row of `generate`'s output -> its tokens through the first stop id (transformers pads a batch's finished
+    rows after it), finish_reason "stop", or all of them, "length"."""
+    for i, t in enumerate(token_ids):
+        if t in stop:
+            return GenerateOutput(token_ids[:i + 1], "stop")
+    return GenerateOutput(token_ids, "length")
