@@ -99,7 +99,7 @@ def test_report_of_a_run_without_the_peers(capsys):
     assert main(["report", "results/acceptance-20261204-151630.csv"]) == 0
     out = capsys.readouterr().out
     assert "relative to specdec's target-only (a run without the peers)" in out
-    assert "| target-only | 1.00 | 1.00 | 1.00x | 1.00x | 1.00x |" in out
+    assert "| target-only | 1.00 | 1.00 | 1.00 | 1.00x | 1.00x | 1.00x |" in out
     assert "| NGRAM tuned / specdec's target-only, B = 2 | 1.74x |" in out
 
 
