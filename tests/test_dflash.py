@@ -34,8 +34,6 @@ def tiny():
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 3], [4, 4, 10, 2, 6]]
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(1), SpecConfig(3), SpecConfig(5)], ids=str)
-
 def record_drafts(w) -> list:
     """Wraps the worker's draft() so that each call appends (slots, committed lengths, candidates) to the list
     returned."""
@@ -49,6 +47,7 @@ def record_drafts(w) -> list:
     w.draft = recording
     return seen
 
+@pytest.mark.parametrize("spec", [SpecConfig(1), SpecConfig(3), SpecConfig(5)], ids=str)
 def test_greedy_identical_with_logprobs_on_a_ragged_batch(tiny, spec):
     target, draft = tiny
     base = Engine(target, max_seq_len=64).generate(PROMPTS, logprob_params(24))
