@@ -9,87 +9,8 @@ import sys
 from .draft_kinds import DRAFT_KINDS
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """States each option's default once: appended where the help text does not state it and there is one to state
-    (not None, False or empty), a list as it is typed (comma-separated)."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        default = action.default
-        if (default is None or default is False or default is argparse.SUPPRESS
-                or (isinstance(default, (str, list, tuple)) and not default)
-                or "%(default)" in text or "default:" in text or "(default" in text
-                or not (action.option_strings or action.nargs in ("?", "*"))):
-            return text
-        if isinstance(default, (list, tuple)):
-            default = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in default)
-        return f"{text} (default: {str(default).replace('%', '%%')})"
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def positive_int_list(text: str) -> list[int]:
-    """'1,4,16' -> [1, 4, 16]."""
-    parts = [p.strip() for p in text.split(",")]
-    if not all(parts):
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 such as '1,4,16', got {text!r}")
-    return [positive_int(p) for p in parts]
-
-
-def float_list(text: str) -> list[float]:
-    """'0,0.7' -> [0.0, 0.7] (temperatures: finite, >= 0)."""
-    try:
-        values = [float(p) for p in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as '0,0.7', got {text!r}") from None
-    if not all(0 <= v < float("inf") for v in values):
-        raise argparse.ArgumentTypeError(f"temperatures must be finite and >= 0, got {text!r}")
-    return values
-
-
-MODEL_HELP = ("the zoo pair to run; auto: the deep pair, whose draft steps cost what real drafts cost, when it "
-              "ships, else the small one")
-
-DEVICE_HELP = "where the models run: auto (cuda when a CUDA device is present, else cpu), cpu, cuda or cuda:N"
-
-
-def device_choice(text: str) -> str:
-    """'auto' | a torch device string whose device exists here -> the device to run on."""
-    import torch
-    if text == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"--device {text}: no CUDA device is available here")
-    if dev.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
-    return text
-
-
-def _draft_kinds(text: str) -> list[str]:
-    """'eagle,eagle3' -> ['eagle', 'eagle3'] (each one of DRAFT_KINDS)."""
-    kinds = [p.strip() for p in text.split(",")]
-    bad = [k for k in kinds if k not in DRAFT_KINDS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown draft(s) {bad}; expected a comma-separated subset of "
-                                         f"{','.join(DRAFT_KINDS)}")
-    return kinds
-
-
-THREADS_HELP = ("torch CPU threads, 0 for torch's own choice; the shipped models are small enough that one thread is "
-                "fastest, and a loaded machine slows one thread least")
-
+from .cli_args import (DEVICE_HELP, MODEL_HELP, THREADS_HELP, HelpFormatter, device_choice, draft_kinds_arg,
+                       float_list, positive_int, positive_int_list)
 
 ZOO_HELP = """usage: specdec zoo list | specdec zoo train [options]
 
@@ -249,7 +170,7 @@ def main(argv=None) -> int:
     bench.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate per prompt")
     bench.add_argument("--repeats", type=positive_int, default=3,
                        help="timed passes per case (the CSV has their median and p20 / p80)")
-    bench.add_argument("--workers", type=_draft_kinds, default=None,
+    bench.add_argument("--workers", type=draft_kinds_arg, default=None,
                        help="comma-separated drafts to run beside target-only (acceptance and penalties suites), of "
                             f"{', '.join(DRAFT_KINDS)} (default: every kind the pair offers)")
     bench.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
@@ -325,6 +246,10 @@ def _zoo_list() -> int:
 
 def _run(args) -> int:
     if args.command == "report":
+        if args.csv is None:
+            from .bench.results_page import render_page
+            print(render_page("."), end="")
+            return 0
         from .bench.report import print_report
         return print_report(args.csv)
     if args.command == "plot":

@@ -192,3 +192,13 @@ class CyclingSpec:
                 self.i += 1
                 return shapes[self.i % len(shapes)]
         return Cycle()
+
+
+def installed_gguf(name: str = "smollm2-135m-instruct"):
+    """The installed GGUF file of the zoo's real target `name`, or None when its package is missing (the tests that
+    need it skip, naming the install command)."""
+    from specdec import zoo
+    try:
+        return zoo.real_target_gguf(name)
+    except ValueError:
+        return None

@@ -2,11 +2,10 @@
 request stopping at the tokenizer's EOS as generation does, the engines' greedy outputs token for token those of
 transformers' `generate` on the same weights. Skipped when the model's package is not installed."""
 import csv
-import importlib.util
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import installed_gguf
 from specdec import zoo
 from specdec.bench.acceptance import run_benchmark
 from specdec.bench.cases import WorkerCase
@@ -16,15 +15,8 @@ NAME = "smollm2-135m-instruct"
 REAL = zoo.REAL_TARGETS[NAME]
 
 
-def _installed_gguf():
-    spec = importlib.util.find_spec(REAL.package)  # found, never imported: its __init__ imports `llm`
-    for d in (spec.submodule_search_locations or []) if spec is not None else []:
-        if (Path(d) / REAL.gguf_file).is_file():
-            return Path(d) / REAL.gguf_file
-    return None
 
-
-pytestmark = pytest.mark.skipif(_installed_gguf() is None, reason=f"SmolLM2 is not installed ({REAL.install_command})")
+pytestmark = pytest.mark.skipif(installed_gguf() is None, reason=f"SmolLM2 is not installed ({REAL.install_command})")
 
 
 def _rows(path) -> list[dict]:
@@ -47,7 +39,7 @@ def test_engines_and_transformers_stop_at_eos_with_the_same_tokens(tmp_path):
     cases = ([WorkerCase("target-only", None)] + [WorkerCase("ngram", spec) for spec in DRAFT_KINDS["ngram"].demo_specs]
              + [WorkerCase("hf-target-only", None), WorkerCase("hf-prompt-lookup", None, 3)])
     path = run_benchmark(bundle.target, {"ngram": bundle.ngram}, cases, prompts, [1], [0.0], 12, model_name=NAME,
-                         out_dir=tmp_path, peer_dir=cached_gguf_dir(_installed_gguf()), progress=lambda *a: None,
+                         out_dir=tmp_path, peer_dir=cached_gguf_dir(installed_gguf()), progress=lambda *a: None,
                          show_progress=False, stop_token_ids=tok.eos_token_ids)
     rows = _rows(path)
     assert [r["label"] for r in rows] == [c.label for c in cases]
@@ -65,7 +57,7 @@ def test_specdec_bench_on_the_real_target_reads_held_out_chat_prompts(tmp_path):
                  "--workers", "ngram", "--no-peers", "--batch-sizes", "1", "--temperatures", "0",
                  "--out", str(tmp_path)]) == 0
     rows = _rows(next(tmp_path.glob("acceptance-*.csv")))
-    hf = transformers.AutoTokenizer.from_pretrained(cached_gguf_dir(_installed_gguf()))
+    hf = transformers.AutoTokenizer.from_pretrained(cached_gguf_dir(installed_gguf()))
     want = hf.apply_chat_template(chat_prompts("heldout", 1, seed=0)[0], add_generation_prompt=True, tokenize=True)
     want = want["input_ids"] if hasattr(want, "keys") else want
     assert rows and all(r["model"] == NAME and r["same_tokens_as_target_only"] == "True" for r in rows)

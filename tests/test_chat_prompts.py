@@ -2,12 +2,11 @@
 a tokenizer's chat template (the byte tokenizer's, and SmolLM2's against transformers' rendering of the same
 tokenizer files)."""
 import hashlib
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import installed_gguf
 from specdec import zoo
 from specdec.tokenizer import ByteTokenizer
 from specdec.zoo.chat_prompts import TEMPLATES, chat_prompt_ids, chat_prompts, sources, subjects
@@ -94,19 +93,12 @@ def test_prompts_render_through_the_byte_tokenizers_template():
         assert got == list(f"user: {messages[0]['content']}\nassistant: ".encode())
 
 
-def _installed_gguf():
-    spec = importlib.util.find_spec(REAL.package)  # found, never imported: its __init__ imports `llm`
-    for d in (spec.submodule_search_locations or []) if spec is not None else []:
-        if (Path(d) / REAL.gguf_file).is_file():
-            return Path(d) / REAL.gguf_file
-    return None
 
-
-@pytest.mark.skipif(_installed_gguf() is None, reason=f"SmolLM2 is not installed ({REAL.install_command})")
+@pytest.mark.skipif(installed_gguf() is None, reason=f"SmolLM2 is not installed ({REAL.install_command})")
 def test_prompts_render_through_smollm2s_template_as_transformers_renders_them():
     transformers = pytest.importorskip("transformers")
     from specdec.models.gguf import cached_gguf_dir, load_gguf_tokenizer
-    path = _installed_gguf()
+    path = installed_gguf()
     hf = transformers.AutoTokenizer.from_pretrained(cached_gguf_dir(path))
     ids = chat_prompt_ids(load_gguf_tokenizer(path), "heldout", 4, seed=0)
     for messages, got in zip(chat_prompts("heldout", 4, seed=0), ids):

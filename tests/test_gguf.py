@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import installed_gguf
 from specdec import Engine, SamplingParams, zoo
 from specdec.models import LlamaForCausalLM, random_llama
 from specdec.models.gguf import cache_dir_for, load_gguf, load_gguf_tokenizer
@@ -22,15 +23,8 @@ gguf = pytest.importorskip("gguf")
 REAL = zoo.REAL_TARGETS["smollm2-135m-instruct"]
 
 
-def _installed_gguf():
-    spec = importlib.util.find_spec(REAL.package)  # found, never imported: its __init__ imports `llm`
-    for d in (spec.submodule_search_locations or []) if spec is not None else []:
-        if (Path(d) / REAL.gguf_file).is_file():
-            return Path(d) / REAL.gguf_file
-    return None
 
-
-SMOLLM2 = _installed_gguf()
+SMOLLM2 = installed_gguf()
 needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason=f"the SmolLM2-135M-Instruct GGUF is not installed "
                                                            f"({REAL.install_command})")
 
@@ -41,7 +35,7 @@ needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason=f"the SmolLM2-135M-In
 def ours(tmp_path_factory):
     """(model, tokenizer, cache root): converted once into a fresh cache ($SPECDEC_CACHE_DIR/gguf's layout)."""
     cache = tmp_path_factory.mktemp("specdec-cache") / "gguf"
-    return (LlamaForCausalLM.from_gguf(SMOLLM2, cache_dir=cache), load_gguf_tokenizer(SMOLLM2, cache_dir=cache),
+    return (load_gguf(SMOLLM2, cache_dir=cache), load_gguf_tokenizer(SMOLLM2, cache_dir=cache),
             cache)
 
 

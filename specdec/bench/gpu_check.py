@@ -418,7 +418,7 @@ def _commit(text: str) -> str:
 
 
 def build_parser(prog="specdec gpu-check") -> argparse.ArgumentParser:
-    from ..cli import HelpFormatter  # each default stated once
+    from ..cli_args import HelpFormatter  # each default stated once
     parser = argparse.ArgumentParser(
         prog=prog, formatter_class=HelpFormatter,
         description="Measure and check the fast path on this machine's GPU in one offline run: environment and "

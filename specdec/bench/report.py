@@ -1,5 +1,5 @@
-"""`specdec report`: docs/results.md (every current result, `specdec.bench.results_page`), or with a CSV of
-results/ that file's tables, printed from committed files so that no page quotes a number that no file backs."""
+"""`specdec report CSV`: one committed acceptance or penalties CSV's tables, so that no page quotes a number that
+no file backs (without a CSV, `specdec report` prints docs/results.md: `specdec.bench.results_page`)."""
 from __future__ import annotations
 
 import statistics
@@ -210,12 +210,8 @@ def accepts_more_table(df: pd.DataFrame, batch_size: int = 1, temperature: float
                       "(passes' range) | ahead |", "|---|---|---|---|---|---|"] + lines)
 
 
-def print_report(csv_path=None) -> int:
-    """No CSV: docs/results.md's text (run from the repository root). A CSV: its tables."""
-    if csv_path is None:
-        from .results_page import render_page
-        print(render_page("."), end="")
-        return 0
+def print_report(csv_path) -> int:
+    """An acceptance or penalties CSV of results/ -> its tables on stdout."""
     path = Path(csv_path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")

@@ -514,7 +514,7 @@ def mixed_prompts(code: list, prose: list) -> list:
 
 def main(argv=None) -> int:
     from .. import zoo
-    from ..cli import MODEL_HELP, THREADS_HELP, HelpFormatter
+    from ..cli_args import MODEL_HELP, THREADS_HELP, HelpFormatter
     from ..draft_kinds import DRAFT_KINDS
     from .common import DTYPES
 

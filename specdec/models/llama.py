@@ -278,14 +278,6 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"dtype must be a floating-point torch.dtype or 'auto', got {dtype!r}")
         return model.to(device=device, dtype=dtype).eval()
 
-    @classmethod
-    def from_gguf(cls, path, device="cpu", dtype: torch.dtype = torch.float32, cache: bool = True,
-                  cache_dir=None) -> "LlamaForCausalLM":
-        """Load a Llama-architecture GGUF file (llama.cpp's format) through `specdec.models.gguf.load_gguf`:
-        dequantised to fp32, then `dtype`; converted once into a cache directory that later loads read."""
-        from .gguf import load_gguf
-        return load_gguf(path, device=device, dtype=dtype, cache=cache, cache_dir=cache_dir)
-
 
 def load_draft_lm(path, target, device=None, dtype=None) -> LlamaForCausalLM:
     """A causal LM stored in Hugging Face layout at `path`, as a draft for `target` (STANDALONE): on the target's

@@ -145,13 +145,12 @@ def real_target_gguf(name: str) -> Path:
 
 def load_gguf_bundle(name: str, gguf_path, drafts_root, device="cpu", dtype: torch.dtype = torch.float32,
                      cache_dir=None) -> Bundle:
-    """A GGUF target (`LlamaForCausalLM.from_gguf`, converted once into the GGUF cache) with its tokenizer, and
+    """A GGUF target (`specdec.models.gguf.load_gguf`, converted once into the GGUF cache) with its tokenizer, and
     every draft trained for it in drafts_root/<kind>/ (`zoo_kinds()`); drafts_root/card.json is its card when
     there is one. A draft that does not fit the target (another vocabulary or width) is a ValueError."""
-    from ..models import LlamaForCausalLM
-    from ..models.gguf import load_gguf_tokenizer
+    from ..models.gguf import load_gguf, load_gguf_tokenizer
 
-    target = LlamaForCausalLM.from_gguf(gguf_path, device=device, dtype=dtype, cache_dir=cache_dir)
+    target = load_gguf(gguf_path, device=device, dtype=dtype, cache_dir=cache_dir)
     tokenizer = load_gguf_tokenizer(gguf_path, cache_dir=cache_dir)
     root = Path(drafts_root)
     b = Bundle(name=name, target=target, tokenizer=tokenizer, path=root)

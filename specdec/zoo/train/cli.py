@@ -22,7 +22,7 @@ def main(argv=None, after_training=None) -> int:
     """`specdec zoo train`. after_training(out, name, stages, cost_prompts), when given, runs after the stages
     trained and before the model card is written (`specdec zoo train` measures the drafts' step costs there, a bench
     step the trainer does not import)."""
-    from ...cli import HelpFormatter
+    from ...cli_args import HelpFormatter
 
     d = default_opts()
     p = argparse.ArgumentParser(prog="specdec zoo train", formatter_class=HelpFormatter,

@@ -1,0 +1,90 @@
+"""The command line's shared vocabulary: the help formatter, the argument types and the help texts that `specdec`'s
+commands and the modules with their own parsers (`specdec tune`, `specdec gpu-check`, `specdec zoo train`) share.
+It sits below every parser, so none of them imports the `specdec` command itself."""
+from __future__ import annotations
+
+import argparse
+
+from .draft_kinds import DRAFT_KINDS
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """States each option's default once: appended where the help text does not state it and there is one to state
+    (not None, False or empty), a list as it is typed (comma-separated)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is False or default is argparse.SUPPRESS
+                or (isinstance(default, (str, list, tuple)) and not default)
+                or "%(default)" in text or "default:" in text or "(default" in text
+                or not (action.option_strings or action.nargs in ("?", "*"))):
+            return text
+        if isinstance(default, (list, tuple)):
+            default = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in default)
+        return f"{text} (default: {str(default).replace('%', '%%')})"
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """'1,4,16' -> [1, 4, 16]."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 such as '1,4,16', got {text!r}")
+    return [positive_int(p) for p in parts]
+
+
+def float_list(text: str) -> list[float]:
+    """'0,0.7' -> [0.0, 0.7] (temperatures: finite, >= 0)."""
+    try:
+        values = [float(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as '0,0.7', got {text!r}") from None
+    if not all(0 <= v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"temperatures must be finite and >= 0, got {text!r}")
+    return values
+
+
+MODEL_HELP = ("the zoo pair to run; auto: the deep pair, whose draft steps cost what real drafts cost, when it "
+              "ships, else the small one")
+
+DEVICE_HELP = "where the models run: auto (cuda when a CUDA device is present, else cpu), cpu, cuda or cuda:N"
+
+
+def device_choice(text: str) -> str:
+    """'auto' | a torch device string whose device exists here -> the device to run on."""
+    import torch
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"--device {text}: no CUDA device is available here")
+    if dev.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def draft_kinds_arg(text: str) -> list[str]:
+    """'eagle,eagle3' -> ['eagle', 'eagle3'] (each one of DRAFT_KINDS)."""
+    kinds = [p.strip() for p in text.split(",")]
+    bad = [k for k in kinds if k not in DRAFT_KINDS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown draft(s) {bad}; expected a comma-separated subset of "
+                                         f"{','.join(DRAFT_KINDS)}")
+    return kinds
+
+
+THREADS_HELP = ("torch CPU threads, 0 for torch's own choice; the shipped models are small enough that one thread is "
+                "fastest, and a loaded machine slows one thread least")
