@@ -308,7 +308,7 @@ def test_target_step_times_a_speculative_workers_step_and_refuses_a_bad_shape(tm
     from specdec.bench.target_step import main
     tree = str(Path(__file__).resolve().parents[1])
     assert main(["--trees", tree, "--labels", "this", "--model", "stdlib-byte-6l", "--draft", "eagle", "--spec",
-                 "2,2,4", "--rounds", "1", "--prompts", "1", "--tokens", "8", "--repeats", "1",
+                 "2,2,4", "--rounds", "1", "--prompts", "1", "--tokens", "32", "--repeats", "3",
                  "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("target-step-*.csv")
     (row,) = list(csv.DictReader(path.open()))
