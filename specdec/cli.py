@@ -12,10 +12,11 @@ from .draft_kinds import DRAFT_KINDS
 from .cli_args import (DEVICE_HELP, MODEL_HELP, THREADS_HELP, HelpFormatter, device_choice, draft_kinds_arg,
                        float_list, positive_int, positive_int_list)
 
-ZOO_HELP = """usage: specdec zoo list | specdec zoo train [options]
+ZOO_HELP = """usage: specdec zoo list | specdec zoo train [options] | specdec zoo train-draft [options]
 
-  list   each shipped pair: its models, their size on disk, its tokenizer and directory
-  train  train a pair on the Python standard library (`specdec zoo train --help`)"""
+  list         each shipped pair: its models, their size on disk, its tokenizer and directory
+  train        train a pair on the Python standard library (`specdec zoo train --help`)
+  train-draft  train a draft for a given target on its recorded answers (`specdec zoo train-draft --help`)"""
 
 
 def _version() -> str:
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
                         "JSON the engine loads (`Engine(..., spec='tuned:PATH')`; `specdec tune --help`)")
     zoo_help = sub.add_parser("zoo", help="the shipped checkpoints: `specdec zoo list`, `specdec zoo train --help`",
                               add_help=False)
-    zoo_help.add_argument("action", nargs="?", choices=["list", "train"])
+    zoo_help.add_argument("action", nargs="?", choices=["list", "train", "train-draft"])
     report = sub.add_parser("report", formatter_class=fmt,
                             help="print docs/results.md from the committed CSVs, or one CSV's tables")
     report.add_argument("csv", nargs="?", default=None,
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
                                        "target-only's speed, measured first) and shows a progress bar. "
                                        "Example: specdec bench --workers eagle,ngram --batch-sizes 1 --no-peers")
     bench.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e", "penalties",
-                                                                       "draft-cost"],
+                                                                       "draft-cost", "draft-vocab"],
                        help="acceptance: every worker against target-only on the shipped models; "
                             "kernels: every op of the decode step, reference / fast / torch.compile, against "
                             "the copy bandwidth (the full B x S+1 x V sweep on CUDA, a corner of it on CPU); "
@@ -159,7 +160,9 @@ def main(argv=None) -> int:
                             "acceptance under it and under exact penalties, and what exact penalties cost a step; "
                             "draft-cost: each shipped draft's step against a target step (the kinds whose model "
                             "card states it), written onto the pair's card and MODEL_CARD.md (--model, "
-                            "--num-prompts: the card used 4)")
+                            "--num-prompts: the card used 4); draft-vocab: a real target's EAGLE-3 head with "
+                            "each draft vocabulary of --vocab-sizes, acceptance against draft-step cost (B = 1, "
+                            "greedy)")
     bench.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     bench.add_argument("--batch-sizes", type=positive_int_list, default=None,
                        help="comma-separated batch sizes (default: 1,4 for acceptance, 1,8,32 for e2e)")
@@ -173,6 +176,13 @@ def main(argv=None) -> int:
     bench.add_argument("--workers", type=draft_kinds_arg, default=None,
                        help="comma-separated drafts to run beside target-only (acceptance and penalties suites), of "
                             f"{', '.join(DRAFT_KINDS)} (default: every kind the pair offers)")
+    bench.add_argument("--shapes", default="auto", choices=["auto", "all", "first"],
+                       help="acceptance suite: every kind's demo shapes and NGRAM's option variants (all), or each "
+                            "kind's default shape (first); auto: first for a real target, whose steps cost more, "
+                            "all for a shipped pair")
+    bench.add_argument("--vocab-sizes", type=positive_int_list, default=None,
+                       help="draft-vocab suite: draft vocabularies, most frequent ids first (default: the whole "
+                            "vocabulary, 32768, 16384, 8192, 4096)")
     bench.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                        help="also run the transformers peers (acceptance suite, float32, needs the bench extra)")
     bench.add_argument("--dtype", default="float32", choices=list(DTYPES),
@@ -200,6 +210,9 @@ def main(argv=None) -> int:
         if rest[:1] in (["-h"], ["--help"]):
             print(ZOO_HELP)
             return 0
+        if rest[:1] == ["train-draft"]:
+            from .zoo.train.for_target import main as train_draft_main
+            return train_draft_main(rest[1:]) or 0
         if rest[:1] != ["train"]:
             print(ZOO_HELP, file=sys.stderr)
             return 2
@@ -271,6 +284,9 @@ def _run(args) -> int:
         if args.suite == "penalties":
             from .bench.penalties import main_penalties
             return main_penalties(args) or 0
+        if args.suite == "draft-vocab":
+            from .bench.draft_vocab import main_draft_vocab
+            return main_draft_vocab(args) or 0
         if args.suite == "draft-cost":
             from .bench.draft_cost import main_draft_cost
             return main_draft_cost(args) or 0

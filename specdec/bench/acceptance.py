@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .. import Engine, SamplingParams, SpecConfig
+from ..draft_kinds import DRAFT_KINDS
 from .cases import (ASSISTED_CASE, CASES, NGRAM_OPTION_CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds,
                     tuned_cases)
 from .common import (DTYPES, Run, RunRow, about, above_bar, cpu_model, dtype_name, median_of, progress_bar, quantile,
@@ -344,6 +345,10 @@ def main_bench(args) -> int:
         stop_token_ids, peer_dir = [], bundle.path / "target"
         print(f"specdec bench: zoo pair {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target)")
     cases = [c for c in by_kind(CASES + NGRAM_OPTION_CASES) if c.spec is None or c.kind in drafts]
+    if args.shapes == "first" or (args.shapes == "auto" and bundle.name in zoo.REAL_TARGETS):
+        # each kind at its default shape (the first of its demo shapes), none of NGRAM's option variants
+        cases = [c for c in cases if c.spec is None or (not c.draft_options and c.spec ==
+                                                          DRAFT_KINDS[c.kind].default_spec(drafts[c.kind]))]
     for path in tuned_paths(args.tuned or [], bundle.name):
         from ..tuning import TunedSpec
         tuned = TunedSpec.load(path)

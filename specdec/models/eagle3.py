@@ -15,6 +15,8 @@ Layout and names as SGLang's `LlamaForCausalLMEagle3` loads them (`fc.weight`, `
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 
 import torch
@@ -165,6 +167,28 @@ class Eagle3DraftHead(DraftHeadBase):
         self.d2t.copy_(target_ids - torch.arange(len(target_ids), device=target_ids.device))
         self.t2d.zero_()
         self.t2d[target_ids] = True
+
+    @torch.no_grad()
+    def with_draft_vocabulary(self, target_ids) -> "Eagle3DraftHead":
+        """The same head proposing from another draft vocabulary: target_ids (n,) distinct target ids (any order;
+        the whole vocabulary for n = vocab_size) -> a new head sharing every weight but the LM head, whose rows are
+        the target's rows of those ids. Only a head whose LM head rows are the target's (trained with them frozen,
+        as `specdec zoo train-draft` trains a real target's) keeps its meaning; another is a ValueError."""
+        V = self.config.vocab_size
+        ids = torch.as_tensor(target_ids, dtype=torch.int64, device=self.d2t.device).unique()  # ascending
+        if ids.numel() != len(target_ids) or not 1 <= ids.numel() <= V or int(ids[0]) < 0 or int(ids[-1]) >= V:
+            raise ValueError(f"target_ids must be 1..{V} distinct ids in [0, {V}), got {len(target_ids)} ids")
+        target_rows = self.target.lm_head.weight
+        own = self.draft_to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
+        if not torch.allclose(self.lm_head.weight.float(), target_rows[own].float(), rtol=2e-3, atol=1e-4):
+            raise ValueError("this EAGLE-3 head's LM head rows are not the target's (it was trained with its LM head "
+                             "free): another draft vocabulary would change what it means")
+        head = Eagle3DraftHead(dataclasses.replace(self.config, draft_vocab_size=ids.numel()), self.target)
+        head.load_state_dict({k: v for k, v in self.state_dict().items()
+                              if not k.startswith(("lm_head.", "d2t", "t2d"))}, strict=False)
+        head.lm_head.weight.copy_(target_rows[ids])
+        head.set_draft_vocabulary(ids)
+        return head.to(device=self.d2t.device, dtype=self.dtype).eval()
 
     # ---- checkpoints -------------------------------------------------------------------------
     def checkpoint(self) -> tuple[dict, dict]:

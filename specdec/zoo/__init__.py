@@ -28,8 +28,8 @@ DEEP_NAME = "stdlib-byte-24l"
 #: what `load()` without a name loads, as `specdec demo`, `generate`, `bench` and `tune` run by default
 DEFAULT_NAME = DEEP_NAME
 
-__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "SMALL_NAME", "load", "load_dir", "names",
-           "speed_pair", "zoo_kinds"]
+__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "SMALL_NAME", "load", "load_dir",
+           "load_draft_for", "names", "speed_pair", "target_fingerprint", "zoo_kinds"]
 
 
 @dataclass
@@ -70,6 +70,34 @@ def speed_pair() -> str:
     deep = WEIGHTS_DIR / DEEP_NAME
     complete = all((deep / kind / "config.json").is_file() for kind in zoo_kinds())
     return DEEP_NAME if DEEP_NAME in names() and complete else SMALL_NAME
+
+
+def target_fingerprint(target) -> str:
+    """16 hex digits of sha256 over the target's config (its dtype aside) and a strided sample of every weight
+    rounded to bfloat16 (so the fp32 and bf16 loads of one checkpoint agree): what a draft trained for a given
+    target records in its config.json (`specdec_target_fingerprint`) and is checked against when loaded."""
+    import hashlib
+
+    cfg = {k: v for k, v in target.config.to_dict().items() if k not in ("torch_dtype", "dtype")}
+    h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
+    for name, p in sorted(target.state_dict().items()):
+        flat = p.detach().reshape(-1)
+        h.update(name.encode())
+        h.update(flat[:: max(1, flat.numel() // 4096)].to(torch.bfloat16).float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def load_draft_for(kind: str, path: Path, target, device="cpu", dtype: torch.dtype = torch.float32,
+                   fingerprint: str | None = None):
+    """Draft `kind` stored in `path`, on `target`. A draft whose config.json names the target it was trained for
+    (`specdec_target_fingerprint`) is refused, with a one-line ValueError, on any other target; `fingerprint` is the
+    target's when the caller has it already."""
+    want = json.loads((Path(path) / "config.json").read_text()).get("specdec_target_fingerprint")
+    if want is not None:
+        have = fingerprint or target_fingerprint(target)
+        if have != want:
+            raise ValueError(f"the {kind} draft in {path} was trained for target {want}, not this target ({have})")
+    return draft_kind(kind).load(path, target, device=device, dtype=dtype)
 
 
 def load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:
@@ -154,9 +182,11 @@ def load_gguf_bundle(name: str, gguf_path, drafts_root, device="cpu", dtype: tor
     tokenizer = load_gguf_tokenizer(gguf_path, cache_dir=cache_dir)
     root = Path(drafts_root)
     b = Bundle(name=name, target=target, tokenizer=tokenizer, path=root)
+    fingerprint = None
     for kind in zoo_kinds():
         if (root / kind / "config.json").is_file():
-            b.drafts[kind] = draft_kind(kind).load(root / kind, target, device=device, dtype=dtype)
+            fingerprint = fingerprint or target_fingerprint(target)
+            b.drafts[kind] = load_draft_for(kind, root / kind, target, device, dtype, fingerprint)
     card = root / "card.json"
     b.card = json.loads(card.read_text()) if card.is_file() else {}
     b.card.setdefault("target", {}).update(source=str(gguf_path))

@@ -143,6 +143,21 @@ def head_windows(opts: StageOpts, stream: np.ndarray, seed: int):
     return SegmentWindows(load_segments(files), opts.batch_size, opts.seq_len + 1, seed)
 
 
+def corpus_windows(opts: StageOpts, stream: np.ndarray, seed: int) -> Windows:
+    """Seeded windows of opts.seq_len tokens of `stream` (a stage that reads no regenerated data)."""
+    return Windows(stream, opts.batch_size, opts.seq_len, seed)
+
+
+def stage_batches(target, data, opts: StageOpts, length: int, seed: int, corpus_batches):
+    """-> (teacher, windows): what a stage's loss calls as the frozen target and where its batches of `length`
+    tokens come from. Without data, the target itself over corpus_batches(opts, train stream, seed) (`head_windows`
+    or `corpus_windows`, which know their own length); with data (`record.RecordedData`), the target's recorded
+    outputs over windows of the recording."""
+    if data is None:
+        return target, corpus_batches(opts, corpus.token_stream("train"), seed)
+    return data.teacher, data.windows(opts.batch_size, length, seed)
+
+
 def regen_stats(opts: StageOpts) -> dict:
     """What the card records of the regenerated data a head trained on (nothing for corpus windows)."""
     files = opts.extra.get("regen_data")
@@ -209,8 +224,10 @@ def eagle_loss(target, head, batch: torch.Tensor, passes: int, w_reg: float, w_c
     return total, parts
 
 
-def train_eagle(target, opts: StageOpts, seed: int = 0, log=print):
-    """-> (trained EagleDraftHead fp32, stats). The target is frozen; embedding and LM head are shared."""
+def train_eagle(target, opts: StageOpts, seed: int = 0, log=print, data=None):
+    """-> (trained EagleDraftHead fp32, stats). The target is frozen; embedding and LM head are shared. data: where
+    the batches and the target's outputs come from (`specdec.zoo.train.record.RecordedData`; default the corpus,
+    the target run on each batch)."""
     passes = int(opts.extra.get("unroll", 3))
     w_reg, w_cls = float(opts.extra.get("w_reg", 1.0)), float(opts.extra.get("w_cls", 1.0))
     freeze(target)
@@ -218,11 +235,11 @@ def train_eagle(target, opts: StageOpts, seed: int = 0, log=print):
     head = EagleDraftHead(draft_config_like(target, 1), target)
     init_weights_(head, 1, seed + 10)
     head.train()
-    windows = head_windows(opts, corpus.token_stream("train"), seed + 11)
+    teacher, windows = stage_batches(target, data, opts, opts.seq_len + 1, seed + 11, head_windows)
     stats = run_stage_loop("eagle", opts, head.named_parameters(),
-                      lambda b: eagle_loss(target, head, b, passes, w_reg, w_cls, opts.amp), windows, seed + 12,
+                      lambda b: eagle_loss(teacher, head, b, passes, w_reg, w_cls, opts.amp), windows, seed + 12,
                       None, log)
-    stats.update(regen_stats(opts))
+    stats.update(regen_stats(opts) if data is None else data.stats())
     return head.eval(), stats
 
 
@@ -318,17 +335,19 @@ def eagle3_loss(target, head, batch: torch.Tensor, passes: int, amp: bool, decay
     return total, parts
 
 
-def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
+def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     """-> (trained Eagle3DraftHead fp32, stats). Its draft vocabulary is the opts.extra['draft_vocab_size']
     most frequent ids of the train stream (default: the whole vocabulary, d2t the identity); its features the
     inputs of opts.extra['feature_layers'] (default `zoo_feature_layers`); opts.extra['unroll'] training-time-test
     passes weighted by opts.extra['pass_weight_decay'] ** j (default 1: the mean); opts.extra['w_reg'] the weight of
-    EAGLE's hidden-state regression (default 0: the paper's cross-entropy only, `eagle3_loss`). The target is frozen;
-    the token embedding is shared, the LM head is the head's."""
+    EAGLE's hidden-state regression (default 0: the paper's cross-entropy only, `eagle3_loss`);
+    opts.extra['freeze_lm_head'] keeps the LM head's rows the target's (default: trained). The target is frozen;
+    the token embedding is shared, the LM head is the head's. data: as `train_eagle` (its tokens pick the draft
+    vocabulary)."""
     passes = int(opts.extra.get("unroll", 3))
     decay = float(opts.extra.get("pass_weight_decay", 1.0))
     w_reg = float(opts.extra.get("w_reg", 0.0))
-    stream = corpus.token_stream("train")
+    stream = corpus.token_stream("train") if data is None else data.stream
     V = target.config.vocab_size
     vocab = draft_vocabulary(stream, V, int(opts.extra.get("draft_vocab_size") or V))
     L = target.config.num_hidden_layers
@@ -340,16 +359,19 @@ def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print):
     freeze(target)
     torch.manual_seed(seed)
     head = new_eagle3_head(target, vocab, layers, seed + 40, **norms)
+    freeze_lm_head = bool(opts.extra.get("freeze_lm_head", False))
+    if freeze_lm_head:  # its rows stay the target's: the same head then runs with any draft vocabulary
+        head.lm_head.weight.requires_grad_(False)
     head.train()
-    windows = head_windows(opts, stream, seed + 41)
+    teacher, windows = stage_batches(target, data, opts, opts.seq_len + 1, seed + 41, head_windows)
     stats = run_stage_loop("eagle3", opts, head.named_parameters(),
-                      lambda b: eagle3_loss(target, head, b, passes, opts.amp, decay, w_reg), windows, seed + 42,
+                      lambda b: eagle3_loss(teacher, head, b, passes, opts.amp, decay, w_reg), windows, seed + 42,
                       None, log)
     counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=V)
     stats.update(unroll=passes, pass_weight_decay=decay, w_reg=w_reg, draft_vocab_size=len(vocab),
                  feature_layers=layers, **norms,
                  draft_vocab_train_coverage=round(float(counts[vocab.numpy()].sum() / counts.sum()), 6),
-                 **regen_stats(opts))
+                 **(regen_stats(opts) if data is None else data.stats()))
     return head.eval(), stats
 
 
@@ -424,7 +446,10 @@ DRAFT_LM_SHAPE = ("num_layers", "hidden_size", "intermediate_size", "num_attenti
 def new_draft_lm(target, extra, seed: int) -> LlamaForCausalLM:
     """An untrained draft LM for `target`: a Llama of the target's vocabulary, rotary base and context, shaped by
     `extra`'s `DRAFT_LM_SHAPE` keys, with `init_weights_`. It shares no weight with the target (its own embedding,
-    decoder and LM head), so it is a standalone LM as STANDALONE drafting loads one."""
+    decoder and LM head), so it is a standalone LM as STANDALONE drafting loads one. extra['tie_word_embeddings']:
+    one matrix for its embedding and LM head (a large vocabulary's draft then ships half the bytes);
+    extra['embed_from_target']: its embedding starts as the target's projected onto the target embedding's
+    `hidden_size` principal directions (so a narrow draft starts with the target's notion of which ids are alike)."""
     missing = [k for k in DRAFT_LM_SHAPE if k not in extra]
     if missing:
         raise ValueError(f"the draft LM's shape lacks {missing} (opts.extra)")
@@ -433,9 +458,19 @@ def new_draft_lm(target, extra, seed: int) -> LlamaForCausalLM:
     cfg = LlamaConfig(vocab_size=tc.vocab_size, hidden_size=H, intermediate_size=inter, num_hidden_layers=L,
                       num_attention_heads=heads, num_key_value_heads=kv, rope_theta=tc.rope_theta,
                       rope_scaling=tc.rope_scaling, max_position_embeddings=tc.max_position_embeddings,
-                      tie_word_embeddings=False)
+                      tie_word_embeddings=bool(extra.get("tie_word_embeddings", False)))
     lm = LlamaForCausalLM(cfg)
     init_weights_(lm, L, seed)
+    if extra.get("embed_from_target", False):
+        with torch.no_grad():
+            e = target.model.embed_tokens.weight.float()
+            centred = e - e.mean(0)
+            _, _, vh = torch.linalg.svd(centred[torch.randperm(len(e), generator=torch.Generator().manual_seed(seed))
+                                                [:8192]], full_matrices=False)
+            proj = centred @ vh[:H].T
+            lm.model.embed_tokens.weight.copy_(proj * (0.02 / proj.std()))
+            if not cfg.tie_word_embeddings:
+                lm.lm_head.weight.copy_(lm.model.embed_tokens.weight)
     return lm
 
 
@@ -451,7 +486,7 @@ def draft_lm_loss(target, lm, batch: torch.Tensor, amp: bool):
     return ce, {"ce": float(ce.detach()), "agree": float(agree)}
 
 
-def train_draft_lm(target, opts: StageOpts, seed: int = 0, log=print):
+def train_draft_lm(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     """-> (trained draft LM, a LlamaForCausalLM fp32, stats). Shaped by opts.extra (`DRAFT_LM_SHAPE`), distilled
     from the frozen target on windows of opts.seq_len bytes. Its step cost is measured after training, by the bench
     (`specdec.bench.draft_cost`)."""
@@ -459,9 +494,11 @@ def train_draft_lm(target, opts: StageOpts, seed: int = 0, log=print):
     torch.manual_seed(seed + 50)
     lm = new_draft_lm(target, opts.extra, seed + 50)
     lm.train()
-    windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len, seed + 51)
-    stats = run_stage_loop("draft_lm", opts, lm.named_parameters(), lambda b: draft_lm_loss(target, lm, b, opts.amp),
+    teacher, windows = stage_batches(target, data, opts, opts.seq_len, seed + 51, corpus_windows)
+    stats = run_stage_loop("draft_lm", opts, lm.named_parameters(), lambda b: draft_lm_loss(teacher, lm, b, opts.amp),
                       windows, seed + 52, None, log)
+    if data is not None:
+        stats.update(data.stats())
     lm.eval()
     return lm, stats
 
@@ -513,11 +550,12 @@ def dflash_loss(target, model, batch: torch.Tensor, blocks: int, gamma: float, a
     return loss, {"ce": float(loss.detach()), "agree1": float(agree[0]), f"agree{bs - 1}": float(agree[-1])}
 
 
-def train_dflash(target, opts: StageOpts, seed: int = 0, log=print):
+def train_dflash(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     """-> (trained DFlashDraftModel fp32, stats). opts.extra: num_layers, block_size, blocks_per_window (anchors
     per window), gamma (the loss's decay by block position), target_layer_ids (default z-lab's
     `build_target_layer_ids` for num_context_layers layers, the drafter's layer count unless given). The target is
-    frozen; its embedding and LM head are the drafter's; the mask token is the BOS id (never inside a window). Its
+    frozen; its embedding and LM head are the drafter's; the mask token is opts.extra['mask_token_id'] (default the
+    byte vocabulary's BOS id, never inside a window). data: as `train_eagle`. Its
     block cost is measured after training, by the bench (`specdec.bench.draft_cost`)."""
     from ...models.dflash import DFlashDraftModel, build_target_layer_ids, dflash_config_like
     from ...tokenizer import ByteTokenizer
@@ -533,19 +571,22 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print):
     # z-lab's rule, clipped to the layers a shallow target has
     layer_ids = ex.get("target_layer_ids") or sorted({min(max(i, 0), T - 2) for i in build_target_layer_ids(
         T, int(ex.get("num_context_layers", L)))})
-    model = DFlashDraftModel(dflash_config_like(target, L, bs, layer_ids, ByteTokenizer.bos_token_id, **shape), target)
+    mask_id = int(ex.get("mask_token_id", ByteTokenizer.bos_token_id))
+    model = DFlashDraftModel(dflash_config_like(target, L, bs, layer_ids, mask_id, **shape), target)
     init_weights_(model, L, seed + 60)
     if ex.get("norm_from_target", False):  # the output norm starts as the target's, whose LM head reads it
         with torch.no_grad():
             model.norm.weight.copy_(target.model.norm.weight)
     model.train()
     cpu0 = time.process_time()
-    windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len, seed + 61)
+    teacher, windows = stage_batches(target, data, opts, opts.seq_len, seed + 61, corpus_windows)
     gen = torch.Generator().manual_seed(seed + 63)
     blocks, gamma = int(ex.get("blocks_per_window", 24)), float(ex.get("gamma", 4.0))
     stats = run_stage_loop("dflash", opts, model.named_parameters(),
-                      lambda b: dflash_loss(target, model, b, blocks, gamma, opts.amp, gen), windows, seed + 62,
+                      lambda b: dflash_loss(teacher, model, b, blocks, gamma, opts.amp, gen), windows, seed + 62,
                       None, log)
+    if data is not None:
+        stats.update(data.stats())
     model.eval()
     stats["train_cpu_seconds"] = round(time.process_time() - cpu0, 1)  # wall time counts other processes' load
     stats["target_layer_ids"] = list(model.config.target_layer_ids)

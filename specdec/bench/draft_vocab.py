@@ -1,0 +1,133 @@
+"""`specdec bench --suite draft-vocab`: a real target's EAGLE-3 head with each draft vocabulary (`--vocab-sizes`, the
+most frequent ids of the target's recorded answers first), acceptance against what a draft step costs.
+
+The head's LM head rows are the target's (`specdec zoo train-draft` trains it so), so one trained head runs with any
+vocabulary (`Eagle3DraftHead.with_draft_vocabulary`): a larger one lets it propose more of what the target writes and
+costs more per draft step (its LM head reads more rows). Every size decodes the same held-out chat prompts at B = 1,
+greedy, beside target-only in the same run; one CSV (`results/draft-vocab-<run_id>.csv`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import Engine, SamplingParams
+from ..draft_kinds import DRAFT_KINDS
+from .acceptance import _forward_pass, _measure
+from .common import DTYPES, Run, RunRow, dtype_name, median_of, progress_bar
+
+#: the vocabularies the suite runs when none are given (None: the target's whole vocabulary)
+DEFAULT_SIZES = (None, 32768, 16384, 8192, 4096)
+
+
+@dataclass
+class DraftVocabRow(RunRow):
+    """One draft vocabulary (or target-only) of `specdec bench --suite draft-vocab`."""
+
+    model: str
+    dtype: str
+    label: str
+    draft_vocab_size: int
+    output_token_coverage: float  # of target-only's output tokens, the fraction inside the draft vocabulary
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    batch_size: int
+    num_prompts: int
+    max_new_tokens: int
+    repeats: int
+    tokens: int
+    cpu_s: float
+    cpu_tokens_per_s: float
+    cpu_tokens_per_s_by_pass: str
+    mean_accept_len: float | str
+    draft_ms_per_step: float | str
+    step_cost_in_target_only_steps: float
+    cpu_speedup_vs_target_only: float
+    cpu_speedup_vs_whole_vocab: float | str
+    same_tokens_as_target_only: bool
+
+
+def token_ranking(bundle) -> torch.Tensor:
+    """The target's ids, most frequent in its recorded training answers first (`token_ranking.npy` beside its
+    drafts, written by `specdec zoo train-draft`)."""
+    path = None if bundle.path is None else bundle.path / "token_ranking.npy"
+    if path is None or not path.is_file():
+        raise ValueError(f"{bundle.name!r} ships no token_ranking.npy beside its drafts (`specdec zoo train-draft "
+                         f"--kind eagle3` writes it)")
+    return torch.from_numpy(np.load(path).astype(np.int64))
+
+
+def run_draft_vocab(bundle, sizes, prompts, max_new_tokens: int, repeats: int, stop_token_ids, out_dir,
+                    progress=print):
+    """Target-only and the EAGLE-3 head at each draft vocabulary size, B = 1, greedy -> the CSV's path."""
+    head, V = bundle.eagle3, bundle.target.config.vocab_size
+    if head is None:
+        raise ValueError(f"{bundle.name!r} ships no EAGLE-3 head")
+    sizes = [V if s is None else s for s in sizes]
+    bad = [s for s in sizes if not 1 <= s <= V]
+    if bad:
+        raise ValueError(f"--vocab-sizes {bad} must be in [1, {V}] (the target's vocabulary)")
+    ranking = token_ranking(bundle)
+    spec = DRAFT_KINDS["eagle3"].default_spec(head)
+    max_len = max(len(p) for p in prompts) + max_new_tokens + 64
+    params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids))
+    runners = [Engine(bundle.target, max_batch=1, max_seq_len=max_len)]
+    runners += [Engine(bundle.target, head.with_draft_vocabulary(ranking[:n]), spec, max_batch=1, max_seq_len=max_len)
+                for n in sizes]
+    batches = [[p] for p in prompts]
+    bar = progress_bar(len(runners) * len(batches) * (repeats + 1), "draft-vocab", unit="prompt")
+    measured = _measure(runners, batches, params, repeats, bar.update)
+    phases = [_forward_pass(r, batches, params, bar.update) for r in runners]
+    bar.close()
+    medians = [median_of(ps, key=lambda p: p["tokens"] / p["cpu"]) for ps in measured]
+    base = medians[0]
+    base_tps, base_step = base["tokens"] / base["cpu"], base["cpu"] / base["steps"]
+    out_tokens = torch.tensor([t for o in base["outs"] for t in o.token_ids])
+    run, rows = Run("draft-vocab", bundle.target.device), []
+    whole_tps = None
+    for n, ps, med, ph in zip([V] + sizes, measured, medians, phases):
+        is_base = med is base
+        acc = [a for o in med["outs"] for a in o.accept_lens]
+        tps = med["tokens"] / med["cpu"]
+        if n == V and not is_base:
+            whole_tps = tps
+        inside = torch.isin(out_tokens, ranking[:n]).float().mean().item()
+        rows.append(DraftVocabRow(
+            **run.prefix(), model=bundle.name, dtype=dtype_name(bundle.target.dtype),
+            label="target-only" if is_base else f"EAGLE-3 vocab {n}", draft_vocab_size=0 if is_base else n,
+            output_token_coverage=round(inside, 4) if not is_base else "",
+            num_steps=0 if is_base else spec.num_steps, topk=0 if is_base else spec.topk,
+            num_draft_tokens=1 if is_base else spec.num_draft_tokens, batch_size=1, num_prompts=len(prompts),
+            max_new_tokens=max_new_tokens, repeats=repeats, tokens=med["tokens"], cpu_s=round(med["cpu"], 4),
+            cpu_tokens_per_s=round(tps, 2),
+            cpu_tokens_per_s_by_pass=";".join(f"{p['tokens'] / p['cpu']:.2f}" for p in ps),
+            mean_accept_len=round(sum(acc) / len(acc), 4) if acc and not is_base else "",
+            draft_ms_per_step=round(ph[1] * 1e3, 4) if not is_base else "",
+            step_cost_in_target_only_steps=round(med["cpu"] / med["steps"] / base_step, 4),
+            cpu_speedup_vs_target_only=round(tps / base_tps, 4), cpu_speedup_vs_whole_vocab="",
+            same_tokens_as_target_only=all(a.token_ids == b.token_ids for a, b in zip(med["outs"], base["outs"]))))
+        progress(f"{rows[-1].label:22s} accept {rows[-1].mean_accept_len or 1:.2f} cpu-tok/s {tps:7.2f} "
+                 f"x{rows[-1].cpu_speedup_vs_target_only:.2f} same={rows[-1].same_tokens_as_target_only}")
+    if whole_tps:
+        for r in rows[1:]:
+            r.cpu_speedup_vs_whole_vocab = round(r.cpu_tokens_per_s / whole_tps, 4)
+    return run.write(rows, out_dir, "draft-vocab")
+
+
+def main_draft_vocab(args) -> int:
+    """`specdec bench --suite draft-vocab --model NAME`: held-out chat prompts (--num-prompts, --max-new-tokens,
+    --repeats), written to args.out."""
+    from .. import zoo
+    from ..zoo.chat_prompts import chat_prompt_ids
+
+    if args.model not in zoo.REAL_TARGETS:
+        raise ValueError(f"--suite draft-vocab runs a real target's EAGLE-3 head: --model one of "
+                         f"{sorted(zoo.REAL_TARGETS)}, got {args.model!r}")
+    bundle = zoo.load(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    prompts = chat_prompt_ids(bundle.tokenizer, "heldout", args.num_prompts, seed=0)
+    path = run_draft_vocab(bundle, args.vocab_sizes or DEFAULT_SIZES, prompts, args.max_new_tokens, args.repeats,
+                           bundle.tokenizer.eos_token_ids, args.out)
+    print(f"wrote {path}")
+    return 0

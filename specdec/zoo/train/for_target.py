@@ -1,0 +1,223 @@
+"""Drafts for any target (`specdec zoo train-draft`): an EAGLE-3 head with a reduced draft vocabulary, an EAGLE head,
+a DFlash drafter and a distilled draft LM, trained on the target's own chat answers (`record`), written in the layout
+their peers read (SGLang / SafeAILab for EAGLE-3 and EAGLE, z-lab for DFlash, Hugging Face for the draft LM) in float16,
+each config.json naming the target it was trained for (`specdec_target_fingerprint`, see
+`specdec.zoo.target_fingerprint`), and a card row per draft: data, steps, time, held-out agreement by depth, command.
+
+The zoo's stages train them (`stages.train_eagle3`, ...), reading the recording instead of running the target
+(`record.RecordedData`); only their settings differ from the byte pairs' (`target_draft_opts`)."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...draft_kinds import DRAFT_KINDS, draft_kind, resolve
+from ...models.eagle3 import default_feature_layers
+from ...models.io import save_dir
+from .. import target_fingerprint
+from .card import shape_summary
+from .hparams import StageOpts
+from .loop import freeze, num_params
+
+#: the kinds trained for a given target, in the order `specdec zoo train-draft --kind all` trains them
+TARGET_DRAFT_KINDS = ("eagle3", "eagle", "dflash", "draft_lm")
+#: what a draft for a given target is stored in (drafts only propose: their rounding cannot change a decoded token)
+TARGET_DRAFT_DTYPE = torch.float16
+
+
+def target_draft_opts(target, mask_token_id: int) -> dict[str, StageOpts]:
+    """Each kind's default settings for `target`: fp32 (bf16 autocast is slower on CPUs without AMX), windows of
+    256 tokens, 8 per step. The EAGLE-3 head reads the target's default features (SGLang's low, middle, high)
+    and proposes from the 8,192 most frequent ids, its LM head's rows kept the target's (so that the same head runs
+    with any draft vocabulary, `eagle3_with_vocabulary`); the DFlash drafter (one layer, blocks of 8) reads the same
+    layers, so one recording serves both; the draft LM is 2 layers at hidden 128 with a tied embedding that
+    starts as the target's principal directions. Steps: about 30 minutes of one core each (a 2-core x86 machine,
+    2026), within the 40 MB the four ship in."""
+    feats = default_feature_layers(target.config.num_hidden_layers)
+    common = dict(batch_size=8, seq_len=256, lr=1e-3, warmup=50, amp=False, min_lr_ratio=0.1)
+    return {
+        "eagle3": StageOpts(steps=330, **common, extra={"unroll": 3, "pass_weight_decay": 0.8,
+                                                        "draft_vocab_size": 8192, "feature_layers": feats,
+                                                        "freeze_lm_head": True}),
+        "eagle": StageOpts(steps=190, **common, extra={"unroll": 3}),
+        "dflash": StageOpts(steps=550, **common, extra={
+            "num_layers": 1, "block_size": 8, "target_layer_ids": [i - 1 for i in feats],
+            "mask_token_id": mask_token_id, "blocks_per_window": 16, "gamma": 4.0, "norm_from_target": True}),
+        "draft_lm": StageOpts(steps=600, **dict(common, lr=2e-3), extra={
+            "num_layers": 2, "hidden_size": 128, "intermediate_size": 384, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "tie_word_embeddings": True, "embed_from_target": True}),
+    }
+
+
+def unused_token_id(tokenizer, stream: np.ndarray) -> int:
+    """The lowest special id of `tokenizer` (else the lowest id) that never occurs in `stream`: the DFlash drafter's
+    mask token, which must never be a real token of a window."""
+    counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=tokenizer.vocab_size)
+    special = sorted(getattr(tokenizer, "special_token_ids", []) or [])
+    for i in special + list(range(tokenizer.vocab_size)):
+        if counts[i] == 0:
+            return int(i)
+    raise ValueError("every id of the vocabulary occurs in the recording: no id is free for DFlash's mask token")
+
+
+def save_target_draft(model, path: Path, fingerprint: str) -> int:
+    """Write `model` in its peers' layout in float16, config.json naming the target's fingerprint -> bytes."""
+    cfg, sd = model.checkpoint()
+    cfg["torch_dtype"] = "float16"
+    cfg["specdec_target_fingerprint"] = fingerprint
+    save_dir(path, cfg, {k: v.detach().to(TARGET_DRAFT_DTYPE) if v.is_floating_point() else v.detach()
+                         for k, v in sd.items()})
+    for f in Path(path).iterdir():
+        f.chmod(0o644)
+    return sum(f.stat().st_size for f in Path(path).iterdir())
+
+
+def write_token_ranking(out: Path, stream: np.ndarray, vocab_size: int) -> Path:
+    """out/token_ranking.npy: every id of the target, most frequent in the recorded answers first (ties: the lower
+    id), int32; an EAGLE-3 head's draft vocabulary of any size is a prefix of it (`specdec bench --suite
+    draft-vocab`)."""
+    counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "token_ranking.npy"
+    np.save(path, np.lexsort((np.arange(vocab_size), -counts)).astype(np.int32))
+    return path
+
+
+def heldout_windows_of(tokens: np.ndarray, n: int, length: int, seed: int = 4321) -> torch.Tensor:
+    """(n, length) int64 windows of a held-out recording's tokens at seeded offsets."""
+    if len(tokens) <= length:
+        raise ValueError(f"a held-out recording of {len(tokens)} tokens is too short for windows of {length}")
+    starts = np.random.default_rng(seed).integers(0, len(tokens) - length, size=n)
+    return torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64))
+
+
+def train_target_draft(target, kind: str, data, opts: StageOpts, out: Path, heldout: torch.Tensor | None,
+                       seed: int = 0, command: str = "", log=print) -> dict:
+    """Train `kind` for `target` on `data` (`record.RecordedData`), write it to out/kind/ and its row into
+    out/card.json -> that row (training stats, held-out metrics of the stored draft by depth, sizes)."""
+    if kind not in TARGET_DRAFT_KINDS:
+        raise ValueError(f"kind must be one of {TARGET_DRAFT_KINDS}, got {kind!r}")
+    freeze(target)
+    stage = DRAFT_KINDS[kind].zoo
+    c0 = time.process_time()
+    model, stats = resolve(stage.trainer)(target, opts, seed=seed, log=log, data=data)
+    stats["train_cpu_seconds"] = round(time.process_time() - c0, 1)
+    fp = target_fingerprint(target)
+    stats["bytes_on_disk"] = save_target_draft(model, out / kind, fp)
+    stored = draft_kind(kind).load(out / kind, target, device="cpu", dtype=torch.float32)
+    row = {"training": stats, "parameters": num_params(model), "config": shape_summary(stored.config),
+           "command": command, "seed": seed, "torch_threads": torch.get_num_threads(),
+           "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if heldout is not None:
+        log(f"== {kind}: held-out metrics of the stored draft")
+        row["heldout"] = stage.evaluate(target, stored, heldout, seq_len=heldout.shape[1] - 3)
+    update_card(out, {"target_fingerprint": fp,
+                      "environment": {"python": sys.version.split()[0], "torch": torch.__version__,
+                                      "machine": platform.machine(), "cpu_count": os.cpu_count()}}, kind, row)
+    return row
+
+
+def update_card(out: Path, fields: dict, kind: str, row: dict) -> None:
+    """out/card.json with `fields` and drafts[kind] = row, under a file lock (drafts train side by side)."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    card_file = out / "card.json"
+    with open(out / ".card.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        card = json.loads(card_file.read_text()) if card_file.is_file() else {}
+        card.update(fields)
+        card.setdefault("drafts", {})[kind] = row
+        card_file.write_text(json.dumps(card, indent=1) + "\n")
+
+
+def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):
+    """A target named as `specdec zoo train-draft --target` takes it: a zoo real target (`specdec zoo list`), a GGUF
+    file or a Hugging Face directory -> (target, tokenizer, the default drafts directory or None)."""
+    from ... import zoo
+    from ...models import LlamaForCausalLM
+    from ...models.gguf import load_gguf, load_gguf_tokenizer
+
+    if spec in zoo.REAL_TARGETS:
+        b = zoo.load_real_target(spec, device=device, dtype=dtype)
+        return b.target, b.tokenizer, zoo.WEIGHTS_DIR / spec
+    path = Path(spec)
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf(path, device=device, dtype=dtype), load_gguf_tokenizer(path), None
+    if path.is_dir() and (path / "config.json").is_file():
+        from ...tokenizer import load_tokenizer
+        return LlamaForCausalLM.from_pretrained(path, device=device, dtype=dtype), load_tokenizer(path), None
+    raise ValueError(f"--target {spec!r} is neither a zoo real target ({sorted(zoo.REAL_TARGETS)}), a .gguf file nor a "
+                     f"Hugging Face directory with a config.json")
+
+
+def main(argv=None) -> int:
+    """`specdec zoo train-draft`."""
+    import argparse
+
+    from ...cli_args import HelpFormatter
+    from .record import RecordedData, load_recordings
+
+    p = argparse.ArgumentParser(
+        prog="specdec zoo train-draft", formatter_class=HelpFormatter,
+        description="Train a draft for a given target on its own recorded chat answers (record them first with "
+                    "`python -m specdec.zoo.train.record`): an EAGLE-3 head with a reduced draft vocabulary, an EAGLE "
+                    "head, a DFlash drafter or a distilled draft LM, written in its peers' layout in float16 with a "
+                    "card row. Example: specdec zoo train-draft --target smollm2-135m-instruct --recordings "
+                    "rec/s0,rec/s1 --heldout rec/h --kind eagle3 --steps 400")
+    p.add_argument("--target", required=True, help="a zoo real target (`specdec zoo list`), a .gguf file or a Hugging "
+                                                   "Face directory")
+    p.add_argument("--recordings", required=True, help="comma-separated recording directories of the target's "
+                                                       "training-split answers")
+    p.add_argument("--heldout", default=None, help="a recording of held-out answers, for the card's agreement by depth")
+    p.add_argument("--kind", required=True, choices=TARGET_DRAFT_KINDS + ("all",))
+    p.add_argument("--out", default=None, help="drafts directory (default: the zoo's weights/<target> for a zoo "
+                                               "target; required otherwise)")
+    p.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the kind's own)")
+    p.add_argument("--batch-size", type=int, default=None, help="windows per step (default: the kind's own)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per window (default: the kind's own)")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="the EAGLE-3 head's draft vocabulary: this many most frequent recorded ids (default 8192)")
+    p.add_argument("--eval-windows", type=int, default=16, help="held-out windows for the card")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    target, tokenizer, default_out = load_target(a.target)
+    out = Path(a.out) if a.out else default_out
+    if out is None:
+        p.error("--out is required for a target outside the zoo")
+    V = target.config.vocab_size
+    if a.draft_vocab is not None and not 1 <= a.draft_vocab <= V:
+        p.error(f"--draft-vocab must be in [1, {V}] (the target's vocabulary), got {a.draft_vocab}")
+    data = RecordedData(target, a.recordings)
+    opts = target_draft_opts(target, unused_token_id(tokenizer, data.stream))
+    heldout = None
+    if a.heldout:
+        heldout = heldout_windows_of(load_recordings(a.heldout).tokens, a.eval_windows, 128 + 3)
+    command = "specdec zoo train-draft " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_token_ranking(out, data.stream, V)
+    for kind in TARGET_DRAFT_KINDS if a.kind == "all" else (a.kind,):
+        o = opts[kind]
+        o.steps = a.steps or o.steps
+        o.batch_size = a.batch_size or o.batch_size
+        o.seq_len = a.seq_len or o.seq_len
+        o.warmup = min(o.warmup, max(1, o.steps // 10))
+        if kind == "eagle3" and a.draft_vocab:
+            o.extra["draft_vocab_size"] = a.draft_vocab
+        row = train_target_draft(target, kind, data, o, out, heldout, a.seed, command.strip(),
+                                 log=lambda s: print(s, file=sys.stderr, flush=True))
+        print(json.dumps({kind: row.get("heldout", {})}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""The target's own chat responses with the hidden states it computed while writing them (SpecForge's practice:
+regenerate the training answers with the target, then train the drafts on what the target read).
+
+`record_responses` decodes chat prompts through the engine's target-only path and keeps, for every token the target
+read (the prompt's and its own answer's, except the answer's last token, which no forward reads), the residual
+streams entering the recorded layers (index L: the last layer's output, before the final norm). The target's logits
+and final hidden state follow from layer L's stream through its norm and LM head (`RecordedTarget`), so a draft
+trains without running the target again.
+
+A recording is a directory: `tokens.npy` (N,) int32, the conversations end to end, each without its last token;
+`features.npy` (N, len(layers) * H) float16, aligned with the tokens; `starts.npy` the offset of each conversation;
+`meta.json` (layers, target fingerprint, prompts, sampling, time). Several recordings (written on several cores)
+are read together by `load_recordings`.
+
+`python -m specdec.zoo.train.record --model smollm2-135m-instruct --prompts N --shard I/K --out DIR`
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...models.outputs import ModelOutput
+from .. import target_fingerprint
+
+
+class _RecordingTarget:
+    """Wraps a target for the engine: every forward also returns the recorded layers' streams, which are kept
+    (tokens, positions and features on the host) while the engine sees the target's usual output."""
+
+    def __init__(self, target, layers):
+        self._target, self.layers, self.calls = target, tuple(layers), []
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+    def __call__(self, input_ids, positions, cache=None, meta=None, return_logits=True, features=None):
+        if features is not None:
+            raise ValueError("a recording target serves the target-only path, which asks for no features")
+        out = self._target(input_ids, positions, cache, meta, return_logits=return_logits, features=self.layers)
+        self.calls.append((input_ids.cpu(), positions.cpu(), out.features.to(torch.float16).cpu()))
+        return ModelOutput(out.logits, out.hidden, None)
+
+
+def _assemble(calls, prompts, outputs):
+    """The engine's forwards -> per conversation (tokens (n,), features (n - 1, F)): the prefill is call 0 (row b =
+    request b); decode step s feeds request r its token s - 1, for the requests still running (len(output) > s), in
+    request order (the engine drops finished rows and keeps the order)."""
+    seqs = []
+    for r, (p, o) in enumerate(zip(prompts, outputs)):
+        toks = list(p) + list(o)
+        ids0, pos0, f0 = calls[0]
+        if not torch.equal(ids0[r, :len(p)], torch.tensor(p)):
+            raise RuntimeError("recording: the prefill rows are not the prompts in order")
+        feats = [f0[r, :len(p)]]
+        seqs.append((toks, feats))
+    for s, (ids, pos, f) in enumerate(calls[1:], start=1):
+        active = [r for r, o in enumerate(outputs) if len(o) > s]
+        if ids.shape[0] != len(active):
+            raise RuntimeError(f"recording: decode step {s} has {ids.shape[0]} rows for {len(active)} requests")
+        for b, r in enumerate(active):
+            if int(ids[b, 0]) != outputs[r][s - 1] or int(pos[b, 0]) != len(prompts[r]) + s - 1:
+                raise RuntimeError(f"recording: decode step {s} row {b} is not request {r}'s token {s - 1}")
+            seqs[r][1].append(f[b, :1])
+    return [(np.asarray(t[:-1], dtype=np.int32), torch.cat(fs).numpy()) for t, fs in seqs]
+
+
+def record_responses(target, prompts, layers, max_new_tokens: int, temperatures, batch_size: int = 16,
+                     seed: int = 0, stop_token_ids=(), log=print):
+    """prompts: token id lists; temperatures: one per prompt (0: greedy) -> (tokens (N,) int32, features (N, F*H)
+    float16, starts (len(prompts),) int64): each conversation is its prompt and the target's answer (up to
+    max_new_tokens, ending at a stop id) without its last token, and the streams entering `layers` at every
+    token."""
+    from ... import Engine, SamplingParams  # the engine imports the zoo's package: import it when called
+
+    if len(temperatures) != len(prompts):
+        raise ValueError(f"got {len(temperatures)} temperatures for {len(prompts)} prompts")
+    rec = _RecordingTarget(target, layers)
+    engine = Engine(rec, max_batch=batch_size, max_seq_len=max(len(p) for p in prompts) + max_new_tokens + 1)
+    toks, feats, starts, n = [], [], [], 0
+    t0 = time.time()
+    for lo in range(0, len(prompts), batch_size):
+        batch = prompts[lo:lo + batch_size]
+        params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=t, stop_token_ids=list(stop_token_ids))
+                  for t in temperatures[lo:lo + batch_size]]
+        rec.calls = []
+        outs = engine.generate(batch, params, seed=seed + lo)
+        for t, f in _assemble(rec.calls, batch, [o.token_ids for o in outs]):
+            starts.append(n)
+            toks.append(t)
+            feats.append(f)
+            n += len(t)
+        log(f"[record] {lo + len(batch)}/{len(prompts)} conversations, {n} tokens, {time.time() - t0:.0f}s")
+    return np.concatenate(toks), np.concatenate(feats), np.asarray(starts, dtype=np.int64)
+
+
+@dataclass
+class Recording:
+    """Recordings read together: tokens (N,) int64, features (N, F) float16 (memory-mapped), layers, meta."""
+
+    tokens: np.ndarray
+    features: np.ndarray
+    layers: tuple
+    meta: list
+
+
+def load_recordings(dirs) -> Recording:
+    """Comma-separated recording directories (or a list) -> one `Recording`; they must record the same layers of
+    the same target."""
+    dirs = [Path(d) for d in (dirs.split(",") if isinstance(dirs, str) else dirs) if str(d)]
+    if not dirs:
+        raise ValueError("recordings: no directory given")
+    metas, toks, feats = [], [], []
+    for d in dirs:
+        if not (d / "meta.json").is_file():
+            raise ValueError(f"recording {str(d)!r}: no meta.json (not a directory `record` wrote)")
+        metas.append(json.loads((d / "meta.json").read_text()))
+        toks.append(np.load(d / "tokens.npy").astype(np.int64))
+        feats.append(np.load(d / "features.npy", mmap_mode="r"))
+    for m in metas[1:]:
+        if m["layers"] != metas[0]["layers"] or m["target"] != metas[0]["target"]:
+            raise ValueError(f"recordings {[str(d) for d in dirs]} record different layers or targets")
+    features = feats[0] if len(feats) == 1 else np.concatenate(feats)
+    return Recording(np.concatenate(toks), features, tuple(metas[0]["layers"]), metas)
+
+
+class RecordedTarget(torch.nn.Module):
+    """The frozen target as the trainer's losses call it (`target(x, positions, features=...)`), answered from a
+    recording: the batch `RecordedWindows` drew last, whose ids x must be (a prefix of). Logits and the final hidden
+    state are the target's norm and LM head applied to the recorded layer-L stream."""
+
+    def __init__(self, target, layers):
+        super().__init__()
+        L = target.config.num_hidden_layers
+        if L not in layers:
+            raise ValueError(f"a recording must keep layer {L} (the last layer's output), got layers {list(layers)}")
+        self.target, self.layers, self.current = target, tuple(layers), None
+
+    def forward(self, input_ids, positions=None, cache=None, meta=None, return_logits=True, features=None):
+        ids, feats = self.current
+        T = input_ids.shape[1]
+        if T > ids.shape[1] or not torch.equal(input_ids, ids[:, :T]):
+            raise ValueError("RecordedTarget: the ids are not (a prefix of) the batch last drawn from the recording")
+        H = self.target.config.hidden_size
+        f = feats[:, :T].float()
+        part = {i: f[..., k * H:(k + 1) * H] for k, i in enumerate(self.layers)}
+        hidden = self.target.model.norm(part[self.target.config.num_hidden_layers])
+        logits = self.target.compute_logits(hidden) if return_logits else None
+        if features is not None:
+            missing = [i for i in features if i not in part]
+            if missing:
+                raise ValueError(f"the recording keeps layers {list(self.layers)}, not {missing}")
+        out_f = None if features is None else torch.cat([part[i] for i in features], dim=-1)
+        return ModelOutput(logits, hidden, out_f)
+
+
+class RecordedWindows:
+    """Seeded random windows of a recording (`Windows`' interface): `next()` -> (B, length) int64 ids, and the
+    teacher's `current` set to those ids with their features."""
+
+    def __init__(self, rec: Recording, teacher: RecordedTarget, batch_size: int, length: int, seed: int):
+        if len(rec.tokens) <= length:
+            raise ValueError(f"a recording of {len(rec.tokens)} tokens is too short for windows of {length}")
+        self.rec, self.teacher, self.batch_size, self.length = rec, teacher, batch_size, length
+        self.rng = np.random.default_rng(seed)
+
+    def next(self) -> torch.Tensor:
+        starts = np.sort(self.rng.integers(0, len(self.rec.tokens) - self.length, size=self.batch_size))
+        ids = torch.from_numpy(np.stack([self.rec.tokens[s:s + self.length] for s in starts]))
+        feats = torch.from_numpy(np.stack([self.rec.features[s:s + self.length] for s in starts]))
+        self.teacher.current = (ids, feats)
+        return ids
+
+
+class RecordedData:
+    """What a trainer stage reads from recordings instead of the corpus (`stages.stage_batches`): `stream`, the
+    recorded tokens (the draft vocabulary is their most frequent ids); `teacher`, the target answered from the
+    recording; `windows(batch_size, length, seed)`; `stats()`, what the card records of the data. The recordings
+    must be of this target (its fingerprint)."""
+
+    def __init__(self, target, dirs):
+        self.rec = load_recordings(dirs)
+        want = target_fingerprint(target)
+        if self.rec.meta[0]["target"] != want:
+            raise ValueError(f"recordings {dirs!r} were written by target {self.rec.meta[0]['target']}, not this one "
+                             f"({want})")
+        self.teacher = RecordedTarget(target, self.rec.layers)
+        self.stream = self.rec.tokens
+
+    def windows(self, batch_size: int, length: int, seed: int) -> RecordedWindows:
+        return RecordedWindows(self.rec, self.teacher, batch_size, length, seed)
+
+    def stats(self) -> dict:
+        m = self.rec.meta
+        return {"data": {"recordings": len(m), "conversations": sum(x["conversations"] for x in m),
+                         "tokens": int(len(self.rec.tokens)), "split": m[0]["split"], "layers": list(self.rec.layers),
+                         "max_new_tokens": m[0]["max_new_tokens"], "sampled_every": m[0]["sampled_every"],
+                         "temperature": m[0]["temperature"],
+                         "record_cpu_seconds": round(sum(x["cpu_seconds"] for x in m), 1)}}
+
+
+def main(argv=None) -> int:
+    from ... import zoo
+    from ..chat_prompts import chat_prompt_ids
+    from ...models.eagle3 import default_feature_layers
+
+    p = argparse.ArgumentParser(prog="python -m specdec.zoo.train.record", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct", help="zoo target (default: %(default)s)")
+    p.add_argument("--prompts", type=int, required=True, help="chat prompts of --split, all shards together")
+    p.add_argument("--split", default="train", choices=("train", "heldout"),
+                   help="the chat prompts' split (`specdec.zoo.chat_prompts`; default: %(default)s)")
+    p.add_argument("--shard", default="0/1", help="I/K: record every K-th prompt from the I-th (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=192)
+    p.add_argument("--sampled-every", type=int, default=4,
+                   help="every N-th prompt is answered at --temperature, the others greedily (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True, help="directory to write")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    i, k = (int(x) for x in a.shard.split("/"))
+    bundle = zoo.load(a.model)
+    target, tok = bundle.target, bundle.tokenizer
+    L = target.config.num_hidden_layers
+    layers = sorted(set(default_feature_layers(L)) | {L})
+    all_ids = chat_prompt_ids(tok, a.split, a.prompts, a.seed)
+    idx = list(range(i, a.prompts, k))
+    prompts = [all_ids[j] for j in idx]
+    temps = [a.temperature if j % a.sampled_every == a.sampled_every - 1 else 0.0 for j in idx]
+    t0, c0 = time.time(), time.process_time()
+    toks, feats, starts = record_responses(target, prompts, layers, a.max_new_tokens, temps, a.batch_size,
+                                           a.seed * 1000 + i, tok.eos_token_ids, log=lambda s: print(s, file=sys.stderr))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "tokens.npy", toks)
+    np.save(out / "features.npy", feats)
+    np.save(out / "starts.npy", starts)
+    meta = {"target": target_fingerprint(target), "model": a.model, "layers": layers, "split": a.split,
+            "prompts": a.prompts, "shard": a.shard, "seed": a.seed, "conversations": len(prompts),
+            "tokens": int(len(toks)), "max_new_tokens": a.max_new_tokens, "sampled_every": a.sampled_every,
+            "temperature": a.temperature, "wall_seconds": round(time.time() - t0, 1),
+            "cpu_seconds": round(time.process_time() - c0, 1), "threads": a.threads}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {out}: {len(prompts)} conversations, {len(toks)} tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
