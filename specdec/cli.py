@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     demo.add_argument("--num-prompts", type=positive_int, default=2, help="held-out prompts, decoded one at a time")
     demo.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     demo.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
-    demo.add_argument("--model", default="auto", choices=["auto"] + zoo_names, help=MODEL_HELP)
+    demo.add_argument("--model", default="auto", choices=["auto"] + zoo_names + sorted(zoo.REAL_TARGETS),
+                      help=MODEL_HELP + " (a real target answers held-out chat prompts)")
     gen = sub.add_parser("generate", formatter_class=fmt,
                          help="decode a prompt (text) with a zoo pair or checkpoint directories, streaming the "
                               "continuation, then the same request target-only for comparison",

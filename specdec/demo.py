@@ -12,14 +12,27 @@ from .bench.cases import CASES
 
 
 def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, device="cpu", model=None) -> int:
-    """model: a zoo pair's name (default `zoo.speed_pair()`, the deep pair when it ships)."""
+    """model: a zoo pair's name (default `zoo.speed_pair()`, the deep pair when it ships), or a real target
+    (`zoo.REAL_TARGETS`), which answers held-out chat prompts through its chat template, stops at its EOS ids and
+    runs each of its drafts at its default shape."""
     from . import zoo
+    from .draft_kinds import DRAFT_KINDS
+    from .zoo.chat_prompts import chat_prompt_ids
     from .zoo.corpus import heldout_prompts
 
     bundle = zoo.load(model or zoo.speed_pair(), device=device)
     tok = bundle.tokenizer
-    prompts = heldout_prompts(num_prompts, prompt_len, seed=3)
-    params = SamplingParams(max_new_tokens=max_new_tokens, return_logprob=True)
+    cases = CASES
+    if bundle.name in zoo.REAL_TARGETS:
+        prompts = chat_prompt_ids(tok, "heldout", num_prompts, seed=3)
+        stop = list(tok.eos_token_ids)
+        offered = {c.kind for c in CASES if c.spec is not None and getattr(bundle, c.kind) is not None}
+        cases = [c for c in CASES if c.spec is None or (c.kind in offered and c.spec == DRAFT_KINDS[c.kind]
+                                                          .default_spec(getattr(bundle, c.kind)))]
+    else:
+        prompts, stop = heldout_prompts(num_prompts, prompt_len, seed=3), []
+    params = SamplingParams(max_new_tokens=max_new_tokens, return_logprob=True, stop_token_ids=stop)
+    max_seq_len = max(len(p) for p in prompts) + max_new_tokens + 64
     ran = Engine._resolve_impl(impl, bundle.target.device)  # what "auto" means here
     print(f"specdec demo: zoo checkpoint {bundle.name!r}, impl={ran}, device={bundle.target.device}, "
           f"{num_prompts} held-out prompts, greedy, {max_new_tokens} new tokens, batch size 1")
@@ -28,14 +41,13 @@ def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, devi
     base, base_tps, status = None, None, 0
     header = (f"{'worker':26s}{'accepted/step':>14s}{'tokens/s':>10s}{'vs target-only':>16s}  {'identical':9s}  "
               f"max |logprob diff|")
-    for case in CASES:
+    for case in cases:
         name, spec = case.label, case.spec
         draft = getattr(bundle, case.kind) if spec else None
         if spec is not None and draft is None:  # a kind registered before this pair was trained with it
             print(f"{name:26s}skipped: {bundle.name!r} ships no {case.kind} draft")
             continue
-        engine = Engine(bundle.target, draft, spec, impl=impl, max_batch=1,
-                        max_seq_len=prompt_len + max_new_tokens + 64)
+        engine = Engine(bundle.target, draft, spec, impl=impl, max_batch=1, max_seq_len=max_seq_len)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=8))  # warm-up
         outs, wall, tokens, acc = [], 0.0, 0, []
         for p in prompts:  # B = 1: the latency setting speculative decoding is for

@@ -179,7 +179,29 @@ def tune_choice_section(path: Path) -> list[str]:
     return lines
 
 
-SECTIONS = {"acceptance": acceptance_section, "heads": heads_section, "tune": tune_section,
+def draft_vocab_section(path: Path) -> list[str]:
+    """`specdec bench --suite draft-vocab`: one row per draft vocabulary, against target-only and the whole
+    vocabulary."""
+    df = pd.read_csv(path)
+    head = ["draft vocabulary", "answers' ids inside it", "accepted / step", "draft ms / step", "step cost",
+            "CPU tok/s", "vs target-only", "vs the whole vocabulary"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in df.iterrows():
+        base = r["draft_vocab_size"] == 0
+        lines.append("| " + " | ".join([
+            "target-only" if base else f"{int(r['draft_vocab_size']):,}",
+            "" if base else f"{r['output_token_coverage']:.1%}",
+            "1.00" if base else f"{r['mean_accept_len']:.2f}", "" if base else f"{r['draft_ms_per_step']:.1f}",
+            f"{r['step_cost_in_target_only_steps']:.2f}", f"{r['cpu_tokens_per_s']:.1f}",
+            f"{r['cpu_speedup_vs_target_only']:.2f}x",
+            "" if base or _num(r["cpu_speedup_vs_whole_vocab"]) is None else
+            f"{r['cpu_speedup_vs_whole_vocab']:.2f}x"]) + " |")
+    same = df["same_tokens_as_target_only"].astype(str).eq("True").all()
+    lines += ["", f"Every output token-identical to target-only: {'yes' if same else '**no**'}."]
+    return lines
+
+
+SECTIONS = {"acceptance": acceptance_section, "draft-vocab": draft_vocab_section, "heads": heads_section, "tune": tune_section,
             "tune-choice": tune_choice_section, "penalties": penalties_section, "grammar": grammar_section,
             "gpu-e2e": gpu_e2e_section}
 

@@ -524,7 +524,8 @@ def main(argv=None) -> int:
                                             "JSON the engine loads (Engine(..., spec='tuned:PATH') or "
                                             "'adaptive:PATH'). Prints how long the run will take before it starts. "
                                             "Example: specdec tune --kind eagle3 --batch-sizes 1,4")
-    p.add_argument("--model", default="auto", choices=["auto", *zoo.names()], help=MODEL_HELP)
+    p.add_argument("--model", default="auto", choices=["auto", *zoo.names(), *sorted(zoo.REAL_TARGETS)],
+                   help=MODEL_HELP + " (a real target tunes on held-out chat prompts)")
     p.add_argument("--kind", default="eagle", choices=list(DRAFT_KINDS),
                    help="the pair's draft to tune: a kind that switches shapes (eagle, eagle3, draft_lm, ngram)")
     p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes, one tuned shape each")
@@ -594,10 +595,20 @@ def estimate(target, prompts, planned: dict, max_new_tokens: int) -> str:
             f"usually runs faster); --num-prompts, --max-new-tokens, --batch-sizes and --check-repeats shorten it")
 
 
+def _prompts(bundle, n: int, prompt_len: int, seed: int) -> list[list[int]]:
+    """Held-out prompts: a real target's chat prompts through its chat template, a byte pair's stdlib code."""
+    from .. import zoo
+    if bundle.name in zoo.REAL_TARGETS:
+        from ..zoo.chat_prompts import chat_prompt_ids
+        return chat_prompt_ids(bundle.tokenizer, "heldout", n, seed=seed)
+    from ..zoo.corpus import heldout_prompts
+    return heldout_prompts(n, prompt_len, seed=seed)
+
+
 def _tune_command(a, sizes) -> int:
     from .. import zoo
     from ..draft_kinds import draft_kind
-    from ..zoo.corpus import heldout_prompts, prose_prompts
+    from ..zoo.corpus import prose_prompts
     from .common import DTYPES, write_csv
 
     kind = draft_kind(a.kind)
@@ -609,7 +620,7 @@ def _tune_command(a, sizes) -> int:
     draft = getattr(bundle, a.kind, None)
     if draft is None:
         raise ValueError(f"zoo pair {name!r} ships no {a.kind!r} draft")
-    prompts = heldout_prompts(a.num_prompts, a.prompt_len, seed=1)
+    prompts = _prompts(bundle, a.num_prompts, a.prompt_len, seed=1)
     run = Run("tune", bundle.target.device)
     shapes = [] if a.check_tuned else candidate_shapes(a.max_steps)
     check_sets = a.check_sets.split(",") if a.check_grid or a.check_tuned else []
@@ -638,7 +649,7 @@ def _tune_command(a, sizes) -> int:
         written = Path(a.out or Path(a.results) / f"tuned-{name}-{a.kind}.json")
         tuned.save(written)
     if a.check_grid or a.check_tuned:
-        code = heldout_prompts(a.num_prompts, a.prompt_len, seed=0)
+        code = _prompts(bundle, a.num_prompts, a.prompt_len, seed=0)
         mixed = mixed_prompts(code, prose_prompts(a.num_prompts, a.prompt_len, seed=0))[:a.num_prompts]
         sets = {"code": code, "mixed": mixed, "sampled": sampled_prompts(code, m.params)}
         check_grid(m, tuned, {k: sets[k] for k in check_sets}, sizes, a.check_repeats, rows, run, name, progress=say)

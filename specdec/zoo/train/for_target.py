@@ -38,7 +38,7 @@ def target_draft_opts(target, mask_token_id: int) -> dict[str, StageOpts]:
     256 tokens, 8 per step. The EAGLE-3 head reads the target's default features (SGLang's low, middle, high)
     and proposes from the 8,192 most frequent ids, its LM head's rows kept the target's (so that the same head runs
     with any draft vocabulary, `eagle3_with_vocabulary`); the DFlash drafter (one layer, blocks of 8) reads the same
-    layers, so one recording serves both; the draft LM is 2 layers at hidden 128 with a tied embedding that
+    layers, so one recording serves both; the draft LM is 2 layers at hidden 96 with a tied embedding that
     starts as the target's principal directions. Steps: about 30 minutes of one core each (a 2-core x86 machine,
     2026), within the 40 MB the four ship in."""
     feats = default_feature_layers(target.config.num_hidden_layers)
@@ -52,7 +52,7 @@ def target_draft_opts(target, mask_token_id: int) -> dict[str, StageOpts]:
             "num_layers": 1, "block_size": 8, "target_layer_ids": [i - 1 for i in feats],
             "mask_token_id": mask_token_id, "blocks_per_window": 16, "gamma": 4.0, "norm_from_target": True}),
         "draft_lm": StageOpts(steps=600, **dict(common, lr=2e-3), extra={
-            "num_layers": 2, "hidden_size": 128, "intermediate_size": 384, "num_attention_heads": 2,
+            "num_layers": 2, "hidden_size": 96, "intermediate_size": 256, "num_attention_heads": 2,
             "num_key_value_heads": 1, "tie_word_embeddings": True, "embed_from_target": True}),
     }
 
@@ -125,8 +125,33 @@ def train_target_draft(target, kind: str, data, opts: StageOpts, out: Path, held
     return row
 
 
+def render_target_card(card: dict, name: str) -> str:
+    """The drafts directory's README.md (its model card, as a Hugging Face repository has one): one row per draft,
+    from card.json."""
+    lines = [f"# Drafts for `{name}`", "",
+             "Trained by `specdec zoo train-draft` on the target's own answers to training-split chat prompts "
+             "(`specdec.zoo.chat_prompts`: instructions about the Python standard library's docstrings, split by "
+             "module), recorded with the hidden states it computed while writing them (`python -m "
+             "specdec.zoo.train.record`). Each directory is in the layout its peers read, in float16, and names the "
+             f"target it was trained for (fingerprint `{card.get('target_fingerprint')}`). Generated from "
+             "card.json.", "",
+             "| draft | parameters | MB | data (recorded tokens) | steps x batch x tokens | CPU minutes | "
+             "held-out top-1 agreement by depth |", "|---|---|---|---|---|---|---|"]
+    for kind, row in card.get("drafts", {}).items():
+        t = row["training"]
+        agree = " / ".join(f"{v['top1_agreement']:.2f}" for v in row.get("heldout", {}).values()) or "-"
+        lines.append(f"| {kind} | {row['parameters'] / 1e6:.1f} M | {t['bytes_on_disk'] / 1e6:.1f} | "
+                     f"{t['data']['tokens']:,} ({t['data']['conversations']:,} answers) | {t['steps']} x "
+                     f"{t['batch_size']} x {t['seq_len']} | {t['train_cpu_seconds'] / 60:.0f} | {agree} |")
+    lines += ["", "Agreement: how often the draft's most likely token at draft depth d (DFlash: block position d) is "
+              "the target's, on windows of held-out answers (modules no training prompt quoted). Commands:", ""]
+    lines += [f"- {kind}: `{row['command']}`" for kind, row in card.get("drafts", {}).items()]
+    return "\n".join(lines) + "\n"
+
+
 def update_card(out: Path, fields: dict, kind: str, row: dict) -> None:
-    """out/card.json with `fields` and drafts[kind] = row, under a file lock (drafts train side by side)."""
+    """out/card.json with `fields` and drafts[kind] = row, under a file lock (drafts train side by side), and the
+    README.md rendered from it."""
     import fcntl
 
     out.mkdir(parents=True, exist_ok=True)
@@ -137,6 +162,7 @@ def update_card(out: Path, fields: dict, kind: str, row: dict) -> None:
         card.update(fields)
         card.setdefault("drafts", {})[kind] = row
         card_file.write_text(json.dumps(card, indent=1) + "\n")
+        (out / "README.md").write_text(render_target_card(card, out.name))
 
 
 def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):

@@ -238,7 +238,8 @@ def main(argv=None) -> int:
     temps = [a.temperature if j % a.sampled_every == a.sampled_every - 1 else 0.0 for j in idx]
     t0, c0 = time.time(), time.process_time()
     toks, feats, starts = record_responses(target, prompts, layers, a.max_new_tokens, temps, a.batch_size,
-                                           a.seed * 1000 + i, tok.eos_token_ids, log=lambda s: print(s, file=sys.stderr))
+                                           a.seed * 1000 + i, tok.eos_token_ids,
+                                           log=lambda s: print(s, file=sys.stderr))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "tokens.npy", toks)
