@@ -199,7 +199,7 @@ def main(argv=None) -> int:
     bench.add_argument("--model", default="auto", choices=["auto"] + zoo_names + sorted(zoo.REAL_TARGETS),
                        help=MODEL_HELP + " (acceptance suite; a real target answers held-out chat prompts)")
     if argv[:1] == ["tune"]:
-        from .bench.tune import main as tune_main
+        from .bench.tune_cli import main as tune_main
         return tune_main(argv[1:])
     if argv[:1] == ["gpu-check"]:
         from .bench.gpu_check import main as gpu_check_main

@@ -201,9 +201,9 @@ def draft_vocab_section(path: Path) -> list[str]:
     return lines
 
 
-SECTIONS = {"acceptance": acceptance_section, "draft-vocab": draft_vocab_section, "heads": heads_section, "tune": tune_section,
-            "tune-choice": tune_choice_section, "penalties": penalties_section, "grammar": grammar_section,
-            "gpu-e2e": gpu_e2e_section}
+SECTIONS = {"acceptance": acceptance_section, "draft-vocab": draft_vocab_section, "heads": heads_section,
+            "tune": tune_section, "tune-choice": tune_choice_section, "penalties": penalties_section,
+            "grammar": grammar_section, "gpu-e2e": gpu_e2e_section}
 
 
 def _read_any(path: Path) -> pd.DataFrame:
