@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NOTEBOOKS = ["01_correctness_walkthrough.ipynb", "02_results_viewer.ipynb", "03_structured_output.ipynb"]
+NOTEBOOKS = ["01_correctness_walkthrough.ipynb", "02_results_viewer.ipynb", "03_structured_output.ipynb",
+             "04_real_model.ipynb"]
 
 
 def main() -> int:

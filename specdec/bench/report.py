@@ -97,14 +97,31 @@ def _pass_cell(ratios: list[float] | None, goal: float) -> str:
     return f"{min(ratios):.2f}-{max(ratios):.2f}, {met} of {len(ratios)}"
 
 
+#: a real target's goals (its issue's): the best worker against transformers' target-only 2.0x (2.5x the moonshot),
+#: STANDALONE at its default shape against assisted generation with the same draft LM, specdec's target-only 1.2x
+REAL_TARGET_GOALS = (
+    ("best worker / transformers' target-only", "best worker", "transformers target-only", 1, 2.0),
+    ("specdec's target-only / transformers'", "target-only", "transformers target-only", None, 1.2),
+    ("STANDALONE / assisted generation", "STANDALONE tree S5 K4 W16", "transformers assisted", 1, 1.2),
+    ("NGRAM / prompt lookup 10", "NGRAM tree S5 K4 W16", "transformers prompt-lookup 10", 1, 1.2),
+)
+
+
+def goals_for(df: pd.DataFrame) -> tuple:
+    """The goals a CSV is held to: a real target's (`REAL_TARGET_GOALS`) or the zoo pairs' (`GOALS`)."""
+    from .. import zoo
+    models = set(df["model"].astype(str)) if "model" in df else set()
+    return REAL_TARGET_GOALS if models & set(zoo.REAL_TARGETS) else GOALS
+
+
 def goals_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
-    """Markdown: each goal of `GOALS` whose two rows the CSV has, the paired ratio per batch size, the per-pass
+    """Markdown: each goal of `goals_for(df)` whose two rows the CSV has, the paired ratio per batch size, the per-pass
     ratios' range and how many passes met the goal, and whether the median meets it. Empty when the CSV has
     none."""
     df = df[df["temperature"] == temperature]
     specdec = df[~df["worker"].astype(str).str.startswith("hf-") & (df["worker"] != "target-only")]
     lines = []
-    for what, label, base, size, goal in GOALS:
+    for what, label, base, size, goal in goals_for(df):
         sizes = [size] if size is not None else sorted(df["batch_size"].unique())
         for B in sizes:
             here = df[df["batch_size"] == B].set_index("label")
