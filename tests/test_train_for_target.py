@@ -156,3 +156,21 @@ def test_save_target_draft_writes_float16_in_the_peer_layout(small, tmp_path):
     sd = load_file(str(tmp_path / "model.safetensors"))
     assert {v.dtype for k, v in sd.items() if v.is_floating_point()} == {torch.float16}
     assert {"d2t", "t2d"} <= set(sd)
+
+
+def test_a_trained_eagle3_head_reslices_to_the_most_frequent_ids(small, recording, tmp_path):
+    from specdec.zoo.train.for_target import reslice_eagle3, write_token_ranking
+    data = RecordedData(small.target, str(recording[0]))
+    opts = target_draft_opts(small.target, unused_token_id(small.tokenizer, data.stream))["eagle3"]
+    opts.steps, opts.warmup, opts.batch_size, opts.seq_len = 2, 1, 2, 16
+    opts.extra.update(draft_vocab_size=120, feature_layers=[1, 3, 6])
+    train_target_draft(small.target, "eagle3", data, opts, tmp_path, None, log=lambda s: None)
+    write_token_ranking(tmp_path, data.stream, small.target.config.vocab_size)
+    entry = reslice_eagle3(small.target, tmp_path, 50)
+    assert (entry["from_draft_vocab_size"], entry["draft_vocab_size"]) == (120, 50)
+    head = zoo.load_draft_for("eagle3", tmp_path / "eagle3", small.target)
+    counts = np.bincount(data.stream, minlength=small.target.config.vocab_size)
+    top = np.sort(np.lexsort((np.arange(len(counts)), -counts))[:50])
+    assert head.draft_to_target(torch.arange(50)).tolist() == top.tolist()
+    torch.testing.assert_close(head.lm_head.weight, small.target.lm_head.weight[torch.from_numpy(top)].half().float())
+    assert json.loads((tmp_path / "card.json").read_text())["drafts"]["eagle3"]["reslice"]["draft_vocab_size"] == 50

@@ -140,12 +140,21 @@ def render_target_card(card: dict, name: str) -> str:
     for kind, row in card.get("drafts", {}).items():
         t = row["training"]
         agree = " / ".join(f"{v['top1_agreement']:.2f}" for v in row.get("heldout", {}).values()) or "-"
-        lines.append(f"| {kind} | {row['parameters'] / 1e6:.1f} M | {t['bytes_on_disk'] / 1e6:.1f} | "
+        size = row.get("reslice", {}).get("bytes_on_disk", t["bytes_on_disk"])
+        lines.append(f"| {kind} | {row['parameters'] / 1e6:.1f} M | {size / 1e6:.1f} | "
                      f"{t['data']['tokens']:,} ({t['data']['conversations']:,} answers) | {t['steps']} x "
                      f"{t['batch_size']} x {t['seq_len']} | {t['train_cpu_seconds'] / 60:.0f} | {agree} |")
     lines += ["", "Agreement: how often the draft's most likely token at draft depth d (DFlash: block position d) is "
               "the target's, on windows of held-out answers (modules no training prompt quoted). Commands:", ""]
-    lines += [f"- {kind}: `{row['command']}`" for kind, row in card.get("drafts", {}).items()]
+    for kind, row in card.get("drafts", {}).items():
+        lines.append(f"- {kind}: `{row['command']}`")
+        if "reslice" in row:
+            r = row["reslice"]
+            lines.append(f"  then, trained with {r['from_draft_vocab_size']:,} draft ids, shipped with its "
+                         f"{r['draft_vocab_size']:,} most frequent (the same head: its LM head rows are the target's; "
+                         f"held-out agreement above is the trained vocabulary's" +
+                         (", " + " / ".join(f"{v['top1_agreement']:.2f}" for v in r["heldout"].values()) +
+                          " with the shipped one" if r.get("heldout") else "") + f"): `{r['command']}`")
     return "\n".join(lines) + "\n"
 
 
@@ -163,6 +172,28 @@ def update_card(out: Path, fields: dict, kind: str, row: dict) -> None:
         card.setdefault("drafts", {})[kind] = row
         card_file.write_text(json.dumps(card, indent=1) + "\n")
         (out / "README.md").write_text(render_target_card(card, out.name))
+
+
+def reslice_eagle3(target, out: Path, size: int, command: str = "", heldout: torch.Tensor | None = None) -> dict:
+    """Rewrite out/eagle3 with the `size` most frequent recorded ids (out/token_ranking.npy) as its draft vocabulary,
+    the same head (`with_draft_vocabulary`), and record it on its card row -> the row's `reslice` entry."""
+    from ... import zoo
+    path = out / "eagle3"
+    head = zoo.load_draft_for("eagle3", path, target)
+    ranking = torch.from_numpy(np.load(out / "token_ranking.npy").astype(np.int64))
+    trained = head.config.draft_vocab_size
+    resliced = head.with_draft_vocabulary(ranking[:size])
+    entry = {"draft_vocab_size": size, "from_draft_vocab_size": trained, "command": command,
+             "bytes_on_disk": save_target_draft(resliced, path, target_fingerprint(target))}
+    if heldout is not None:
+        entry["heldout"] = DRAFT_KINDS["eagle3"].zoo.evaluate(target, zoo.load_draft_for("eagle3", path, target),
+                                                               heldout, seq_len=heldout.shape[1] - 3)
+    card = json.loads((out / "card.json").read_text())
+    row = card["drafts"]["eagle3"]
+    row["reslice"] = entry
+    row["config"] = shape_summary(resliced.config)
+    update_card(out, {}, "eagle3", row)
+    return entry
 
 
 def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):
@@ -201,7 +232,7 @@ def main(argv=None) -> int:
                     "rec/s0,rec/s1 --heldout rec/h --kind eagle3 --steps 400")
     p.add_argument("--target", required=True, help="a zoo real target (`specdec zoo list`), a .gguf file or a Hugging "
                                                    "Face directory")
-    p.add_argument("--recordings", required=True, help="comma-separated recording directories of the target's "
+    p.add_argument("--recordings", default=None, help="comma-separated recording directories of the target's "
                                                        "training-split answers")
     p.add_argument("--heldout", default=None, help="a recording of held-out answers, for the card's agreement by depth")
     p.add_argument("--kind", required=True, choices=TARGET_DRAFT_KINDS + ("all",))
@@ -212,6 +243,10 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=None, help="tokens per window (default: the kind's own)")
     p.add_argument("--draft-vocab", type=int, default=None,
                    help="the EAGLE-3 head's draft vocabulary: this many most frequent recorded ids (default 8192)")
+    p.add_argument("--reslice", type=int, default=None, metavar="N",
+                   help="train nothing: rewrite the trained EAGLE-3 head (--kind eagle3) with the N most frequent "
+                        "recorded ids as its draft vocabulary (`Eagle3DraftHead.with_draft_vocabulary`; its LM head "
+                        "rows are the target's, so this is the same head), and record it on the card")
     p.add_argument("--eval-windows", type=int, default=16, help="held-out windows for the card")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -224,12 +259,22 @@ def main(argv=None) -> int:
     V = target.config.vocab_size
     if a.draft_vocab is not None and not 1 <= a.draft_vocab <= V:
         p.error(f"--draft-vocab must be in [1, {V}] (the target's vocabulary), got {a.draft_vocab}")
+    command = "specdec zoo train-draft " + " ".join(argv if argv is not None else sys.argv[1:])
+    if a.reslice is not None:
+        if a.kind != "eagle3" or not 1 <= a.reslice <= V:
+            p.error(f"--reslice takes --kind eagle3 and a size in [1, {V}], got --kind {a.kind} --reslice {a.reslice}")
+        heldout = None
+        if a.heldout:
+            heldout = heldout_windows_of(load_recordings(a.heldout).tokens, a.eval_windows, 128 + 3)
+        print(json.dumps(reslice_eagle3(target, out, a.reslice, command.strip(), heldout)))
+        return 0
+    if a.recordings is None:
+        p.error("--recordings is required to train")
     data = RecordedData(target, a.recordings)
     opts = target_draft_opts(target, unused_token_id(tokenizer, data.stream))
     heldout = None
     if a.heldout:
         heldout = heldout_windows_of(load_recordings(a.heldout).tokens, a.eval_windows, 128 + 3)
-    command = "specdec zoo train-draft " + " ".join(argv if argv is not None else sys.argv[1:])
     write_token_ranking(out, data.stream, V)
     for kind in TARGET_DRAFT_KINDS if a.kind == "all" else (a.kind,):
         o = opts[kind]
