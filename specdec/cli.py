@@ -177,10 +177,10 @@ def main(argv=None) -> int:
     bench.add_argument("--workers", type=draft_kinds_arg, default=None,
                        help="comma-separated drafts to run beside target-only (acceptance and penalties suites), of "
                             f"{', '.join(DRAFT_KINDS)} (default: every kind the pair offers)")
-    bench.add_argument("--shapes", default="auto", choices=["auto", "all", "first"],
-                       help="acceptance suite: every kind's demo shapes and NGRAM's option variants (all), or each "
-                            "kind's default shape (first); auto: first for a real target, whose steps cost more, "
-                            "all for a shipped pair")
+    bench.add_argument("--shapes", default="auto", choices=["auto", "all", "demo", "first"],
+                       help="acceptance suite: every kind's demo shapes and NGRAM's option variants (all), the demo "
+                            "shapes only (demo), or each kind's default shape (first); auto: demo for a real target, "
+                            "whose steps cost more, all for a shipped pair")
     bench.add_argument("--vocab-sizes", type=positive_int_list, default=None,
                        help="draft-vocab suite: draft vocabularies, most frequent ids first (default: the whole "
                             "vocabulary, 32768, 16384, 8192, 4096)")

@@ -345,10 +345,10 @@ def main_bench(args) -> int:
         stop_token_ids, peer_dir = [], bundle.path / "target"
         print(f"specdec bench: zoo pair {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target)")
     cases = [c for c in by_kind(CASES + NGRAM_OPTION_CASES) if c.spec is None or c.kind in drafts]
-    if args.shapes == "first" or (args.shapes == "auto" and bundle.name in zoo.REAL_TARGETS):
-        # each kind at its default shape (the first of its demo shapes), none of NGRAM's option variants
-        cases = [c for c in cases if c.spec is None or (not c.draft_options and c.spec ==
-                                                          DRAFT_KINDS[c.kind].default_spec(drafts[c.kind]))]
+    shapes = args.shapes if args.shapes != "auto" else "demo" if bundle.name in zoo.REAL_TARGETS else "all"
+    if shapes != "all":  # none of NGRAM's option variants; "first": each kind at its default shape only
+        cases = [c for c in cases if c.spec is None or (not c.draft_options and (
+            shapes == "demo" or c.spec == DRAFT_KINDS[c.kind].default_spec(drafts[c.kind])))]
     for path in tuned_paths(args.tuned or [], bundle.name):
         from ..tuning import TunedSpec
         tuned = TunedSpec.load(path)
