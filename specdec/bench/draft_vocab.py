@@ -129,5 +129,6 @@ def main_draft_vocab(args) -> int:
     prompts = chat_prompt_ids(bundle.tokenizer, "heldout", args.num_prompts, seed=0)
     path = run_draft_vocab(bundle, args.vocab_sizes or DEFAULT_SIZES, prompts, args.max_new_tokens, args.repeats,
                            bundle.tokenizer.eos_token_ids, args.out)
-    print(f"wrote {path}")
+    from .plots import plot_csv
+    print(f"wrote {path} and {plot_csv(path)}")
     return 0

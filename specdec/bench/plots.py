@@ -443,7 +443,27 @@ def plot_tune(df: pd.DataFrame, out_png):
     return _save(fig, out_png)
 
 
-SUITE_PLOTS = {"acceptance": plot_acceptance_and_speedup, "kernels": plot_kernels, "e2e": plot_e2e,
+def plot_draft_vocab(df: pd.DataFrame, out_png):
+    """`specdec bench --suite draft-vocab`: per draft vocabulary, tokens per step (left) and CPU tokens/s against
+    target-only (right), both against the draft phase's milliseconds per step."""
+    plt = _pyplot()
+    heads = df[df["draft_vocab_size"] > 0].sort_values("draft_vocab_size")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for ax, col, label in ((left, "mean_accept_len", "tokens per verify step"),
+                           (right, "cpu_speedup_vs_target_only", "CPU tokens/s vs target-only")):
+        ax.plot(heads["draft_ms_per_step"], heads[col], marker="o")
+        for _, r in heads.iterrows():
+            ax.annotate(f"{int(r['draft_vocab_size']):,}", (r["draft_ms_per_step"], r[col]), fontsize=8,
+                        xytext=(3, 3), textcoords="offset points")
+        ax.set(xlabel="draft phase per step (ms, process CPU)", ylabel=label)
+    right.axhline(1.0, color="grey", lw=0.8, ls="--")
+    info = df.iloc[0]
+    fig.suptitle(f"EAGLE-3 draft vocabulary sweep, {info['model']}, B = 1, greedy, {info['threads']} thread "
+                 f"({info['num_prompts']} prompts x {info['max_new_tokens']} tokens)", fontsize=9)
+    return _save(fig, out_png, rect=(0, 0, 1, 0.93))
+
+
+SUITE_PLOTS = {"acceptance": plot_acceptance_and_speedup, "draft-vocab": plot_draft_vocab, "kernels": plot_kernels, "e2e": plot_e2e,
                "penalties": plot_penalties, "grammar": plot_grammar, "tune": plot_tune}
 # schemas read as tables (the README quotes them), with no figure
 TABLE_SUITES = ("dflash-scaling", "target-step")
