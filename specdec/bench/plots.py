@@ -463,8 +463,8 @@ def plot_draft_vocab(df: pd.DataFrame, out_png):
     return _save(fig, out_png, rect=(0, 0, 1, 0.93))
 
 
-SUITE_PLOTS = {"acceptance": plot_acceptance_and_speedup, "draft-vocab": plot_draft_vocab, "kernels": plot_kernels, "e2e": plot_e2e,
-               "penalties": plot_penalties, "grammar": plot_grammar, "tune": plot_tune}
+SUITE_PLOTS = {"acceptance": plot_acceptance_and_speedup, "draft-vocab": plot_draft_vocab, "kernels": plot_kernels,
+               "e2e": plot_e2e, "penalties": plot_penalties, "grammar": plot_grammar, "tune": plot_tune}
 # schemas read as tables (the README quotes them), with no figure
 TABLE_SUITES = ("dflash-scaling", "target-step")
 
