@@ -144,6 +144,8 @@ def render_target_card(card: dict, name: str) -> str:
         lines.append(f"| {kind} | {row['parameters'] / 1e6:.1f} M | {size / 1e6:.1f} | "
                      f"{t['data']['tokens']:,} ({t['data']['conversations']:,} answers) | {t['steps']} x "
                      f"{t['batch_size']} x {t['seq_len']} | {t['train_cpu_seconds'] / 60:.0f} | {agree} |")
+    if card.get("record_commands"):
+        lines += ["", "Recorded with " + " and ".join(f"`{c}`" for c in card["record_commands"]) + "."]
     lines += ["", "Agreement: how often the draft's most likely token at draft depth d (DFlash: block position d) is "
               "the target's, on windows of held-out answers (modules no training prompt quoted). Commands:", ""]
     for kind, row in card.get("drafts", {}).items():
