@@ -14,9 +14,8 @@ from .bench.cases import CASES
 def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, device="cpu", model=None) -> int:
     """model: a zoo pair's name (default `zoo.speed_pair()`, the deep pair when it ships), or a real target
     (`zoo.REAL_TARGETS`), which answers held-out chat prompts through its chat template, stops at its EOS ids and
-    runs each of its drafts at its default shape."""
+    runs the drafts trained for it."""
     from . import zoo
-    from .draft_kinds import DRAFT_KINDS
     from .zoo.chat_prompts import chat_prompt_ids
     from .zoo.corpus import heldout_prompts
 
@@ -26,9 +25,7 @@ def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, devi
     if bundle.name in zoo.REAL_TARGETS:
         prompts = chat_prompt_ids(tok, "heldout", num_prompts, seed=3)
         stop = list(tok.eos_token_ids)
-        offered = {c.kind for c in CASES if c.spec is not None and getattr(bundle, c.kind) is not None}
-        cases = [c for c in CASES if c.spec is None or (c.kind in offered and c.spec == DRAFT_KINDS[c.kind]
-                                                          .default_spec(getattr(bundle, c.kind)))]
+        cases = [c for c in CASES if c.spec is None or getattr(bundle, c.kind) is not None]
     else:
         prompts, stop = heldout_prompts(num_prompts, prompt_len, seed=3), []
     params = SamplingParams(max_new_tokens=max_new_tokens, return_logprob=True, stop_token_ids=stop)
