@@ -1,11 +1,22 @@
 """The command line's shared vocabulary: the help formatter, the argument types and the help texts that `specdec`'s
 commands and the modules with their own parsers (`specdec tune`, `specdec gpu-check`, `specdec zoo train`) share.
-It sits below every parser, so none of them imports the `specdec` command itself."""
+It sits below every parser, so none of them imports the `specdec` command itself; `about` is the estimates' duration
+wording they share (the trainer's included, which so does not reach up into the bench)."""
 from __future__ import annotations
 
 import argparse
 
 from .draft_kinds import DRAFT_KINDS
+
+
+def about(seconds: float) -> str:
+    """A duration as a person says it (the estimates `specdec bench`, `tune` and `zoo train` print): "about 40
+    seconds", "about 12 minutes", "about 2.5 hours"."""
+    if seconds < 90:
+        return f"about {max(5, round(seconds / 5) * 5):.0f} seconds"
+    if seconds < 90 * 60:
+        return f"about {seconds / 60:.0f} minutes"
+    return f"about {seconds / 3600:.1f} hours"
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -20,7 +20,8 @@ from .. import Engine, SamplingParams, SpecConfig
 from ..draft_kinds import DRAFT_KINDS
 from .cases import (ASSISTED_CASE, CASES, NGRAM_OPTION_CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds,
                     tuned_cases)
-from .common import (DTYPES, Run, RunRow, about, above_bar, cpu_model, dtype_name, median_of, progress_bar, quantile,
+from ..cli_args import about
+from .common import (DTYPES, Run, RunRow, above_bar, cpu_model, dtype_name, median_of, progress_bar, quantile,
                      target_only_batch_seconds)
 
 #: the phases of a decode step that are model forwards (drafting, the draft's extend, the target's verify)

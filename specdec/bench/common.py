@@ -221,15 +221,6 @@ def target_only_batch_seconds(target, prompts, batch_sizes, max_new_tokens: int,
     return out
 
 
-def about(seconds: float) -> str:
-    """A duration as a person says it: "about 40 seconds", "about 12 minutes", "about 2.5 hours"."""
-    if seconds < 90:
-        return f"about {max(5, round(seconds / 5) * 5):.0f} seconds"
-    if seconds < 90 * 60:
-        return f"about {seconds / 60:.0f} minutes"
-    return f"about {seconds / 3600:.1f} hours"
-
-
 def progress_bar(total: int, desc: str, unit: str = "decode", disable: bool = False):
     """The long commands' tqdm bar, on stderr (their results go to stdout), refreshed at most every half second; off
     where stderr is no terminal (a log file keeps the results' lines, without the bar's carriage returns)."""

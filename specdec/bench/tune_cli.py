@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from ..tuning import TunedSpec, names_a_pair, shipped_file
-from .common import Run, about, above_bar, cpu_model, progress_bar, target_only_batch_seconds
+from ..cli_args import about
+from .common import Run, above_bar, cpu_model, progress_bar, target_only_batch_seconds
 from .tune import (CHECK_SETS, Measurer, candidate_shapes, check_grid, mixed_prompts, planned_decodes, sampled_prompts,
                    tune)
 

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from .. import SMALL_NAME, WEIGHTS_DIR
 from ...tokenizer import ByteTokenizer
-from ...bench.common import about
+from ...cli_args import about
 from .card import MODEL_CARD, read_card, render_model_card, render_model_cards
 from .hparams import STAGES, TargetShape, default_opts
 from .pipeline import train_all
