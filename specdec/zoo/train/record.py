@@ -52,14 +52,12 @@ def _assemble(calls, prompts, outputs):
     """The engine's forwards -> per conversation (tokens (n,), features (n - 1, F)): the prefill is call 0 (row b =
     request b); decode step s feeds request r its token s - 1, for the requests still running (len(output) > s), in
     request order (the engine drops finished rows and keeps the order)."""
+    ids0, _, f0 = calls[0]
     seqs = []
     for r, (p, o) in enumerate(zip(prompts, outputs)):
-        toks = list(p) + list(o)
-        ids0, pos0, f0 = calls[0]
         if not torch.equal(ids0[r, :len(p)], torch.tensor(p)):
             raise RuntimeError("recording: the prefill rows are not the prompts in order")
-        feats = [f0[r, :len(p)]]
-        seqs.append((toks, feats))
+        seqs.append((list(p) + list(o), [f0[r, :len(p)]]))
     for s, (ids, pos, f) in enumerate(calls[1:], start=1):
         active = [r for r, o in enumerate(outputs) if len(o) > s]
         if ids.shape[0] != len(active):
@@ -227,7 +225,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="directory to write")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    i, k = (int(x) for x in a.shard.split("/"))
+    try:
+        i, k = (int(x) for x in a.shard.split("/"))
+        if not 0 <= i < k:
+            raise ValueError
+    except ValueError:
+        p.error(f"--shard must be I/K with 0 <= I < K, got {a.shard!r}")
     bundle = zoo.load(a.model)
     target, tok = bundle.target, bundle.tokenizer
     L = target.config.num_hidden_layers
