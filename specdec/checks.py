@@ -230,6 +230,29 @@ def check_sampling_args(
     return target_probs.shape[2]
 
 
+def check_draft_probs_args(B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs,
+                           device=None) -> int:
+    """The sampling arguments of the verify ops that read the draft's distribution -> V."""
+    check_tensor("uniform_samples", uniform_samples, "float", (B, W), device)
+    check_tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, "float", (B,), device)
+    check_tensor("target_probs", target_probs, "float", (B, W, None), device, "B, W, V")
+    V = target_probs.shape[2]
+    if V < 1:
+        raise ValueError(f"target_probs must have shape ({B}, {W}, V) with V >= 1, got {tuple(target_probs.shape)}")
+    check_tensor("draft_probs", draft_probs, "float", (B, W, V), device, "B, W, V: the target_probs' shape")
+    return V
+
+
+def check_sample_without_replacement_args(probs, uniforms) -> tuple[int, int, int]:
+    """`sample_without_replacement`'s arguments -> (N, V, K)."""
+    N, V = check_rows("probs", probs, fp32_only=False)
+    check_tensor("uniforms", uniforms, "float", (N, None), probs.device, "N, K: one uniform per draw")
+    K = uniforms.shape[1]
+    if not 1 <= K <= V:
+        raise ValueError(f"uniforms must have 1 <= K <= V={V} columns (draws per row), got {K}")
+    return N, V, K
+
+
 _warned_lossy_thresholds = False
 
 

@@ -176,6 +176,14 @@ class SpecConfig:
     #: draft never proposes a token the grammar forbids; what is emitted never changes). A host round trip per
     #: draft step of a grammar batch; heads with a reduced vocabulary (EAGLE-3) propose unmasked
     draft_grammar: bool = False
+    #: how the draft proposes for sampled requests: "topk", SGLang's (its K most probable tokens), or "sample"
+    #: (K draws from its distribution at the request's temperature / top-k / top-p, without replacement, on a
+    #: tree of fixed shape); greedy requests always propose the top-K
+    draft_sampling: str = "topk"
+    #: how sampled requests are verified: "target_only" (SGLang's), "rejection" (with the draft's distribution:
+    #: token-wise on a chain, recursive over siblings on a tree) or "block" (block verification, chains); the
+    #: last two need draft_sampling="sample". Greedy requests always take greedy verification
+    verify: str = "target_only"
 
     def __post_init__(self):
         S = check_int("num_steps", self.num_steps, 1)
@@ -190,6 +198,15 @@ class SpecConfig:
         for name in ("draft_penalties", "draft_grammar"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.draft_sampling not in ("topk", "sample"):
+            raise ValueError(f"draft_sampling must be 'topk' or 'sample', got {self.draft_sampling!r}")
+        if self.verify not in ("target_only", "rejection", "block"):
+            raise ValueError(f"verify must be 'target_only', 'rejection' or 'block', got {self.verify!r}")
+        if self.verify != "target_only" and self.draft_sampling != "sample":
+            raise ValueError(f"verify={self.verify!r} reads the draft's distribution: it needs "
+                             f"draft_sampling='sample', got {self.draft_sampling!r}")
+        if self.verify == "block" and K != 1:
+            raise ValueError(f"verify='block' verifies a chain: it needs topk=1, got topk={K}")
         if self.penalty_mode not in ("exact", "sglang"):
             raise ValueError(f"penalty_mode must be 'exact' or 'sglang', got {self.penalty_mode!r}")
         for name, v in (("num_steps", S), ("topk", K), ("num_draft_tokens", W)):

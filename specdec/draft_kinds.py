@@ -140,7 +140,9 @@ class DraftKind:
     zoo: how the zoo trains, evaluates and describes it (None: the zoo ships none);
     untrained: "module:factory" of a draft that needs no weights (NGRAM), which every zoo bundle then offers;
     random_draft: "module:factory" called as factory(target, **random_draft_config) -> an untrained draft of this
-    kind sized for `target` (the speed runs on a random target: the e2e suite, the GPU one-shot)."""
+    kind sized for `target` (the speed runs on a random target: the e2e suite, the GPU one-shot);
+    samples_drafts: whether the draft has a distribution to sample its proposals from and to verify with
+    (`SpecConfig.draft_sampling`, `SpecConfig.verify`); NGRAM's has none."""
 
     name: str
     label: str
@@ -157,6 +159,7 @@ class DraftKind:
     e2e_specs: tuple[SpecConfig, ...] = ()
     spec_of_model: Callable[[object], SpecConfig] | None = None
     zoo: ZooStage | None = None
+    samples_drafts: bool = True
 
     def model_class(self) -> type:
         return self._resolve("model", self.model)
@@ -311,7 +314,7 @@ register(dataclasses.replace(
 register(DraftKind(
     name="ngram", label="NGRAM", model="specdec.ngram:NgramDraft", worker="specdec.workers.ngram:NgramWorker",
     kv_margin=verify_only_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
-    untrained="specdec.ngram:NgramDraft", random_draft="specdec.ngram:ngram_draft_for"))
+    untrained="specdec.ngram:NgramDraft", random_draft="specdec.ngram:ngram_draft_for", samples_drafts=False))
 # a small causal LM of the target's vocabulary drafting from its own tokens and KV cache (SGLang's STANDALONE)
 register(DraftKind(
     name="draft_lm", label="STANDALONE", model="specdec.models.llama:LlamaForCausalLM",

@@ -9,7 +9,6 @@ a host upper bound that grows by the most a step can add, and a caller that has 
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +22,8 @@ from ..logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from ..models.layers import AttentionMetadata
 from ..sampling import RequestRNG, SamplingTensors, sample_from_probs
 from .shaping import LogitShaping
+from .timing import PhaseTimer  # noqa: F401 (the benches import it from here)
+from .verification import SampledVerify
 
 
 @dataclass
@@ -55,40 +56,6 @@ class StepOutput:
         return None if self.empty is None else self.empty[self.accept_index.clamp_min(0).long()]
 
 
-class PhaseTimer:
-    """Wall time per phase of a decode step, for benchmarks: CUDA events on a GPU (read once, after the
-    run, by `totals`), perf_counter elsewhere. A worker's `timer` is None unless a benchmark sets one."""
-
-    def __init__(self, device, clock=time.perf_counter):
-        """clock: the host clock off CUDA (time.process_time measures CPU seconds instead of wall)."""
-        self.cuda = torch.device(device).type == "cuda"
-        self.clock = clock
-        self.marks: list[tuple[str, object, object]] = []
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-        else:
-            start = self.clock()
-            yield
-            end = self.clock()
-        self.marks.append((name, start, end))
-
-    def totals(self) -> dict[str, float]:
-        """Seconds per phase, summed over everything timed since the last call."""
-        if self.cuda:
-            torch.cuda.synchronize()
-        out: dict[str, float] = {}
-        for name, start, end in self.marks:
-            out[name] = out.get(name, 0.0) + (start.elapsed_time(end) / 1e3 if self.cuda else end - start)
-        self.marks = []
-        return out
-
-
 _NO_PHASE = contextlib.nullcontext()
 
 
@@ -110,6 +77,7 @@ class EagleVerifyInput:
     retrieve_index: torch.Tensor  # (B, W): node -> its row b*W + i of the verify forward's logits
     retrieve_next_token: torch.Tensor  # (B, W): each node's first child, -1 if none
     retrieve_next_sibling: torch.Tensor  # (B, W): each node's next sibling, -1 if none
+    draft_probs: torch.Tensor | None = None  # (B, W, V): the law each node's children were drawn from (sampled)
 
 
 class RequestState:
@@ -449,6 +417,7 @@ class SpeculativeWorkerBase(WorkerBase):
         self.penalty_mode = spec.penalty_mode
         self.draft_penalties = spec.draft_penalties
         self.draft_grammar = spec.draft_grammar
+        self.sampled_verify = SampledVerify(spec, self.draft_kind, ops)  # the sampled requests' rule
 
     def caches(self) -> list[KVCache]:
         return [self.cache, self.draft_cache]
@@ -574,9 +543,7 @@ class SpeculativeWorkerBase(WorkerBase):
         if not s.all_greedy:
             uniforms = st.uniforms
             probs = s.probs(logits.view(B * W, -1), self.ops, W).view(B, W, -1)
-            sampled = self.ops.tree_speculative_sampling_target_only(
-                candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
-                uniforms[:, :W].contiguous(), uniforms[:, W].contiguous(), probs, S)
+            sampled = self.sampled_verify(tree, uniforms, probs, S)
         if s.any_greedy:
             greedy = self._root_only_greedy(target_predict) if W == 1 else self.ops.verify_tree_greedy(
                 candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, target_predict, S)

@@ -8,6 +8,7 @@ from ..contract import NO_DRAFT
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
 from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
+from .verification import DraftProposer, tree_draft_probs
 
 #: how a NO_DRAFT step runs: a one-node tree, its accepted path padded to the one draft step it cannot take
 _ROOT_ONLY = (1, 1, 1)
@@ -19,6 +20,7 @@ class EagleState(RequestState):
     topk_p: torch.Tensor | None  # (B, K) fp32: the K most probable draft tokens' probabilities, best first
     topk_index: torch.Tensor | None  # (B, K) int64: those tokens (K: the largest topk of the allowed shapes)
     draft_hidden: torch.Tensor | None  # (B, H): the draft's output hidden state at the last committed position
+    root_probs: torch.Tensor | None  # (B, V') fp32: the law the root's children were drawn from (sampled drafting)
     # NO_DRAFT steps leave the draft behind; what its catch-up extend reads (`catch_up_draft`), newest last:
     skipped_hidden: torch.Tensor | None  # (B, P, H') the target's hidden states (or features) at those steps' roots
     skipped_tokens: torch.Tensor | None  # (B, P) int64: the token each of those steps committed
@@ -49,9 +51,11 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         # the same algorithm, with the features asked of the target and the ids mapped after each top-K
         self.target_features = getattr(draft, "feature_layers", None)
         self._draft_to_target = getattr(draft, "draft_to_target", None)
+        to_target = None
         if self._draft_to_target is not None:
-            ids = torch.arange(draft.config.draft_vocab_size, device=self.device)
-            self.draft_vocab_ids = self._draft_to_target(ids).cpu()  # for masking its proposals by a grammar
+            to_target = self._draft_to_target(torch.arange(draft.config.draft_vocab_size, device=self.device))
+            self.draft_vocab_ids = to_target.cpu()  # for masking its proposals by a grammar
+        self.proposer = DraftProposer(self, self.sampled_verify.samples, to_target)
         self.max_batch = max_batch
         self.skipped_steps = 0  # host: NO_DRAFT steps since the draft's last extend
         self.allow_shapes([spec])
@@ -131,17 +135,33 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         """(B,) int64: the draft's committed length (the target's, plus `draft_offset`)."""
         return self.state.seq_lens + self.draft_offset if self.draft_offset else self.state.seq_lens
 
-    def _set_next_root_children(self, hidden):
-        """hidden: (B, H), the draft's output at each request's last committed position."""
+    def _set_next_root_children(self, hidden, uniforms=None):
+        """hidden: (B, H), the draft's output at each request's last committed position; uniforms: (B, max_topk)
+        for the draws of a sampled draft (`DraftProposer.active`), None otherwise (then drawn here, on the host:
+        the prefill's and a catch-up's extend run outside the captured step)."""
         st = self.state
+        if uniforms is None and self.proposer.active():
+            uniforms = self.rng.uniforms(self.max_topk, self.device)
         logits = self.shape_draft_logits(self.draft_model.compute_logits(hidden), st.last_tokens[:, None], None)
-        st.topk_p, st.topk_index = self._draft_topk(logits, self.max_topk)
+        st.topk_p, st.topk_index, st.root_probs = self._draft_topk(logits, self.max_topk, uniforms)
         st.draft_hidden = hidden
 
-    def _draft_topk(self, logits, K):
-        """softmax_topk of the draft's logits, its ids mapped to target ids (EAGLE-3's d2t) when it has a map."""
-        p, index = self.ops.softmax_topk(logits, K)
-        return p, index if self._draft_to_target is None else self._draft_to_target(index)
+    def _draft_topk(self, logits, K, uniforms):
+        """The draft's K proposals per row (`DraftProposer.propose`), ids mapped to target ids (EAGLE-3's d2t) when
+        it has a map -> (scores, target ids, q over the draft's vocabulary or None)."""
+        p, index, q = self.proposer.propose(logits, K, uniforms)
+        return p, index if self._draft_to_target is None else self._draft_to_target(index), q
+
+    # ---- the step's uniforms: the verify's (base), then a sampled draft's: the frontier's, the next root's ----
+    @property
+    def uniforms_per_step(self) -> int:
+        return self.proposer.uniforms_per_step(super().uniforms_per_step, self._frontier_draws + self.max_topk)
+
+    @property
+    def _frontier_draws(self) -> int:
+        """A sampled draft's draws at the frontier nodes (K per node, K nodes per draft step after the first); the
+        next root's `max_topk` draws follow them in the step's uniforms."""
+        return max(self.num_steps - 1, 0) * self.topk * self.topk
 
     def draft_forward(self):
         """S draft steps of select_top_k_tokens + draft forward -> the lists organize_draft_results takes."""
@@ -152,6 +172,7 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         if K < self.max_topk:  # the root's K best children: the head of the largest topk's, best first
             topk_p, topk_index = topk_p[:, :K].contiguous(), topk_index[:, :K].contiguous()
         score_list, token_list, parents_list = [], [], []
+        q_list = [st.root_probs[:, None]] if self.proposer.active() else []  # each expanded node's q, in order
         own = self._own_slot
         n_inflight = own.shape[0]
         ancestry = None  # (B, K, n_inflight): in-flight draft slots each frontier node attends
@@ -181,9 +202,11 @@ class EagleWorkerV2(SpeculativeWorkerBase):
                 path = torch.cat([self._root_column[:B], ancestry[:, :, :(i + 1) * K]], dim=2)
                 tokens = torch.cat(slot_tokens, dim=1)
                 logits = self.shape_draft_logits(logits, tokens, path)
-            topk_p, topk_index = self._draft_topk(logits, K)
+            topk_p, topk_index, q = self._draft_topk(logits, K, self.proposer.uniforms(i * K * K, K * K))
+            if q is not None:
+                q_list.append(q.view(B, K, -1))
             hidden = hidden.reshape(B * K, -1)
-        return score_list, token_list, parents_list
+        return score_list, token_list, parents_list, q_list
 
     def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
         """Draft forward over the accepted path (padded to S+1): (h[n_j], predict[n_j]) at position n+j. Its output
@@ -206,7 +229,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         meta = AttentionMetadata(st.slots, draft_lens, attn_len=self.attn_len(n + self.draft_offset), ops=self.ops)
         d_hidden = self.draft_model(ids, hidden, positions, self.draft_cache, meta, return_logits=False).hidden
         last = (step.accept_lens - 1).long()
-        self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last])
+        self._set_next_root_children(d_hidden[torch.arange(B, device=self.device), last],
+                                     self.proposer.uniforms(self._frontier_draws, self.max_topk))
 
     def prepare_decode(self) -> None:
         """Host side, before the body: the draft catches up on the skipped NO_DRAFT steps before a drafting step, or
@@ -242,15 +266,20 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         if W == 1:
             return self.root_only_tree()
         with self.phase("draft"):
-            score_list, token_list, parents_list = self.draft_forward()
+            score_list, token_list, parents_list, q_list = self.draft_forward()
             parent_list, top_scores_index, draft_tokens = self.ops.organize_draft_results(
                 score_list, token_list, parents_list, W)
             (tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling,
              flat_tokens) = self.ops.build_tree_kernel_efficient(
                 st.last_tokens, parent_list, top_scores_index, draft_tokens, st.seq_lens, self.topk,
                 self.num_steps, W)
+            draft_probs = None
+            if q_list:  # a sampled draft: each node's q, over the target's vocabulary
+                draft_probs = self.proposer.in_target_vocab(
+                    tree_draft_probs(torch.cat(q_list, dim=1), parent_list, top_scores_index).flatten(0, 1))
+                draft_probs = draft_probs.view(B, W, -1)
         return EagleVerifyInput(flat_tokens.view(B, W), tree_mask, positions.view(B, W), retrieve_index,
-                                retrieve_next_token, retrieve_next_sibling)
+                                retrieve_next_token, retrieve_next_sibling, draft_probs)
 
     def root_only_tree(self) -> EagleVerifyInput:
         """The verify input of a `NO_DRAFT` step: each request's root alone."""

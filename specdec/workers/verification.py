@@ -1,0 +1,154 @@
+"""How sampled requests are verified, and how the draft proposes for them: the one component every speculative
+worker calls (`SpecConfig.verify`, `SpecConfig.draft_sampling`).
+
+Rules (`RULES`), each lossless (the emitted tokens are distributed as the target's):
+
+* ``target_only``: SGLang's ``tree_speculative_sampling_target_only``: the draft's proposals are accepted
+  against the target's distribution alone (exact for any draft, deterministic or sampled);
+* ``rejection``: recursive rejection sampling with the draft's distribution q
+  (``tree_speculative_sampling_rejection``): token-wise min(1, p/q) on a chain, over a node's children in their
+  drawn order on a tree;
+* ``block``: block verification of a chain (``chain_speculative_sampling_block``).
+
+The last two read q, so they need ``draft_sampling="sample"``: each node's proposals are drawn from q, the
+draft's distribution after the request's temperature, top-k and top-p (and the draft's penalties and grammar
+masks where the SpecConfig asks), without replacement, with uniforms drawn on the host like every other random
+number (`sample_without_replacement`). Greedy requests always take greedy verification and propose the draft's
+top-K, whatever the SpecConfig says. NGRAM has no distribution: a rule or drafting that needs one is refused.
+
+Why sampled trees have a fixed shape: recursive rejection is exact only when whether a node keeps a drawn child
+does not depend on the drawn tokens. EAGLE's dynamic tree keeps the candidates of the largest product of
+probabilities, which looks at the draws; a sampled draft's candidate is scored instead by the product, along its
+path, of a weight of its draw rank (`SAMPLED_RANK_WEIGHTS`), so every request's tree has the same shape (that of
+SpecInfer's and Sequoia's static trees), children kept in draw order.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import SpecConfig
+
+#: the verify rules `SpecConfig.verify` selects
+RULES = ("target_only", "rejection", "block")
+#: the rules that read the draft's distribution
+DRAFT_DISTRIBUTION_RULES = ("rejection", "block")
+
+#: a sampled draft's tree score of the m-th child drawn at a node (m = 0, 1, ...): a geometric law of the rank a
+#: verify accepts, with the first draw accepted about 60 % of the time
+SAMPLED_RANK_WEIGHTS = tuple(0.6 * 0.4 ** m for m in range(64))
+
+
+def check_spec_for_kind(spec: SpecConfig, kind) -> None:
+    """ValueError when the draft kind `kind` (a `DraftKind`) cannot run `spec`'s drafting or verify rule."""
+    if kind.samples_drafts:
+        return
+    if spec.draft_sampling != "topk":
+        raise ValueError(f"draft_sampling={spec.draft_sampling!r}: a {kind.label} draft has no distribution to "
+                         f"sample from (use 'topk')")
+    if spec.verify in DRAFT_DISTRIBUTION_RULES:
+        raise ValueError(f"verify={spec.verify!r} needs the draft's distribution, which a {kind.label} draft does "
+                         f"not have (use 'target_only')")
+
+
+class SampledVerify:
+    """The sampled requests' verify of one worker: the rule its SpecConfig selects, through the worker's ops."""
+
+    def __init__(self, spec: SpecConfig, kind, ops):
+        check_spec_for_kind(spec, kind)
+        self.rule = spec.verify
+        self.ops = ops
+        #: whether the draft samples its proposals (and keeps q for the verify)
+        self.samples = spec.draft_sampling == "sample"
+
+    def __call__(self, tree, uniforms, target_probs, num_steps: int):
+        """tree: the step's `EagleVerifyInput` (its `draft_probs` (B, W, V) set when the draft sampled);
+        uniforms: (B, >= W + 1), the verify's coins then the bonus token's; target_probs: (B, W, V).
+        -> (predict (B*W,), accept_index (B, S+1), accept_length (B,)), int32."""
+        ops, W = self.ops, tree.candidates.shape[1]
+        coins, final = uniforms[:, :W].contiguous(), uniforms[:, W].contiguous()
+        links = (tree.candidates, tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling)
+        if self.rule == "target_only" or tree.draft_probs is None:
+            return ops.tree_speculative_sampling_target_only(*links, coins, final, target_probs, num_steps)
+        if self.rule == "rejection":
+            return ops.tree_speculative_sampling_rejection(*links, coins, final, target_probs, tree.draft_probs,
+                                                           num_steps)
+        return ops.chain_speculative_sampling_block(tree.candidates, tree.retrieve_index, coins, final,
+                                                    target_probs, tree.draft_probs, num_steps)
+
+
+class DraftProposer:
+    """A node's K proposals: SGLang's top-K of the draft's logits (`softmax_topk`), or, with sampled drafting, K
+    draws from q without replacement for the sampled requests (greedy ones keep the top-K in the same batch).
+
+    worker: the speculative worker (its `sampling`, `ops` and `device` are read at each call: a CUDA graph swaps
+    `sampling` for its static copy); draft_to_target: (Vd,) int64 on the device, each draft id's target id, for a
+    reduced draft vocabulary (EAGLE-3's d2t), else None."""
+
+    def __init__(self, worker, samples: bool, draft_to_target: torch.Tensor | None = None):
+        self.worker = worker
+        self.samples = samples
+        self.draft_to_target = draft_to_target
+
+    def active(self) -> bool:
+        """Whether this step samples proposals (sampled drafting, and some request samples)."""
+        return self.samples and not self.worker.sampling.all_greedy
+
+    def uniforms(self, start: int, count: int):
+        """(B, count) of the step's uniforms from `start` past the verify's (its W coins and the bonus's), or None
+        when this step does not sample proposals."""
+        if not self.active():
+            return None
+        first = self.worker.num_draft_tokens + 1 + start
+        return self.worker.state.uniforms[:, first:first + count]
+
+    def uniforms_per_step(self, verify: int, draws: int) -> int:
+        """The step's uniform count: the verify's (`verify`, 0 for an all-greedy batch), then `draws` for a
+        sampled draft."""
+        return verify + draws if verify and self.samples else verify
+
+    def propose(self, logits, K: int, uniforms):
+        """logits: (B*R, V') the draft's at R nodes per request, request-major (V' its vocabulary); uniforms:
+        (B, R*K) or None when not `active`. -> (scores (B*R, K) fp32, tokens (B*R, K) int64 in draft ids,
+        q (B*R, V') fp32 or None): the top-K's probabilities and ids best first, or for a sampled request the
+        draws in draw order, their rank weights as scores, and q (the rows of greedy requests are not read)."""
+        w = self.worker
+        if not self.active():
+            p, index = w.ops.softmax_topk(logits, K)
+            return p, index, None
+        N = logits.shape[0]
+        R = N // w.sampling.temperatures.shape[0]
+        q = w.sampling.probs(logits, w.ops, R)
+        drawn = w.ops.sample_without_replacement(q, uniforms.reshape(N, K).contiguous())
+        ranks = torch.tensor(SAMPLED_RANK_WEIGHTS[:K], dtype=torch.float32, device=logits.device).expand(N, K)
+        if not w.sampling.any_greedy:
+            return ranks, drawn, q
+        p, index = w.ops.softmax_topk(logits, K)
+        greedy = w.sampling.is_greedy.repeat_interleave(R)[:, None] if R > 1 else w.sampling.is_greedy[:, None]
+        return torch.where(greedy, p, ranks), torch.where(greedy, index, drawn), q
+
+    def in_target_vocab(self, q):
+        """q (N, V') over the draft's vocabulary -> (N, V) over the target's (a reduced vocabulary's ids scattered
+        to their target ids, the rest 0)."""
+        if q is None or self.draft_to_target is None:
+            return q
+        full = q.new_zeros(q.shape[0], self.worker.vocab_size)
+        return full.index_copy_(1, self.draft_to_target, q)
+
+
+def chain_draft_probs(q_rows, W: int):
+    """q_rows: (B, S, V) the distribution each chain node's child was drawn from, node 0 (the root) first ->
+    (B, W, V) `draft_probs` with W = S + 1 (the last node's row, never read, repeats the one before)."""
+    return torch.cat([q_rows, q_rows[:, -1:]], dim=1)[:, :W]
+
+
+def tree_draft_probs(q_expanded, parent_list, top_scores_index):
+    """q_expanded: (B, 1 + K(S-1), V), the q row of every expanded node in `parent_list` order (the root, then each
+    draft step's K frontier nodes); parent_list (B, 1 + K(S-1)), top_scores_index (B, W-1): as
+    `organize_draft_results` returns them. -> (B, W, V) `draft_probs`: node n's row is the one its children were
+    drawn from (a node that was never expanded reads the root's row, which nothing reads)."""
+    B, W1 = top_scores_index.shape
+    # node n >= 1 was expanded at position j where parent_list[j] equals its candidate index
+    match = parent_list[:, None, 1:] == top_scores_index[:, :, None]  # (B, W-1, K(S-1))
+    pos = torch.where(match.any(-1), match.to(torch.int8).argmax(-1) + 1, 0)
+    pos = torch.cat([torch.zeros(B, 1, dtype=pos.dtype, device=pos.device), pos], dim=1)  # the root: row 0
+    return q_expanded.gather(1, pos[:, :, None].expand(B, W1 + 1, q_expanded.shape[-1]))
