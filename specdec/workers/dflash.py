@@ -15,6 +15,7 @@ import torch
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
 from .base import EagleVerifyInput, SpeculativeWorkerBase, StepOutput
+from .verification import DraftProposer, chain_draft_probs
 
 
 class DFlashWorker(SpeculativeWorkerBase):
@@ -40,6 +41,12 @@ class DFlashWorker(SpeculativeWorkerBase):
         self._chain = self.chain_verify_input(max_batch, W)
         self._block_mask = torch.ones(max_batch, W, W, dtype=torch.bool, device=self.device)
         self._mask_tokens = torch.full((max_batch, S), draft.mask_token_id, dtype=torch.int64, device=self.device)
+        self.proposer = DraftProposer(self, self.sampled_verify.samples)
+
+    @property
+    def uniforms_per_step(self) -> int:
+        """The verify's, then one draw per block position for a sampled draft."""
+        return self.proposer.uniforms_per_step(super().uniforms_per_step, self.num_steps)
 
     def check_draft(self, target, draft) -> None:
         """The base checks (vocabulary, hidden size), then the drafter's context layers against this target."""
@@ -75,24 +82,34 @@ class DFlashWorker(SpeculativeWorkerBase):
                                      tree_mask=self._block_mask[:B])
             hidden = self.draft_model(block, positions, self.draft_cache, meta, return_logits=False).hidden
             logits = self.draft_model.compute_logits(hidden[:, 1:])  # (B, S, V): position j proposes x_{n+j}
-            if self.draft_penalties or self.draft_grammar:
-                proposals = self._shaped_proposals(logits, st.last_tokens)
-            else:
-                proposals = logits.argmax(-1)
+            proposals, q_rows = self._propose_block(logits, st.last_tokens)
             candidates = torch.cat([st.last_tokens[:, None], proposals], dim=1)
         mask, retrieve_index, next_token, next_sibling = (t[:B] for t in self._chain)
-        return EagleVerifyInput(candidates, mask, positions, retrieve_index, next_token, next_sibling)
+        draft_probs = None if q_rows is None else chain_draft_probs(q_rows, W)
+        return EagleVerifyInput(candidates, mask, positions, retrieve_index, next_token, next_sibling, draft_probs)
 
-    def _shaped_proposals(self, logits, root):
-        """logits: (B, S, V) -> (B, S) proposals, d_j chosen from logits j shaped along [root, d_1..d_{j-1}]
-        (the draft's penalties and grammar masks, `shape_draft_logits`)."""
-        B, S, _ = logits.shape
-        chain = [root[:, None]]
+    def _propose_block(self, logits, root):
+        """logits: (B, S, V) -> (proposals (B, S), q (B, S, V) or None): d_j is the argmax of logits j, or for a
+        sampled draft a draw from its q (`DraftProposer`); where the SpecConfig asks, logits j are first shaped
+        along [root, d_1..d_{j-1}] (the draft's penalties and grammar masks, `shape_draft_logits`)."""
+        B, S, V = logits.shape
+        uniforms = self.proposer.uniforms(0, S)
+        if not (self.draft_penalties or self.draft_grammar):
+            if uniforms is None:
+                return logits.argmax(-1), None
+            _, drawn, q = self.proposer.propose(logits.reshape(B * S, V), 1, uniforms)
+            return drawn.view(B, S), q.view(B, S, V)
+        chain, q_rows = [root[:, None]], []
         for j in range(S):
             path = torch.ones(B, 1, j + 1, dtype=torch.bool, device=self.device)
             shaped = self.shape_draft_logits(logits[:, j], torch.cat(chain, dim=1), path)
-            chain.append(shaped.argmax(-1)[:, None])
-        return torch.cat(chain[1:], dim=1)
+            if uniforms is None:
+                chain.append(shaped.argmax(-1)[:, None])
+                continue
+            _, drawn, q = self.proposer.propose(shaped, 1, uniforms[:, j:j + 1])
+            chain.append(drawn)
+            q_rows.append(q)
+        return torch.cat(chain[1:], dim=1), torch.stack(q_rows, dim=1) if q_rows else None
 
     def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
         """The target's features of the accepted nodes (padded to S+1) become the context at n..n+a."""

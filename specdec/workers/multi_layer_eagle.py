@@ -6,12 +6,14 @@ import torch
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
 from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
+from .verification import DraftProposer, chain_draft_probs
 
 
 class ChainState(RequestState):
     stream: torch.Tensor | None  # (B, stream_len) int64: tokens by position, the guesses rotated in past the bonus
     hidden_ring: torch.Tensor | None  # (B, 2S+2, H): the target's last hidden states, by position mod 2S+2
     draft_tokens: torch.Tensor | None  # (B, S) int64: the chain d_1..d_S after the bonus token
+    chain_probs: torch.Tensor | None  # (B, S, V) fp32: the law each d_k was drawn from (sampled drafting)
 
 
 class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
@@ -44,6 +46,12 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         (chain_mask, self._chain_retrieve_index, self._chain_next_token,
          self._chain_next_sibling) = self.chain_verify_input(max_batch, W)
         self._chain_mask = chain_mask[0]
+        self.proposer = DraftProposer(self, self.sampled_verify.samples)
+
+    @property
+    def uniforms_per_step(self) -> int:
+        """The verify's, then one draw per layer for the next chain (the draft extend draws it) for a sampled draft."""
+        return self.proposer.uniforms_per_step(super().uniforms_per_step, self.num_steps)
 
     # ---- stages ------------------------------------------------------------------------------
     def _write_ring(self, positions, hidden):
@@ -66,7 +74,10 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         rows = torch.arange(B, device=self.device)
         at_last = last - start
         hidden = hidden0
-        guesses = []
+        guesses, q_rows = [], []
+        uniforms = self.proposer.uniforms(0, S) if self.state.uniforms is not None else None
+        if uniforms is None and self.proposer.active():  # the prefill's extend: drawn here, on the host
+            uniforms = self.rng.uniforms(S, self.device)
         for k in range(S):
             ids = st.stream.gather(1, positions + k + 1)
             out = self.draft_model.forward_layer(k, ids, hidden, positions, self.draft_cache, meta,
@@ -76,12 +87,15 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
                 chain = torch.cat([st.last_tokens[:, None]] + [g[:, None] for g in guesses], dim=1)
                 path = self._chain_mask[None, k:k + 1, :k + 1].expand(B, 1, k + 1)  # the root and d_1 .. d_k
                 logits = self.shape_draft_logits(logits, chain, path)
-            guess = self.ops.softmax_topk(logits, 1)[1][:, 0]
+            _, guess, q = self.proposer.propose(logits, 1, None if uniforms is None else uniforms[:, k:k + 1])
+            guess = guess[:, 0]
+            q_rows.append(q)
             st.stream.scatter_(1, (last + k + 2)[:, None], guess[:, None])
             guesses.append(guess)
             if self.draft_model.chain_hidden_states:
                 hidden = out
         st.draft_tokens = torch.stack(guesses, dim=1)
+        st.chain_probs = torch.stack(q_rows, dim=1) if q_rows[0] is not None else None
 
     def draft_extend_for_prefill(self, ids, hidden, positions, tokens) -> None:
         """The stream and the hidden ring start from the prompt and the sampled token; the S layers run over
@@ -103,9 +117,10 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         B, W = st.seq_lens.shape[0], self.num_draft_tokens
         candidates = torch.cat([st.last_tokens[:, None], st.draft_tokens], dim=1)
         positions = st.seq_lens[:, None] + torch.arange(W, device=self.device)
+        draft_probs = chain_draft_probs(st.chain_probs, W) if self.proposer.active() else None
         return EagleVerifyInput(candidates, self._chain_mask.expand(B, W, W), positions,
                                 self._chain_retrieve_index[:B], self._chain_next_token[:B],
-                                self._chain_next_sibling[:B])
+                                self._chain_next_sibling[:B], draft_probs)
 
     def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
         """Rotate the accepted tokens and target hidden states in, then rerun the S layers over the window."""
