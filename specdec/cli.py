@@ -10,7 +10,7 @@ from .draft_kinds import DRAFT_KINDS
 
 
 from .cli_args import (DEVICE_HELP, MODEL_HELP, THREADS_HELP, HelpFormatter, device_choice, draft_kinds_arg,
-                       float_list, positive_int, positive_int_list)
+                       float_list, positive_int, positive_int_list, top_p_list, verify_rules_arg)
 
 ZOO_HELP = """usage: specdec zoo list | specdec zoo train [options] | specdec zoo train-draft [options]
 
@@ -169,6 +169,13 @@ def main(argv=None) -> int:
                        help="comma-separated batch sizes (default: 1,4 for acceptance, 1,8,32 for e2e)")
     bench.add_argument("--temperatures", type=float_list, default=[0.0, 0.7],
                        help="comma-separated temperatures, 0 = greedy (acceptance suite)")
+    bench.add_argument("--top-ps", type=top_p_list, default=[1.0],
+                       help="comma-separated top-p values, each run at every temperature above 0 (acceptance suite)")
+    bench.add_argument("--verify", type=verify_rules_arg, default=["target_only"],
+                       help="comma-separated verify rules for the sampled requests of every drafting case "
+                            "(acceptance suite): target_only (SGLang's), rejection and block (with the draft's "
+                            "distribution, drafting by sampling; block on chains only); each case runs once per "
+                            "rule it can, the rules other than target_only at temperatures above 0 only")
     bench.add_argument("--num-prompts", type=positive_int, default=16, help="held-out prompts per batch size")
     bench.add_argument("--prompt-len", type=positive_int, default=96, help="prompt length in tokens (bytes)")
     bench.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate per prompt")

@@ -87,6 +87,28 @@ def device_choice(text: str) -> str:
     return text
 
 
+def top_p_list(text: str) -> list[float]:
+    """'1,0.9' -> [1.0, 0.9] (each in (0, 1])."""
+    try:
+        values = [float(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as '1,0.9', got {text!r}") from None
+    if not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"top-p values must be in (0, 1], got {text!r}")
+    return values
+
+
+def verify_rules_arg(text: str) -> list[str]:
+    """'target_only,block' -> ['target_only', 'block'] (each a `SpecConfig.verify` rule)."""
+    from .config import VERIFY_RULES as RULES
+    rules = [p.strip() for p in text.split(",")]
+    bad = [r for r in rules if r not in RULES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown verify rule(s) {bad}; expected a comma-separated subset of "
+                                         f"{','.join(RULES)}")
+    return rules
+
+
 def draft_kinds_arg(text: str) -> list[str]:
     """'eagle,eagle3' -> ['eagle', 'eagle3'] (each one of DRAFT_KINDS)."""
     kinds = [p.strip() for p in text.split(",")]

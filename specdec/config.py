@@ -155,6 +155,10 @@ class SamplingParams:
                                    logit_bias=logit_bias)
 
 
+#: how sampled requests may be verified (`SpecConfig.verify`; `specdec.workers.verification`)
+VERIFY_RULES = ("target_only", "rejection", "block")
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """Speculative decoding shape: S = num_steps (draft depth), K = topk, W = num_draft_tokens.
@@ -200,7 +204,7 @@ class SpecConfig:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.draft_sampling not in ("topk", "sample"):
             raise ValueError(f"draft_sampling must be 'topk' or 'sample', got {self.draft_sampling!r}")
-        if self.verify not in ("target_only", "rejection", "block"):
+        if self.verify not in VERIFY_RULES:
             raise ValueError(f"verify must be 'target_only', 'rejection' or 'block', got {self.verify!r}")
         if self.verify != "target_only" and self.draft_sampling != "sample":
             raise ValueError(f"verify={self.verify!r} reads the draft's distribution: it needs "

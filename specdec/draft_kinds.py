@@ -205,7 +205,10 @@ class DraftKind:
         return self._resolve("random_draft", self.random_draft)(target, **self.random_draft_config)
 
     def worker_label(self, spec: SpecConfig) -> str:
-        return f"{self.label} {self.shape_label(spec)}"
+        """`EAGLE tree S5 K4 W16`; a rule other than SGLang's target-only verify follows the shape (`EAGLE chain S3
+        block`), and a sampled draft verified target-only says so (`... sampled`)."""
+        rule = spec.verify if spec.verify != "target_only" else "sampled" if spec.draft_sampling == "sample" else ""
+        return " ".join(filter(None, (self.label, self.shape_label(spec), rule)))
 
 
 #: every registered kind by name, in the order the demo, the CSVs' rows and the model card list them

@@ -19,7 +19,7 @@ import torch
 from .. import Engine, SamplingParams, SpecConfig
 from ..draft_kinds import DRAFT_KINDS
 from .cases import (ASSISTED_CASE, CASES, NGRAM_OPTION_CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds,
-                    tuned_cases)
+                    tuned_cases, with_verify_rules)
 from ..cli_args import about
 from .common import (DTYPES, Run, RunRow, above_bar, cpu_model, dtype_name, median_of, progress_bar, quantile,
                      target_only_batch_seconds)
@@ -75,18 +75,30 @@ class AcceptanceRow(RunRow):
     accept_len_by_batch: str  # of the median pass: the batch's tokens per verify step, ","-separated
     verify_steps_by_batch: str  # of the median pass: the batch's requests' verify steps, ","-separated
     cpu_s_by_batch: str  # every pass: ","-separated batches, ";"-separated passes
+    top_p: float = 1.0
+    verify: str = ""  # the sampled requests' rule (SpecConfig.verify), empty for target-only and the peers
 
 
 def cases_at(cases: list[WorkerCase], temperature: float, batch_size: int) -> list[WorkerCase]:
-    """The cases a (temperature, batch size) runs: the transformers peers decode greedily only, some at B = 1 only."""
-    return [c for c in cases if not c.is_peer or (temperature == 0 and (batch_size == 1 or not c.batch_one_only))]
+    """The cases a (temperature, batch size) runs: the transformers peers decode greedily only, some at B = 1 only;
+    a case whose verify rule is not target-only runs sampled only (greedy requests take greedy verification)."""
+    return [c for c in cases
+            if (not c.is_peer or (temperature == 0 and (batch_size == 1 or not c.batch_one_only)))
+            and not (temperature == 0 and c.shape_policy == "static" and c.spec is not None
+                     and c.spec.draft_sampling == "sample")]
 
 
-def planned_decodes(cases: list[WorkerCase], num_prompts: int, batch_sizes, temperatures, repeats: int) -> dict:
+def sampling_settings(temperatures, top_ps=(1.0,)) -> list[tuple[float, float]]:
+    """(temperature, top_p) pairs the run decodes at: every top-p at each temperature above 0, top-p 1 when greedy."""
+    return [(t, p) for t in temperatures for p in (top_ps if t > 0 else [1.0])]
+
+
+def planned_decodes(cases: list[WorkerCase], num_prompts: int, batch_sizes, temperatures, repeats: int,
+                    top_ps=(1.0,)) -> dict:
     """Batch size -> how many batches of that size the run decodes: each case's timed passes, and an engine's
     logprob and phase passes (warm-ups left out). The progress bar's total and the estimate's workload."""
     out = {}
-    for temperature in temperatures:
+    for temperature, _ in sampling_settings(temperatures, top_ps):
         for B in batch_sizes:
             passes = sum(repeats + (0 if c.is_peer else 2) for c in cases_at(cases, temperature, B))
             out[B] = out.get(B, 0) + passes * (num_prompts // B)
@@ -174,7 +186,7 @@ def _measure(runners, batches, params, repeats, tick=None):
 def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[list[int]], batch_sizes,
                   temperatures, max_new_tokens: int, model_name: str, impl="reference", repeats=1, out_dir="results",
                   tag="bench", progress=print, peer_dir=None, assistant_dir=None, show_progress=True,
-                  stop_token_ids=()) -> Path:
+                  stop_token_ids=(), top_ps=(1.0,)) -> Path:
     """Measure every case at every batch size and temperature; write one CSV; return its path.
 
     `drafts` maps a case's kind to its draft model; the first case must be target-only (the baseline of the
@@ -185,7 +197,7 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
     (the robust figure on a shared machine, at one thread). show_progress: a tqdm bar over the batches decoded,
     on stderr, with `progress`'s lines above it. stop_token_ids: the ids every request stops at, the engines and
     the peers alike (a real target's EOS ids, as generation stops); none (the shipped pairs): every request decodes
-    exactly max_new_tokens.
+    exactly max_new_tokens. top_ps: each sampled temperature runs at each of them.
     """
     if not cases or cases[0].kind != "target-only":
         raise ValueError("the first benchmark case must be target-only (the speedup baseline)")
@@ -195,11 +207,11 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
     rows = []
     max_len = max(len(p) for p in prompts) + max_new_tokens + 64
     peers = {}
-    planned = sum(planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats).values())
+    planned = sum(planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats, top_ps).values())
     bar = progress_bar(planned, "bench", unit="batch", disable=not show_progress)
     tick, progress = bar.update, above_bar(progress)
-    for temperature in temperatures:
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
+    for temperature, top_p in sampling_settings(temperatures, top_ps):
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                 stop_token_ids=list(stop_token_ids))
         for B in batch_sizes:
             batches = [prompts[i:i + B] for i in range(0, len(prompts) - B + 1, B)]
@@ -273,9 +285,11 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                     tokens_by_batch=",".join(str(t) for t in med["tokens_by_batch"]),
                     accept_len_by_batch=",".join(f"{a:.4f}" for a in med["accept_by_batch"]) if verifies else "",
                     verify_steps_by_batch=",".join(str(n) for n in med["verifies_by_batch"]) if verifies else "",
-                    cpu_s_by_batch=";".join(",".join(f"{c:.4f}" for c in p["cpu_by_batch"]) for p in ps))
+                    cpu_s_by_batch=";".join(",".join(f"{c:.4f}" for c in p["cpu_by_batch"]) for p in ps),
+                    top_p=top_p, verify=spec.verify if spec is not None and not case.is_peer else "")
                 rows.append(row)
-                progress(f"T={temperature} B={B} {case.label:24s} tok/s {tps:8.1f} cpu-tok/s {cpu_tps:8.1f} "
+                progress(f"T={temperature} top-p={top_p} B={B} {case.label:24s} tok/s {tps:8.1f} "
+                         f"cpu-tok/s {cpu_tps:8.1f} "
                          f"accept {row.mean_accept_len or 1:.2f} x{row.cpu_speedup_vs_target_only:.2f} "
                          + (f"bound x{row.speedup_bound:.2f} " if row.speedup_bound != "" else "")
                          + f"same={same}")
@@ -302,15 +316,16 @@ def tuned_paths(values: list[str], pair: str) -> list[Path]:
 
 
 def estimate(target, cases, prompts, batch_sizes, temperatures, max_new_tokens: int, repeats: int,
-             impl: str = "reference") -> str:
+             impl: str = "reference", top_ps=(1.0,)) -> str:
     """The line `specdec bench` prints before it starts: the workload and how long it will take, every batch priced
     at what target-only takes for it on this machine, measured now (`target_only_batch_seconds`)."""
-    planned = planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats)
+    planned = planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats, top_ps)
     seconds = target_only_batch_seconds(target, prompts, batch_sizes, max_new_tokens, impl=impl)
     total = sum(n * seconds[B] for B, n in planned.items())
     return (f"estimate: {about(total)} for {sum(planned.values())} batch decodes of {max_new_tokens} tokens "
             f"({len(cases)} workers x batch sizes {', '.join(map(str, batch_sizes))} x temperatures "
-            f"{', '.join(f'{t:g}' for t in temperatures)} x {repeats} timed passes, and a logprob and a phase pass per "
+            f"{', '.join(f'{t:g}' for t in temperatures)} (top-p {', '.join(f'{p:g}' for p in top_ps)} when "
+            f"sampled) x {repeats} timed passes, and a logprob and a phase pass per "
             f"engine), each priced at "
             f"what target-only takes for it here, measured just now: drafting workers usually run faster, the "
             f"transformers peers slower. --num-prompts, --max-new-tokens, --repeats, --workers and --no-peers "
@@ -350,6 +365,7 @@ def main_bench(args) -> int:
     if shapes != "all":  # none of NGRAM's option variants; "first": each kind at its default shape only
         cases = [c for c in cases if c.spec is None or (not c.draft_options and (
             shapes == "demo" or c.spec == DRAFT_KINDS[c.kind].default_spec(drafts[c.kind])))]
+    cases = with_verify_rules(cases, args.verify)
     for path in tuned_paths(args.tuned or [], bundle.name):
         from ..tuning import TunedSpec
         tuned = TunedSpec.load(path)
@@ -371,12 +387,12 @@ def main_bench(args) -> int:
             cases.append(ASSISTED_CASE)
         sizes = args.batch_sizes or [1, 4]
         print(estimate(bundle.target, cases, prompts, sizes, args.temperatures, args.max_new_tokens, args.repeats,
-                       args.impl))
+                       args.impl, args.top_ps))
         path = run_benchmark(bundle.target, drafts, cases, prompts,
                              sizes, args.temperatures, args.max_new_tokens,
                              model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
                              tag="acceptance", peer_dir=peer_dir, assistant_dir=assistant_dir,
-                             stop_token_ids=stop_token_ids)
+                             stop_token_ids=stop_token_ids, top_ps=args.top_ps)
     png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))
     print(f"wrote {path} and {png}")
     return 0

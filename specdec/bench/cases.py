@@ -6,6 +6,7 @@ plot. Peers are Hugging Face transformers' `generate`, beside the specdec worker
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..config import SpecConfig
@@ -101,6 +102,25 @@ ASSISTED_CASE = WorkerCase("hf-assisted", None)
 NGRAM_OPTION_CASES = [WorkerCase("ngram", spec, e2e=False, draft_options=(option,))
                       for option in (("shared", False), ("indexing", "sequence"), ("child_order", "frequency"))
                       for spec in DRAFT_KINDS["ngram"].demo_specs]
+
+
+def with_verify_rules(cases: list[WorkerCase], rules: list[str]) -> list[WorkerCase]:
+    """`cases` with each static drafting case once per verify rule of `rules` (`SpecConfig.verify`) that its kind
+    can run (a draft with a distribution; block verification on chains only), after it; the rules that read the
+    draft's distribution draft by sampling. Without "target_only" in `rules`, the drafting cases run the other
+    rules only."""
+    out = []
+    for c in cases:
+        if c.spec is None or c.is_peer or c.shape_policy != "static" or not DRAFT_KINDS[c.kind].samples_drafts:
+            out.append(c)
+            continue
+        for rule in rules:
+            if rule == "target_only":
+                out.append(c)
+            elif rule != "block" or c.spec.topk == 1:
+                spec = dataclasses.replace(c.spec, draft_sampling="sample", verify=rule)
+                out.append(dataclasses.replace(c, spec=spec, e2e=False))
+    return out
 
 
 def tuned_cases(tuned) -> list[WorkerCase]:
