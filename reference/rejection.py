@@ -35,24 +35,22 @@ def sample_without_replacement(probs: torch.Tensor, uniforms: torch.Tensor) -> t
 
     K draws per row without replacement, in draw order: draw k is the first token whose cumulative mass, over the
     row with draws 0..k-1 removed, exceeds ``uniforms[:, k]`` times that row's total (strict, so a token of zero
-    mass is never drawn while mass remains). This is the law of Gumbel-top-k (Plackett-Luce) with K uniforms per
-    row instead of V Gumbel variables. Once a row's mass is used up (fewer than K tokens of positive mass), the
-    remaining draws repeat its last token of positive mass: such a draw has probability 0 under the row left at
-    its turn, and the verify ops skip a child whose draft probability is 0.
+    mass is never drawn while mass remains; where that product rounds up to the total, the threshold is the float
+    just below it). This is the law of Gumbel-top-k (Plackett-Luce) with K uniforms per row instead of V Gumbel
+    variables. Once a row's mass is used up (fewer than K tokens of positive mass), the remaining draws are token
+    V-1, of probability 0 under the row left at their turn: the verify ops skip a child whose draft probability is 0.
     """
     N, V, K = check_sample_without_replacement_args(probs, uniforms)
-    left = probs.float().clone()
-    u = uniforms.float()
+    left = probs.to(torch.float32, copy=True)
     draws = []
-    for k in range(K):
+    for u in uniforms.float().split(1, dim=1):
         cdf = left.cumsum(-1)
         total = cdf[:, -1:]
-        first = (cdf <= u[:, k:k + 1] * total).sum(-1)
-        last_pos = (V - 1) - (left > 0).flip(-1).to(torch.int8).argmax(-1)  # V-1 for an empty row
-        x = torch.minimum(first, last_pos)
+        threshold = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        x = torch.searchsorted(cdf, threshold, right=True).clamp_max_(V - 1)
         draws.append(x)
-        left.scatter_(1, x[:, None], 0.0)
-    return torch.stack(draws, dim=1).to(torch.int64)
+        left.scatter_(1, x, 0.0)
+    return torch.cat(draws, dim=1)
 
 
 def tree_speculative_sampling_rejection(
@@ -92,8 +90,8 @@ def tree_speculative_sampling_rejection(
     nxt = retrieve_next_token.to(torch.int64)
     sib = retrieve_next_sibling.to(torch.int64)
     cand_tok = candidates.to(torch.int64)
-    target = target_probs.reshape(B * W, V)
-    draft = draft_probs.reshape(B * W, V)
+    target = _normalised(target_probs.reshape(B * W, V))
+    draft = _normalised(draft_probs.reshape(B * W, V))
     unif = uniform_samples.to(torch.float32)
     b_off = torch.arange(B, device=device).unsqueeze(1) * W  # (B, 1)
 
@@ -103,37 +101,37 @@ def tree_speculative_sampling_rejection(
     cur = torch.zeros(B, 1, dtype=torch.int64, device=device)
     child = nxt[:, :1]
     depth = torch.zeros(B, 1, dtype=torch.int64, device=device)
-    resid = target[b_off[:, 0]].to(torch.float32).clamp(min=0)  # (B, V)
-    proposal = draft[b_off[:, 0]].to(torch.float32).clamp(min=0)
+    resid, proposal = target[b_off[:, 0]], draft[b_off[:, 0]]  # (B, V) each, normalised
     for _ in range(W - 1):
-        active = (child >= 0) & (depth < S)
         c = child.clamp(min=0)
         tok = torch.gather(cand_tok, 1, c)
-        r_sum = resid.sum(-1, keepdim=True)
-        g_sum = proposal.sum(-1, keepdim=True)
-        r_x = resid.gather(1, tok)
         g_x = proposal.gather(1, tok)
-        drawn = g_x > 0
-        accept = active & drawn & (torch.gather(unif, 1, c) * g_x * r_sum < r_x * g_sum)
-        reject = active & drawn & ~accept
+        tried = (child >= 0) & (depth < S) & (g_x > 0)  # a child of zero draft mass was not drawn: skipped
+        accept = tried & (torch.gather(unif, 1, c) * g_x < resid.gather(1, tok))
+        reject = tried & ~accept
         cur_flat = torch.gather(ri, 1, cur)
         predict.scatter_(0, torch.where(accept, cur_flat, B * W).flatten(), tok.flatten().to(torch.int32))
         accept_index.scatter_(1, torch.where(accept, depth + 1, S + 1), torch.gather(ri, 1, c).to(torch.int32))
         depth = depth + accept.to(torch.int64)
         cur = torch.where(accept, c, cur)
-        shrunk = (resid / r_sum.clamp_min(1e-30) - proposal / g_sum.clamp_min(1e-30)).clamp(min=0)
         at_child = (b_off + c).flatten()
-        resid = torch.where(accept, target[at_child].to(torch.float32).clamp(min=0),
-                            torch.where(reject, shrunk, resid))
-        proposal = torch.where(accept, draft[at_child].to(torch.float32).clamp(min=0),
-                               torch.where(reject, proposal.scatter(1, tok, 0.0), proposal))
+        resid = torch.where(accept, target[at_child],
+                            torch.where(reject, _normalised(resid - proposal), resid))
+        proposal = torch.where(accept, draft[at_child],
+                               torch.where(reject, _normalised(proposal.scatter(1, tok, 0.0)), proposal))
         child = torch.where(accept, torch.gather(nxt, 1, c),
-                            torch.where(active & ~accept, torch.gather(sib, 1, c), child))
+                            torch.where((child >= 0) & (depth < S) & ~accept, torch.gather(sib, 1, c), child))
 
-    row = target[(b_off + cur).flatten()].to(torch.float32).clamp(min=0)
+    row = target[(b_off + cur).flatten()]
     bonus = _sample_residual(resid, row, uniform_samples_for_final_sampling.to(torch.float32))
     predict.scatter_(0, torch.gather(ri, 1, cur).flatten(), bonus.to(torch.int32))
     return predict[: B * W], accept_index[:, : S + 1].contiguous(), depth.flatten().to(torch.int32)
+
+
+def _normalised(rows: torch.Tensor) -> torch.Tensor:
+    """(N, V) -> fp32 rows with negative entries zeroed, divided by their sums (an all-zero row stays zero)."""
+    rows = rows.to(torch.float32).clamp(min=0)
+    return rows / rows.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
 def chain_speculative_sampling_block(

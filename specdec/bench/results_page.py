@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .verify_rules import verify_rules_section
 from .plots import read_results
 
 #: the manifest of current results, relative to the repository root
@@ -204,7 +205,7 @@ def draft_vocab_section(path: Path) -> list[str]:
 
 SECTIONS = {"acceptance": acceptance_section, "draft-vocab": draft_vocab_section, "heads": heads_section,
             "tune": tune_section, "tune-choice": tune_choice_section, "penalties": penalties_section,
-            "grammar": grammar_section, "gpu-e2e": gpu_e2e_section}
+            "grammar": grammar_section, "gpu-e2e": gpu_e2e_section, "verify-rules": verify_rules_section}
 
 
 def _read_any(path: Path) -> pd.DataFrame:

@@ -87,6 +87,7 @@ class DraftProposer:
         self.worker = worker
         self.samples = samples
         self.draft_to_target = draft_to_target
+        self._ranks: dict = {}
 
     def active(self) -> bool:
         """Whether this step samples proposals (sampled drafting, and some request samples)."""
@@ -118,12 +119,19 @@ class DraftProposer:
         R = N // w.sampling.temperatures.shape[0]
         q = w.sampling.probs(logits, w.ops, R)
         drawn = w.ops.sample_without_replacement(q, uniforms.reshape(N, K).contiguous())
-        ranks = torch.tensor(SAMPLED_RANK_WEIGHTS[:K], dtype=torch.float32, device=logits.device).expand(N, K)
+        ranks = self._rank_weights(K, logits.device).expand(N, K)
         if not w.sampling.any_greedy:
             return ranks, drawn, q
         p, index = w.ops.softmax_topk(logits, K)
         greedy = w.sampling.is_greedy.repeat_interleave(R)[:, None] if R > 1 else w.sampling.is_greedy[:, None]
         return torch.where(greedy, p, ranks), torch.where(greedy, index, drawn), q
+
+    def _rank_weights(self, K: int, device) -> torch.Tensor:
+        """(K,) fp32 `SAMPLED_RANK_WEIGHTS`, made once per (K, device)."""
+        key = (K, str(device))
+        if key not in self._ranks:
+            self._ranks[key] = torch.tensor(SAMPLED_RANK_WEIGHTS[:K], dtype=torch.float32, device=device)
+        return self._ranks[key]
 
     def in_target_vocab(self, q):
         """q (N, V') over the draft's vocabulary -> (N, V) over the target's (a reduced vocabulary's ids scattered
