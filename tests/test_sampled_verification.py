@@ -22,6 +22,7 @@ from specdec.models.eagle3 import random_eagle3_head
 from specdec.models.llama import random_llama
 from specdec.ngram import NgramDraft
 from specdec.workers.graphs import DecodeGraphs
+from tests.equivalence import no_host_sync
 from tests.helpers import FALSE_FAILURE_RATE, chi_square_pvalue
 from tests.oracles import exact_joint, exact_joint_grammar, exact_joint_penalised
 
@@ -313,3 +314,22 @@ def test_ngram_refuses_what_needs_a_draft_distribution(target, kwargs):
     with pytest.raises(ValueError, match="NGRAM") as e:
         Engine(target, draft=NgramDraft(), spec=SpecConfig(3, **kwargs))
     assert "\n" not in str(e.value)
+
+
+# ---- the step stays a fixed-shape, sync-free body ---------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,spec", [("eagle", SpecConfig(3, 2, 6, **SAMPLE, verify="rejection")),
+                                       ("mtp", SpecConfig(3, **SAMPLE, verify="block")),
+                                       ("dflash", SpecConfig(3, **SAMPLE, verify="rejection"))], ids=str)
+def test_a_sampled_step_makes_no_host_sync(target, kind, spec):
+    """Greedy and sampled requests (top-k, top-p, logprobs) in one batch: the drafts' draws and the rules' verify read
+    no value on the host."""
+    engine = Engine(target, draft=draft_of(kind, target), spec=spec, impl="reference", max_seq_len=64)
+    w = engine.worker
+    params = [SamplingParams(max_new_tokens=14, temperature=0.8, top_k=4, top_p=0.9, return_logprob=True),
+              SamplingParams(max_new_tokens=14)]
+    w.prefill([[1, 2, 3], [4, 5]], params, seed=0)
+    for _ in range(3):
+        with no_host_sync():
+            step = w.decode_step()
+    assert step.accept_lens.shape == (2,)
