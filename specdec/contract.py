@@ -29,6 +29,9 @@ WORKER_OPS = (
     "commit_kv_cache",
     "apply_penalties_tree",
     "apply_token_bitmask",
+    "sample_without_replacement",
+    "tree_speculative_sampling_rejection",
+    "chain_speculative_sampling_block",
 )
 
 #: The index that means "no node": a padded slot of `accept_index`, a `predict` entry at a node that was

@@ -158,6 +158,13 @@ def exercise_every_op(dtypes=None):
             tree_speculative_sampling_target_only(cand, ri_ok, nt_ok, ns_ok, torch.rand(2, W), torch.rand(2), probs, S)
             tree_speculative_sampling_target_only(cand, ri_ok, nt_ok, ns_ok, torch.rand(2, W), torch.rand(2), probs, S,
                                                   0.5, 0.5)
+            draft_probs = torch.softmax(torch.randn(2, W, 300, generator=gen), -1).to(dtype)
+            fast.tree_speculative_sampling_rejection(cand, ri_ok, nt_ok, ns_ok, torch.rand(2, W), torch.rand(2), probs,
+                                                     draft_probs, S)
+            if K == 1:
+                fast.chain_speculative_sampling_block(cand, ri_ok, torch.rand(2, W), torch.rand(2), probs, draft_probs,
+                                                      S)
+            fast.sample_without_replacement(draft_probs.view(2 * W, 300), torch.rand(2 * W, K))
         del ri, nt, ns, flat
 
 

@@ -320,7 +320,8 @@ def test_ngram_refuses_what_needs_a_draft_distribution(target, kwargs):
 
 @pytest.mark.parametrize("kind,spec", [("eagle", SpecConfig(3, 2, 6, **SAMPLE, verify="rejection")),
                                        ("mtp", SpecConfig(3, **SAMPLE, verify="block")),
-                                       ("dflash", SpecConfig(3, **SAMPLE, verify="rejection"))], ids=str)
+                                       ("dflash", SpecConfig(3, **SAMPLE, verify="rejection"))],
+                         ids=["eagle-tree-rejection", "mtp-block", "dflash-rejection"])
 def test_a_sampled_step_makes_no_host_sync(target, kind, spec):
     """Greedy and sampled requests (top-k, top-p, logprobs) in one batch: the drafts' draws and the rules' verify read
     no value on the host."""
@@ -333,3 +334,19 @@ def test_a_sampled_step_makes_no_host_sync(target, kind, spec):
         with no_host_sync():
             step = w.decode_step()
     assert step.accept_lens.shape == (2,)
+
+
+@pytest.mark.parametrize("kind,spec", [("eagle", SpecConfig(3, 2, 6, **SAMPLE, verify="rejection")),
+                                       ("dflash", SpecConfig(3, **SAMPLE, verify="block"))],
+                         ids=["eagle-tree-rejection", "dflash-block"])
+def test_the_fast_path_draws_and_verifies_as_the_reference(target, kind, spec):
+    """The same seeds through the Triton ops (interpreted on a CPU): the same tokens, request by request, for a
+    ragged batch mixing greedy and sampled requests."""
+    prompts = [[1, 2, 3], [4], [2, 5, 1, 1]]
+    params = [SamplingParams(max_new_tokens=8, temperature=0.9, top_p=0.9), SamplingParams(max_new_tokens=8),
+              SamplingParams(max_new_tokens=6, temperature=1.2, top_k=4)]
+    draft = draft_of(kind, target)
+    outs = {impl: Engine(target, draft=draft, spec=spec, impl=impl, max_seq_len=32).generate(prompts, params, seed=11)
+            for impl in ("reference", "fast")}
+    assert [o.token_ids for o in outs["fast"]] == [o.token_ids for o in outs["reference"]]
+    assert [o.accept_lens for o in outs["fast"]] == [o.accept_lens for o in outs["reference"]]

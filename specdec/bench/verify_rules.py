@@ -101,8 +101,8 @@ def verify_rules_section(path: Path) -> list[str]:
     out = [verify_rules_table(df)]
     goals = verify_rules_goals(df)
     if goals:
-        out += ["", "Against the goals (accepted tokens per step; a step's cost is process CPU seconds per decode step, "
-                    "relative to target-only decoding's, over the same ratio of the same shape verified target-only):",
+        out += ["", "Against the goals (accepted tokens per step; a step's cost is its process CPU seconds per decode "
+                    "step over target-only decoding's, against the same for the same shape verified target-only):",
                 "", goals]
     return out
 
