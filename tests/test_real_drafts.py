@@ -2,6 +2,7 @@
 chat prompts token for token as target-only does (greedy, fp32, the same logprobs), and is refused where it does not
 belong: on another target (its fingerprint), with a draft vocabulary larger than the target's. Skipped when the
 model's package is not installed."""
+import dataclasses
 import json
 import shutil
 
@@ -83,8 +84,9 @@ def test_train_draft_refuses_a_draft_vocabulary_larger_than_the_targets(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
-def test_sampled_decoding_keeps_the_targets_law(bundle, kind):
+@pytest.mark.parametrize("kind,rule", [("eagle3", "target_only"), ("dflash", "target_only"), ("eagle3", "rejection"),
+                                       ("dflash", "block")])
+def test_sampled_decoding_keeps_the_targets_law(bundle, kind, rule):
     """At temperature 0.7 the joint law of the first three tokens (the 2nd and 3rd from the first speculative verify
     step) of a trained draft's decoding is the target's, computed exactly by enumeration (every sequence with
     expected count >= 5 a cell, the rest one cell); chi-square."""
@@ -106,7 +108,10 @@ def test_sampled_decoding_keeps_the_targets_law(bundle, kind):
                  for t in torch.nonzero(pr * exact[s] * N >= 1).flatten().tolist()}
     exact = {s: p for s, p in exact.items() if p * N >= 5}
     draft = bundle.drafts[kind]
-    eng = Engine(target, draft, DRAFT_KINDS[kind].default_spec(draft), max_batch=500, max_seq_len=len(prompt) + 32)
+    spec = DRAFT_KINDS[kind].default_spec(draft)
+    if rule != "target_only":
+        spec = dataclasses.replace(spec, draft_sampling="sample", verify=rule)
+    eng = Engine(target, draft, spec, max_batch=500, max_seq_len=len(prompt) + 32)
     outs = [o for seed in range(N // 500)
             for o in eng.generate([prompt] * 500, SamplingParams(max_new_tokens=3, temperature=T), seed=seed)]
     assert any(a > 1 for o in outs for a in o.accept_lens)  # drafts were accepted, not only bonus tokens
