@@ -163,8 +163,9 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         next root's `max_topk` draws follow them in the step's uniforms."""
         return max(self.num_steps - 1, 0) * self.topk * self.topk
 
-    def draft_forward(self):
-        """S draft steps of select_top_k_tokens + draft forward -> the lists organize_draft_results takes."""
+    def draft_forward(self, q_list: list | None = None):
+        """S draft steps of select_top_k_tokens + draft forward -> the lists organize_draft_results takes. q_list: a
+        list that a sampled draft fills with each expanded node's q ((B, R, V') rows, the root first), or None."""
         st = self.state
         B, K, S = st.seq_lens.shape[0], self.topk, self.num_steps
         draft_lens = self._draft_lens()
@@ -172,7 +173,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         if K < self.max_topk:  # the root's K best children: the head of the largest topk's, best first
             topk_p, topk_index = topk_p[:, :K].contiguous(), topk_index[:, :K].contiguous()
         score_list, token_list, parents_list = [], [], []
-        q_list = [st.root_probs[:, None]] if self.proposer.active() else []  # each expanded node's q, in order
+        if q_list is not None and self.proposer.active():
+            q_list.append(st.root_probs[:, None])
         own = self._own_slot
         n_inflight = own.shape[0]
         ancestry = None  # (B, K, n_inflight): in-flight draft slots each frontier node attends
@@ -203,10 +205,10 @@ class EagleWorkerV2(SpeculativeWorkerBase):
                 tokens = torch.cat(slot_tokens, dim=1)
                 logits = self.shape_draft_logits(logits, tokens, path)
             topk_p, topk_index, q = self._draft_topk(logits, K, self.proposer.uniforms(i * K * K, K * K))
-            if q is not None:
+            if q is not None and q_list is not None:
                 q_list.append(q.view(B, K, -1))
             hidden = hidden.reshape(B * K, -1)
-        return score_list, token_list, parents_list, q_list
+        return score_list, token_list, parents_list
 
     def draft_extend_for_decode(self, step: StepOutput, target_hidden) -> None:
         """Draft forward over the accepted path (padded to S+1): (h[n_j], predict[n_j]) at position n+j. Its output
@@ -266,7 +268,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
         if W == 1:
             return self.root_only_tree()
         with self.phase("draft"):
-            score_list, token_list, parents_list, q_list = self.draft_forward()
+            q_list: list = []
+            score_list, token_list, parents_list = self.draft_forward(q_list)
             parent_list, top_scores_index, draft_tokens = self.ops.organize_draft_results(
                 score_list, token_list, parents_list, W)
             (tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling,
