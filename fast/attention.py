@@ -26,6 +26,9 @@ BLOCK_N_FP32 = 16
 _TARGET_PROGRAMS = 264
 #: In-flight mask bits per packed word.
 _MASK_WORD_BITS = 32
+#: device -> the one-word mask a launch without a tree passes (the kernel never reads it: HAS_TREE is off), made
+#: once rather than by a zeros launch per call; kept for good, so a CUDA graph that captured its address stays valid
+_NO_TREE_MASK: dict[torch.device, torch.Tensor] = {}
 
 
 @triton.jit
@@ -184,7 +187,9 @@ def _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset
         bits = pack_tree_mask(tree_mask) if mask_bits is None else mask_bits
         num_words = bits.shape[-1]
     else:
-        bits = torch.zeros(1, dtype=torch.int32, device=device)
+        bits = _NO_TREE_MASK.get(device)
+        if bits is None:
+            bits = _NO_TREE_MASK[device] = torch.zeros(1, dtype=torch.int32, device=device)
         num_words = 1
     q = q if q.stride(-1) == 1 else q.contiguous()
     block_d = max(16, triton.next_power_of_2(D))

@@ -538,3 +538,19 @@ def check_bitmask_args(logits, bitmask) -> tuple[int, int]:
         raise ValueError(f"logits must have shape (N, V) with V >= 1, got {tuple(logits.shape)}")
     check_tensor("bitmask", bitmask, "int32", (N, (V + 31) // 32), logits.device, "N, ceil(V/32)")
     return N, V
+
+
+def check_rms_norm_args(x, residual, weight, eps) -> tuple[int, int]:
+    """`rms_norm`'s and `fused_add_rms_norm`'s arguments -> (N, H): x (N, H) float with H >= 1, residual None or
+    (N, H) of x's dtype, weight (H,) float, all on x's device; eps a number >= 0. Values are trusted."""
+    check_tensor("x", x, "float", (None, None), what="N, H")
+    N, H = x.shape
+    if H < 1:
+        raise ValueError(f"x must have shape (N, H) with H >= 1, got {tuple(x.shape)}")
+    if residual is not None:
+        check_tensor("residual", residual, "float", (N, H), x.device, "N, H of x")
+        if residual.dtype != x.dtype and not _TRUSTED.get():
+            raise ValueError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}")
+    check_tensor("weight", weight, "float", (H,), x.device, "H of x")
+    check_real("eps", eps, 0.0)
+    return N, H

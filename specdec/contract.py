@@ -32,6 +32,8 @@ WORKER_OPS = (
     "sample_without_replacement",
     "tree_speculative_sampling_rejection",
     "chain_speculative_sampling_block",
+    "rms_norm",
+    "fused_add_rms_norm",
 )
 
 #: The index that means "no node": a padded slot of `accept_index`, a `predict` entry at a node that was

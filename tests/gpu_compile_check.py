@@ -131,6 +131,10 @@ def exercise_every_op(dtypes=None):
         # commit
         kv = torch.zeros(4, 3, 64, 2, 64, dtype=dtype)
         fast.commit_kv_cache(kv, torch.tensor([0, 1]), torch.tensor([3, 9]), accept, 3)
+        for H in (64, 576, 2048, 9000):
+            x = torch.randn(3, H).to(dtype)
+            fast.rms_norm(x, torch.ones(H, dtype=dtype), 1e-5)
+            fast.fused_add_rms_norm(x, x, torch.ones(H, dtype=dtype), 1e-5)
     # tree build and both verifies, small and large trees
     from fast.verify import tree_speculative_sampling_target_only, verify_tree_greedy
     for S, K, W in ((3, 1, 4), (5, 4, 16), (5, 4, 69)):

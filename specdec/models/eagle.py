@@ -31,7 +31,8 @@ class EagleDraftHead(DraftHeadBase):
         """fc over [token embedding; hidden], the decoder layer, the final norm -> the output hidden (B, T, H).
         `kv` is a layer's (k, v) cache or None (causal over the T tokens)."""
         x = self.fc(torch.cat([self.target.embed(input_ids), hidden_states.to(self.dtype)], dim=-1))
-        return self.norm(self.layers[0](x, cos, sin, kv, meta))
+        out = self.layers[0](x, cos, sin, kv, meta)
+        return out if isinstance(self.norm, nn.Identity) else self.norm(out, None if meta is None else meta.ops)
 
     def compute_logits(self, hidden):
         """hidden: (..., H), the head's output -> logits (..., V) fp32 (the target's LM head)."""

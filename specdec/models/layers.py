@@ -59,8 +59,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.normalized_shape = (dim,)
 
-    def forward(self, x):
+    def forward(self, x, ops: ModuleType | None = None):
+        """x: (..., dim) -> (..., dim) in x's dtype. ops: the forward's ops module (`meta.ops`), whose `rms_norm`
+        (one kernel) then runs it; without one (a caller with no metadata: the draft heads, the final norm, the
+        cache-free path that training differentiates) the torch ops below, which `reference.rms_norm` repeats."""
         weight = self._parameters["weight"]  # not nn.Module's attribute lookup: see Linear.forward
+        rms_norm = getattr(ops, "rms_norm", None)
+        if rms_norm is not None:
+            return rms_norm(x.reshape(-1, x.shape[-1]), weight, self.eps).view(x.shape)
         if x.dtype is torch.float32 and weight.dtype is torch.float32:
             return torch.rms_norm(x, self.normalized_shape, weight, self.eps)
         xf = x.float()
@@ -149,7 +155,8 @@ class LlamaAttention(nn.Module):
         Hq, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = self.qkv_proj.forward(x).view(B, T, Hq + 2 * Hkv, D).split([Hq, Hkv, Hkv], dim=2)
         if self.has_qk_norm:
-            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
+            ops = None if meta is None else meta.ops
+            q, k = self.q_norm.forward(q, ops), self.k_norm.forward(k, ops)
         scale = D ** -0.5
         if kv_cache is None:
             # Training / cache-free path: plain causal attention over the T tokens.
@@ -190,5 +197,18 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
 
     def forward(self, x, cos, sin, kv_cache=None, meta=None):
-        x = x + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, kv_cache, meta)
-        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        fused_add_rms_norm = None if meta is None else getattr(meta.ops, "fused_add_rms_norm", None)
+        if fused_add_rms_norm is None:
+            x = x + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, kv_cache, meta)
+            return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        # The ops' kernels: the residual add after attention fused with the norm that reads its sum (SGLang's
+        # fused_add_rmsnorm), each norm one launch. x + a and a + x are the same IEEE sum, so the reference ops
+        # give the unfused path's numbers bit for bit.
+        norm_in = self.input_layernorm
+        attn_in = x if isinstance(norm_in, nn.Identity) else norm_in.forward(x, meta.ops)
+        attn_out = self.self_attn.forward(attn_in, cos, sin, kv_cache, meta)
+        norm_post = self.post_attention_layernorm
+        H = x.shape[-1]
+        normed, x_new = fused_add_rms_norm(attn_out.reshape(-1, H), x.reshape(-1, H),
+                                           norm_post._parameters["weight"], norm_post.eps)
+        return x_new.view(x.shape) + self.mlp.forward(normed.view(x.shape))

@@ -235,7 +235,7 @@ class LlamaForCausalLM(nn.Module):
                 x = layer(x, cos, sin, None if cache is None else cache.layer(i), meta)
             if features is not None:
                 captured[len(self.model.layers)] = x
-            hidden = self.model.norm(x)
+            hidden = self.model.norm(x, None if meta is None else meta.ops)
             logits = self.compute_logits(hidden) if return_logits else None
             feats = None if features is None else torch.cat([captured[i] for i in features], dim=-1)
             return ModelOutput(logits, hidden, feats)
