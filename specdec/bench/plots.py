@@ -466,7 +466,7 @@ def plot_draft_vocab(df: pd.DataFrame, out_png):
 SUITE_PLOTS = {"acceptance": plot_acceptance_and_speedup, "draft-vocab": plot_draft_vocab, "kernels": plot_kernels,
                "e2e": plot_e2e, "penalties": plot_penalties, "grammar": plot_grammar, "tune": plot_tune}
 # schemas read as tables (the README quotes them), with no figure
-TABLE_SUITES = ("dflash-scaling", "target-step")
+TABLE_SUITES = ("dflash-scaling", "target-step", "kernel-count")
 
 
 def plot_csv(path) -> Path | None:
