@@ -46,6 +46,8 @@ import triton.language as tl
 
 from specdec.checks import check_draft_probs_args, check_sample_without_replacement_args, check_tree_args
 
+from .verify import _verify_outputs
+
 __all__ = ["chain_speculative_sampling_block", "sample_without_replacement", "tree_speculative_sampling_rejection"]
 
 #: Vocabulary block streamed per iteration (as `fast.verify`'s sampling kernel).
@@ -271,13 +273,6 @@ def tree_speculative_sampling_rejection_kernel(
     tl.store(predict_ptr + ri, predict.to(tl.int32), mask=ri_valid)
     tl.store(accept_index_ptr + b * (num_steps + 1) + slot, accept_index.to(tl.int32), mask=slot <= num_steps)
     tl.store(accept_length_ptr + b, depth.to(tl.int32))
-
-
-def _verify_outputs(B, W, num_steps, device):
-    """A verify's outputs, allocated uninitialised: its kernel writes every entry."""
-    return (torch.empty(B * W, dtype=torch.int32, device=device),
-            torch.empty(B, num_steps + 1, dtype=torch.int32, device=device),
-            torch.empty(B, dtype=torch.int32, device=device))
 
 
 def _launch_tree_speculative_sampling_rejection(candidates, retrieve_index, retrieve_next_token,

@@ -124,17 +124,22 @@ def test_recursive_rejection_on_a_tree_emits_the_target_law_and_accepts_more():
     assert out[2].float().mean() > target_only[2].float().mean() + 0.05
 
 
+def drafted_chain(B, S, Q, gen):
+    """B chains of S tokens after root 0, each drawn from Q[the token before it]; their links and the rules' coins."""
+    tokens = [torch.zeros(B, dtype=torch.long)]
+    for _ in range(S):
+        tokens.append(sample_without_replacement(Q[tokens[-1]], torch.rand(B, 1, generator=gen))[:, 0])
+    index, nxt, sib = chain_links(B, S + 1)
+    return (torch.stack(tokens, 1), index, nxt, sib, torch.rand(B, S + 1, generator=gen),
+            torch.rand(B, generator=gen))
+
+
 @pytest.mark.parametrize("rule", ["rejection", "block"])
 def test_a_chains_rules_emit_the_target_law(rule):
     V, B, S = 5, 120000, 3
     P, Q = tables(V, seed=5)
     gen = torch.Generator().manual_seed(6)
-    tokens = [torch.zeros(B, dtype=torch.long)]
-    for _ in range(S):
-        tokens.append(sample_without_replacement(Q[tokens[-1]], torch.rand(B, 1, generator=gen))[:, 0])
-    cand = torch.stack(tokens, 1)
-    index, nxt, sib = chain_links(B, S + 1)
-    coins, final = torch.rand(B, S + 1, generator=gen), torch.rand(B, generator=gen)
+    cand, index, nxt, sib, coins, final = drafted_chain(B, S, Q, gen)
     if rule == "block":
         out = chain_speculative_sampling_block(cand, index, coins, final, P[cand], Q[cand], S)
     else:
@@ -146,12 +151,7 @@ def test_block_verification_accepts_at_least_token_wise_rejection():
     V, B, S = 5, 60000, 4
     P, Q = tables(V, seed=8)
     gen = torch.Generator().manual_seed(9)
-    tokens = [torch.zeros(B, dtype=torch.long)]
-    for _ in range(S):
-        tokens.append(sample_without_replacement(Q[tokens[-1]], torch.rand(B, 1, generator=gen))[:, 0])
-    cand = torch.stack(tokens, 1)
-    index, nxt, sib = chain_links(B, S + 1)
-    coins, final = torch.rand(B, S + 1, generator=gen), torch.rand(B, generator=gen)
+    cand, index, nxt, sib, coins, final = drafted_chain(B, S, Q, gen)
     block = chain_speculative_sampling_block(cand, index, coins, final, P[cand], Q[cand], S)[2].float().mean()
     token_wise = tree_speculative_sampling_rejection(cand, index, nxt, sib, coins, final, P[cand], Q[cand],
                                                      S)[2].float().mean()
