@@ -156,7 +156,7 @@ class SamplingParams:
 
 
 #: how sampled requests may be verified (`SpecConfig.verify`; `specdec.workers.verification`)
-VERIFY_RULES = ("target_only", "rejection", "block")
+VERIFY_RULES = ("target_only", "rejection", "block", "traversal")
 
 
 @dataclass(frozen=True)
@@ -185,8 +185,9 @@ class SpecConfig:
     #: tree of fixed shape); greedy requests always propose the top-K
     draft_sampling: str = "topk"
     #: how sampled requests are verified: "target_only" (SGLang's), "rejection" (with the draft's distribution:
-    #: token-wise on a chain, recursive over siblings on a tree) or "block" (block verification, chains); the
-    #: last two need draft_sampling="sample". Greedy requests always take greedy verification
+    #: token-wise on a chain, recursive over siblings on a tree), "block" (block verification, chains) or
+    #: "traversal" (Traversal Verification: trees and chains, leaves first); the last three need
+    #: draft_sampling="sample". Greedy requests always take greedy verification
     verify: str = "target_only"
 
     def __post_init__(self):
@@ -205,7 +206,8 @@ class SpecConfig:
         if self.draft_sampling not in ("topk", "sample"):
             raise ValueError(f"draft_sampling must be 'topk' or 'sample', got {self.draft_sampling!r}")
         if self.verify not in VERIFY_RULES:
-            raise ValueError(f"verify must be 'target_only', 'rejection' or 'block', got {self.verify!r}")
+            raise ValueError(f"verify must be 'target_only', 'rejection', 'block' or 'traversal', got "
+                             f"{self.verify!r}")
         if self.verify != "target_only" and self.draft_sampling != "sample":
             raise ValueError(f"verify={self.verify!r} reads the draft's distribution: it needs "
                              f"draft_sampling='sample', got {self.draft_sampling!r}")

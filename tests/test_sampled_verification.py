@@ -13,7 +13,8 @@ import torch
 import xgrammar as xgr
 
 from reference import (chain_speculative_sampling_block, sample_without_replacement,
-                       tree_speculative_sampling_rejection, tree_speculative_sampling_target_only)
+                       tree_speculative_sampling_rejection, tree_speculative_sampling_target_only,
+                       tree_speculative_sampling_traversal)
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.grammar import GrammarCompiler
 from specdec.models.bigram import near_bigram_target, perfect_eagle, perfect_mtp
@@ -170,6 +171,90 @@ def test_a_one_hot_target_makes_rejection_greedy():
     assert out[2].tolist() == [3, 1, 0, 2]
 
 
+# ---- traversal verification ------------------------------------------------------------------------------------
+
+#: a depth-3 tree, each node's parent (node 0 the root): the root's children 1, 2; node 1's 3, 4; node 2's 5;
+#: node 3's 6, 7; node 5's 8. Siblings in node order are drawn in that order.
+DEEP_PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 5]
+
+
+def drafted_from_parents(B, parents, Q, gen):
+    """B trees of the shape `parents`, each node's children drawn from Q[its token] without replacement (the root's
+    token 0) -> (candidates, index, next_token, next_sibling)."""
+    W = len(parents)
+    kids = [[c for c in range(W) if parents[c] == n] for n in range(W)]
+    cand = torch.zeros(B, W, dtype=torch.long)
+    for n in range(W):
+        if kids[n]:
+            cand[:, kids[n]] = sample_without_replacement(Q[cand[:, n]], torch.rand(B, len(kids[n]), generator=gen))
+    nxt = torch.tensor([k[0] if k else -1 for k in kids])
+    sib = torch.full((W,), -1)
+    for k in kids:
+        for a, b in zip(k, k[1:]):
+            sib[a] = b
+    return cand, torch.arange(B * W).view(B, W), nxt.expand(B, W).contiguous(), sib.expand(B, W).contiguous()
+
+
+def emitted_law(predict, accept_index, accept_length, P, W, n):
+    """The law of the first n emitted tokens, an emission shorter than n completed by the target's law."""
+    B, V = accept_length.shape[0], P.shape[0]
+    tokens = predict.view(B, W).gather(1, accept_index.clamp_min(0).long() % W).tolist()
+    law: dict = {}
+
+    def add(seq, weight):
+        if len(seq) >= n:
+            law[seq[:n]] = law.get(seq[:n], 0) + weight
+            return
+        for t in range(V):
+            add(seq + (t,), weight * float(P[seq[-1], t]))
+
+    for row, a in zip(tokens, accept_length.tolist()):
+        add(tuple(row[:a + 1]), 1.0)
+    return law
+
+
+def exact_law(P, n, root=0):
+    law = {}
+    for seq in itertools.product(range(P.shape[0]), repeat=n):
+        law[seq] = float(torch.prod(P[torch.tensor((root,) + seq[:-1]), torch.tensor(seq)]))
+    return law
+
+
+def test_traversal_on_a_deep_tree_emits_the_target_law_and_accepts_more_than_rejection():
+    V, B, S = 4, 200000, 3
+    P, Q = tables(V, seed=12)
+    gen = torch.Generator().manual_seed(13)
+    cand, index, nxt, sib = drafted_from_parents(B, DEEP_PARENTS, Q, gen)
+    W = len(DEEP_PARENTS)
+    coins, final = torch.rand(B, W, generator=gen), torch.rand(B, generator=gen)
+    out = tree_speculative_sampling_traversal(cand, index, nxt, sib, coins, final, P[cand], Q[cand], S)
+    law = emitted_law(*out, P, W, 3)
+    assert chi_square_pvalue(law, exact_law(P, 3)) > FALSE_FAILURE_RATE
+    wrong = P.clone()
+    wrong[0] = wrong[0] + torch.tensor([0.02, -0.02, 0, 0])
+    assert chi_square_pvalue(law, exact_law(wrong, 3)) < FALSE_FAILURE_RATE
+    rejection = tree_speculative_sampling_rejection(cand, index, nxt, sib, coins, final, P[cand], Q[cand], S)
+    assert out[2].float().mean() > rejection[2].float().mean() + 0.02  # standard errors ~0.002
+
+
+def test_traversal_is_block_verification_on_a_chain_and_recursive_rejection_on_a_star():
+    """Two independent ops it must reduce to, output for output: leaves-first on a chain tests the same stop
+    weights as block verification, and a tree of depth one has nothing below its leaves."""
+    V, B, S = 6, 4000, 4
+    P, Q = tables(V, seed=14)
+    gen = torch.Generator().manual_seed(15)
+    cand, index, nxt, sib, coins, final = drafted_chain(B, S, Q, gen)
+    traversal = tree_speculative_sampling_traversal(cand, index, nxt, sib, coins, final, P[cand], Q[cand], S)
+    block = chain_speculative_sampling_block(cand, index, coins, final, P[cand], Q[cand], S)
+    assert all(torch.equal(a, b) for a, b in zip(traversal, block))
+    cand, index, nxt, sib = drafted_from_parents(B, [-1, 0, 0, 0, 0], Q, gen)
+    coins, final = torch.rand(B, 5, generator=gen), torch.rand(B, generator=gen)
+    traversal = tree_speculative_sampling_traversal(cand, index, nxt, sib, coins, final, P[cand], Q[cand], 1)
+    rejection = tree_speculative_sampling_rejection(cand, index, nxt, sib, coins, final, P[cand], Q[cand], 1)
+    assert all(torch.equal(a, b) for a, b in zip(traversal, rejection))
+    assert 0 < traversal[2].float().mean() < 1
+
+
 # ---- through the engine: every drafting kind, the target's exact law -------------------------------------------
 
 V = 6
@@ -202,10 +287,12 @@ def draft_of(kind, target):
 CASES = [  # (kind, shape, rule)
     ("eagle", SpecConfig(3, 2, 6, **SAMPLE, verify="rejection"), "tree"),
     ("eagle", SpecConfig(3, 1, **SAMPLE, verify="block"), "chain"),
+    ("eagle", SpecConfig(3, 2, 6, **SAMPLE, verify="traversal"), "tree"),
     ("eagle3", SpecConfig(2, 2, 5, **SAMPLE, verify="rejection"), "tree"),
     ("mtp", SpecConfig(3, **SAMPLE, verify="rejection"), "chain"),
     ("mtp_chain", SpecConfig(3, **SAMPLE, verify="block"), "chain"),
     ("dflash", SpecConfig(3, **SAMPLE, verify="rejection"), "chain"),
+    ("draft_lm", SpecConfig(2, 2, 4, **SAMPLE, verify="traversal"), "tree"),
     ("draft_lm", SpecConfig(2, 2, 4, **SAMPLE, verify="rejection"), "tree"),
     ("draft_lm", SpecConfig(3, 1, **SAMPLE, verify="target_only"), "chain"),
 ]

@@ -8,15 +8,18 @@ Rules (`RULES`), each lossless (the emitted tokens are distributed as the target
 * ``rejection``: recursive rejection sampling with the draft's distribution q
   (``tree_speculative_sampling_rejection``): token-wise min(1, p/q) on a chain, over a node's children in their
   drawn order on a tree;
-* ``block``: block verification of a chain (``chain_speculative_sampling_block``).
+* ``block``: block verification of a chain (``chain_speculative_sampling_block``);
+* ``traversal``: Traversal Verification (``tree_speculative_sampling_traversal``): the tree decided from its leaves
+  up with sequence-level weights; block verification on a chain, recursive rejection on a tree of depth one, and
+  at least as many tokens as recursive rejection on any tree.
 
-The last two read q, so they need ``draft_sampling="sample"``: each node's proposals are drawn from q, the
+The last three read q, so they need ``draft_sampling="sample"``: each node's proposals are drawn from q, the
 draft's distribution after the request's temperature, top-k and top-p (and the draft's penalties and grammar
 masks where the SpecConfig asks), without replacement, with uniforms drawn on the host like every other random
 number (`sample_without_replacement`). Greedy requests always take greedy verification and propose the draft's
 top-K, whatever the SpecConfig says. NGRAM has no distribution: a rule or drafting that needs one is refused.
 
-Why sampled trees have a fixed shape: recursive rejection is exact only when whether a node keeps a drawn child
+Why sampled trees have a fixed shape: recursive rejection (and traversal) is exact only when whether a node keeps a drawn child
 does not depend on the drawn tokens. EAGLE's dynamic tree keeps the candidates of the largest product of
 probabilities, which looks at the draws; a sampled draft's candidate is scored instead by the product, along its
 path, of a weight of its draw rank (`SAMPLED_RANK_WEIGHTS`), so every request's tree has the same shape (that of
@@ -28,7 +31,7 @@ import torch
 
 from ..config import VERIFY_RULES as RULES, SpecConfig  # noqa: F401 (RULES: the rules, by the component's name)
 #: the rules that read the draft's distribution
-DRAFT_DISTRIBUTION_RULES = ("rejection", "block")
+DRAFT_DISTRIBUTION_RULES = ("rejection", "block", "traversal")
 
 #: a sampled draft's tree score of the m-th child drawn at a node (m = 0, 1, ...), multiplied along the path. Only the
 #: ratio of log(first) to log(decay) shapes the tree (depth against breadth); 0.6 and 0.25 gave the most accepted
@@ -70,6 +73,9 @@ class SampledVerify:
             return ops.tree_speculative_sampling_target_only(*links, coins, final, target_probs, num_steps)
         if self.rule == "rejection":
             return ops.tree_speculative_sampling_rejection(*links, coins, final, target_probs, tree.draft_probs,
+                                                           num_steps)
+        if self.rule == "traversal":
+            return ops.tree_speculative_sampling_traversal(*links, coins, final, target_probs, tree.draft_probs,
                                                            num_steps)
         return ops.chain_speculative_sampling_block(tree.candidates, tree.retrieve_index, coins, final,
                                                     target_probs, tree.draft_probs, num_steps)
