@@ -173,8 +173,8 @@ def main(argv=None) -> int:
                        help="comma-separated top-p values, each run at every temperature above 0 (acceptance suite)")
     bench.add_argument("--verify", type=verify_rules_arg, default=["target_only"],
                        help="comma-separated verify rules for the sampled requests of every drafting case "
-                            "(acceptance suite): target_only (SGLang's), rejection and block (with the draft's "
-                            "distribution, drafting by sampling; block on chains only); each case runs once per "
+                            "(acceptance suite): target_only (SGLang's), rejection, block and traversal (with the "
+                            "draft's distribution, drafting by sampling; block on chains only); each case runs once per "
                             "rule it can, the rules other than target_only at temperatures above 0 only")
     bench.add_argument("--num-prompts", type=positive_int, default=16, help="held-out prompts per batch size")
     bench.add_argument("--prompt-len", type=positive_int, default=96, help="prompt length in tokens (bytes)")
