@@ -106,8 +106,8 @@ NGRAM_OPTION_CASES = [WorkerCase("ngram", spec, e2e=False, draft_options=(option
 
 def with_verify_rules(cases: list[WorkerCase], rules: list[str]) -> list[WorkerCase]:
     """`cases` with each static drafting case once per verify rule of `rules` (`SpecConfig.verify`) that its kind
-    can run (a draft with a distribution; block verification on chains only), after it; the rules that read the
-    draft's distribution draft by sampling. Without "target_only" in `rules`, the drafting cases run the other
+    can run (a draft with a distribution; block verification on chains only; traversal on trees only, as on a chain
+    it is block verification), after it; the rules that read the draft's distribution draft by sampling. Without "target_only" in `rules`, the drafting cases run the other
     rules only."""
     out = []
     for c in cases:
@@ -117,7 +117,7 @@ def with_verify_rules(cases: list[WorkerCase], rules: list[str]) -> list[WorkerC
         for rule in rules:
             if rule == "target_only":
                 out.append(c)
-            elif rule != "block" or c.spec.topk == 1:
+            elif (rule != "block" or c.spec.topk == 1) and (rule != "traversal" or c.spec.topk > 1):
                 spec = dataclasses.replace(c.spec, draft_sampling="sample", verify=rule)
                 out.append(dataclasses.replace(c, spec=spec, e2e=False))
     return out
