@@ -519,3 +519,23 @@ def test_write_csv_never_replaces_another_runs_file(tmp_path):
     assert [first.name, second.name, third.name] == ["tune-20261204-120606.csv", "tune-20261204-120606-2.csv",
                                                      "tune-20261204-120606-3.csv"]
     assert first.read_text().splitlines() == ["model", "deep"] and second.read_text().splitlines()[1] == "small"
+
+
+def test_each_verify_rule_runs_on_the_shapes_it_verifies():
+    """`--verify`: block on chains, traversal on trees, rejection on both; NGRAM and target-only only as they are;
+    each rule's row label names the rule, and the table finds the target-only row of the same shape from it."""
+    from specdec.bench.cases import with_verify_rules
+    from specdec.bench.verify_rules import base_label, rule_of
+    cases = [WorkerCase("target-only", None), WorkerCase("eagle", SpecConfig(5, 4, 16)),
+             WorkerCase("eagle", SpecConfig(3)), WorkerCase("ngram", SpecConfig(3))]
+    out = with_verify_rules(cases, ["target_only", "rejection", "block", "traversal"])
+    specs = [(c.kind, c.spec and (c.spec.topk, c.spec.verify, c.spec.draft_sampling)) for c in out]
+    assert specs == [("target-only", None),
+                     ("eagle", (4, "target_only", "topk")), ("eagle", (4, "rejection", "sample")),
+                     ("eagle", (4, "traversal", "sample")),
+                     ("eagle", (1, "target_only", "topk")), ("eagle", (1, "rejection", "sample")),
+                     ("eagle", (1, "block", "sample")),
+                     ("ngram", (1, "target_only", "topk"))]
+    assert [(base_label(x), rule_of(x)) for x in ("EAGLE tree S5 K4 W16 traversal", "EAGLE chain S3 block",
+                                                  "EAGLE chain S3")] == [
+        ("EAGLE tree S5 K4 W16", "traversal"), ("EAGLE chain S3", "block"), ("EAGLE chain S3", "target_only")]
