@@ -17,6 +17,7 @@ from .norm import fused_add_rms_norm, rms_norm
 from .penalties import apply_penalties_tree
 from .rejection import chain_speculative_sampling_block, sample_without_replacement, tree_speculative_sampling_rejection
 from .sampling import softmax_with_temperature, top_k_renorm_prob, top_p_renorm_prob
+from .traversal import tree_speculative_sampling_traversal
 from .tree import build_tree_kernel_efficient, organize_draft_results, select_top_k_tokens
 from .verify import tree_speculative_sampling_target_only, verify_tree_greedy
 
@@ -26,4 +27,5 @@ __all__ = ["softmax_topk", "select_top_k_tokens", "organize_draft_results", "bui
            "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob", "plan_tree_attention",
            "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache", "apply_penalties_tree",
            "apply_token_bitmask", "sample_without_replacement", "tree_speculative_sampling_rejection",
-           "chain_speculative_sampling_block", "rms_norm", "fused_add_rms_norm"]
+           "chain_speculative_sampling_block", "tree_speculative_sampling_traversal", "rms_norm",
+           "fused_add_rms_norm"]

@@ -455,7 +455,7 @@ def chain_speculative_sampling_block_kernel(
             q_row = draft_probs_ptr + (base + i) * V
             p_sum, q_sum = _row_totals(p_row, q_row, V, BLOCK_V)
             m = _excess_mass(p_row, q_row, tl.maximum(p_sum, 1e-30), tl.maximum(q_sum, 1e-30), w, V, BLOCK_V)
-            h = tl.where(m > 0, tl.math.div_rn(m, tl.maximum(m + 1.0 - w, 1e-30)), 0.0)
+            h = tl.where(m > 0, tl.minimum(tl.math.div_rn(m, tl.maximum(m + (1.0 - w), 1e-30)), 1.0), 0.0)
         stop_here = tl.load(uniform_samples_ptr + base + i).to(tl.float32) < h
         tau = tl.where(stop_here, i, tau)
         w_tau = tl.where(stop_here, w, w_tau)

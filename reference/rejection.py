@@ -182,7 +182,7 @@ def chain_speculative_sampling_block(
         weight.append(w)
         if i < L:
             m = (w[:, None] * P[:, i] - Q[:, i]).clamp(min=0).sum(-1)
-            h = torch.where(m > 0, m / (m + 1.0 - w).clamp_min(1e-30), 0.0)
+            h = torch.where(m > 0, torch.clamp(m / (m + (1.0 - w)).clamp_min(1e-30), max=1.0), 0.0)
         else:
             h = w
         tau = torch.where(unif[:, i] < h, i, tau)

@@ -109,7 +109,7 @@ def tree_speculative_sampling_traversal(
         w_p, P_p, Q_p = weight[rows, dn], resid[rows, dn], proposal[rows, dn]
         r = (w_p[:, None] * P_p - Q_p).clamp(min=0)
         m = r.sum(-1)
-        w_new = torch.where(m > 0, m / (m + 1.0 - w_p).clamp_min(1e-30), 0.0)
+        w_new = torch.where(m > 0, torch.clamp(m / (m + (1.0 - w_p)).clamp_min(1e-30), max=1.0), 0.0)
         Q_new = _normalised(Q_p.scatter(1, tok[rows, here][:, None], 0.0))
         pull = reject[:, None]
         weight[rows, dn] = torch.where(reject, w_new, w_p)

@@ -174,8 +174,9 @@ def main(argv=None) -> int:
     bench.add_argument("--verify", type=verify_rules_arg, default=["target_only"],
                        help="comma-separated verify rules for the sampled requests of every drafting case "
                             "(acceptance suite): target_only (SGLang's), rejection, block and traversal (with the "
-                            "draft's distribution, drafting by sampling; block on chains only); each case runs once per "
-                            "rule it can, the rules other than target_only at temperatures above 0 only")
+                            "draft's distribution, drafting by sampling; block on chains only, traversal on trees "
+                            "only); each case runs once per rule it can, the rules other than target_only at "
+                            "temperatures above 0 only")
     bench.add_argument("--num-prompts", type=positive_int, default=16, help="held-out prompts per batch size")
     bench.add_argument("--prompt-len", type=positive_int, default=96, help="prompt length in tokens (bytes)")
     bench.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate per prompt")

@@ -32,6 +32,7 @@ WORKER_OPS = (
     "sample_without_replacement",
     "tree_speculative_sampling_rejection",
     "chain_speculative_sampling_block",
+    "tree_speculative_sampling_traversal",
     "rms_norm",
     "fused_add_rms_norm",
 )

@@ -48,8 +48,9 @@ _seen = set()
 
 
 def _compile_only(self, key, signature, device, constexprs, options, attrs, warmup):
-    if key not in _seen:
-        _seen.add(key)
+    # the key is the specialisation alone: two kernels with the same signature share it
+    if (self.fn.__module__, self.fn.__qualname__, key) not in _seen:
+        _seen.add((self.fn.__module__, self.fn.__qualname__, key))
         kernel = _original_do_compile(self, key, signature, device, constexprs, options, attrs, warmup)
         self.device_caches[device][0].pop(key, None)
         print(json.dumps(dict(kernel=self.fn.__name__, num_warps=options.num_warps, shared=kernel.metadata.shared,
@@ -164,6 +165,8 @@ def exercise_every_op(dtypes=None):
                                                   0.5, 0.5)
             draft_probs = torch.softmax(torch.randn(2, W, 300, generator=gen), -1).to(dtype)
             fast.tree_speculative_sampling_rejection(cand, ri_ok, nt_ok, ns_ok, torch.rand(2, W), torch.rand(2), probs,
+                                                     draft_probs, S)
+            fast.tree_speculative_sampling_traversal(cand, ri_ok, nt_ok, ns_ok, torch.rand(2, W), torch.rand(2), probs,
                                                      draft_probs, S)
             if K == 1:
                 fast.chain_speculative_sampling_block(cand, ri_ok, torch.rand(2, W), torch.rand(2), probs, draft_probs,

@@ -39,6 +39,11 @@ INTERPRETER_TESTS = [
     "tests/test_draft_ops.py::test_large_vocabulary_single_row",
     "tests/test_penalties.py::test_a_node_is_penalised_by_its_own_path[fast]",
     "tests/test_grammar.py::test_the_op_equals_the_per_token_loop[4-33-fast]",
+    "tests/test_fast_rejection.py::test_sample_without_replacement_strict_boundaries",
+    "tests/test_fast_rejection.py::test_tree_rejection_exact_rules",
+    "tests/test_fast_rejection.py::test_chain_block_exact_rules",
+    "tests/test_fast_traversal.py::test_traversal_exact_rules",
+    "tests/test_fused_norm.py::test_rows_wider_than_a_block_are_walked_in_blocks",
 ]
 
 

@@ -106,9 +106,9 @@ NGRAM_OPTION_CASES = [WorkerCase("ngram", spec, e2e=False, draft_options=(option
 
 def with_verify_rules(cases: list[WorkerCase], rules: list[str]) -> list[WorkerCase]:
     """`cases` with each static drafting case once per verify rule of `rules` (`SpecConfig.verify`) that its kind
-    can run (a draft with a distribution; block verification on chains only; traversal on trees only, as on a chain
-    it is block verification), after it; the rules that read the draft's distribution draft by sampling. Without "target_only" in `rules`, the drafting cases run the other
-    rules only."""
+    can run (a draft with a distribution; block verification on chains only; traversal on trees only, as on a
+    chain it is block verification), after it; the rules that read the draft's distribution draft by sampling.
+    Without "target_only" in `rules`, the drafting cases run the other rules only."""
     out = []
     for c in cases:
         if c.spec is None or c.is_peer or c.shape_policy != "static" or not DRAFT_KINDS[c.kind].samples_drafts:

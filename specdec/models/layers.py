@@ -204,11 +204,27 @@ class LlamaDecoderLayer(nn.Module):
         # The ops' kernels: the residual add after attention fused with the norm that reads its sum (SGLang's
         # fused_add_rmsnorm), each norm one launch. x + a and a + x are the same IEEE sum, so the reference ops
         # give the unfused path's numbers bit for bit.
+        x, mlp_out = self.forward_carry(x, None, cos, sin, kv_cache, meta)
+        return x + mlp_out
+
+    def forward_carry(self, x, pending, cos, sin, kv_cache, meta):
+        """The fused path with the residual stream carried between layers (SGLang's decoder layers return the
+        residual beside their output): x (B, T, H) the stream, pending (B, T, H) or None an MLP output not yet
+        added to it, which this layer's input norm adds in its fused kernel. meta.ops must have
+        `fused_add_rms_norm`. -> (x, mlp_out): the stream after this layer's attention add, and this layer's MLP
+        output, left for the next layer's input norm (or the final norm) to add."""
+        fused_add_rms_norm, H = meta.ops.fused_add_rms_norm, x.shape[-1]
         norm_in = self.input_layernorm
-        attn_in = x if isinstance(norm_in, nn.Identity) else norm_in.forward(x, meta.ops)
+        if isinstance(norm_in, nn.Identity):
+            attn_in = x = x if pending is None else x + pending
+        elif pending is None:
+            attn_in = norm_in.forward(x, meta.ops)
+        else:
+            attn_in, x = fused_add_rms_norm(pending.reshape(-1, H), x.reshape(-1, H), norm_in._parameters["weight"],
+                                            norm_in.eps)
+            attn_in, x = attn_in.view(pending.shape), x.view(pending.shape)
         attn_out = self.self_attn.forward(attn_in, cos, sin, kv_cache, meta)
         norm_post = self.post_attention_layernorm
-        H = x.shape[-1]
         normed, x_new = fused_add_rms_norm(attn_out.reshape(-1, H), x.reshape(-1, H),
                                            norm_post._parameters["weight"], norm_post.eps)
-        return x_new.view(x.shape) + self.mlp.forward(normed.view(x.shape))
+        return x_new.view(x.shape), self.mlp.forward(normed.view(x.shape))

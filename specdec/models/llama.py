@@ -229,16 +229,36 @@ class LlamaForCausalLM(nn.Module):
             x = self.embed(input_ids)
             cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
             captured = {}
+            # with the ops' fused norm, each layer leaves its MLP output for the next norm to add in its kernel
+            carry = meta is not None and getattr(meta.ops, "fused_add_rms_norm", None) is not None
+            pending = None
             for i, layer in enumerate(self.model.layers):
                 if features is not None and i in features:
+                    x, pending = x if pending is None else x + pending, None
                     captured[i] = x
-                x = layer(x, cos, sin, None if cache is None else cache.layer(i), meta)
+                kv = None if cache is None else cache.layer(i)
+                if carry:
+                    x, pending = layer.forward_carry(x, pending, cos, sin, kv, meta)
+                else:
+                    x = layer(x, cos, sin, kv, meta)
+            if features is not None and pending is not None:
+                x, pending = x + pending, None
             if features is not None:
                 captured[len(self.model.layers)] = x
-            hidden = self.model.norm(x, None if meta is None else meta.ops)
+            hidden = self._final_norm(x, pending, meta)
             logits = self.compute_logits(hidden) if return_logits else None
             feats = None if features is None else torch.cat([captured[i] for i in features], dim=-1)
             return ModelOutput(logits, hidden, feats)
+
+    def _final_norm(self, x, pending, meta):
+        """The final RMSNorm of x (+ pending, the last layer's MLP output, added in the same fused kernel)."""
+        norm = self.model.norm
+        if pending is None:
+            return norm(x, None if meta is None else meta.ops)
+        H = x.shape[-1]
+        hidden, _ = meta.ops.fused_add_rms_norm(pending.reshape(-1, H), x.reshape(-1, H), norm._parameters["weight"],
+                                                norm.eps)
+        return hidden.view(x.shape)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict_for_save(self) -> dict:

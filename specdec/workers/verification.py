@@ -19,8 +19,8 @@ masks where the SpecConfig asks), without replacement, with uniforms drawn on th
 number (`sample_without_replacement`). Greedy requests always take greedy verification and propose the draft's
 top-K, whatever the SpecConfig says. NGRAM has no distribution: a rule or drafting that needs one is refused.
 
-Why sampled trees have a fixed shape: recursive rejection (and traversal) is exact only when whether a node keeps a drawn child
-does not depend on the drawn tokens. EAGLE's dynamic tree keeps the candidates of the largest product of
+Why sampled trees have a fixed shape: recursive rejection (and traversal) is exact only when whether a node keeps a
+drawn child does not depend on the drawn tokens. EAGLE's dynamic tree keeps the candidates of the largest product of
 probabilities, which looks at the draws; a sampled draft's candidate is scored instead by the product, along its
 path, of a weight of its draw rank (`SAMPLED_RANK_WEIGHTS`), so every request's tree has the same shape (that of
 SpecInfer's and Sequoia's static trees), children kept in draw order.
