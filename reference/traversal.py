@@ -8,7 +8,9 @@ block verification (Sun et al.); on a tree of depth one it is recursive rejectio
 Notation and outputs as in `reference.rejection`: B batch, W tree size (root included), S ``num_steps``, V vocab;
 ``predict (B*W,) int32`` (-1 off the accepted path), ``accept_index (B, S+1) int32``, ``accept_length (B,) int32``.
 Randomness comes only from the uniform tensors, arithmetic is float32, rows need not be normalised. Vectorised over
-the batch with a static loop (3W iterations), no host synchronisation.
+the batch with static loops (over W and S), no host synchronisation. The walk is not run step by step here: every
+node's test weight is computed first (the updates never read a coin), then the first passing node in post-order is
+taken; `fast.traversal` runs the walk itself, and its tests replay it in float64.
 """
 from __future__ import annotations
 
@@ -60,78 +62,115 @@ def tree_speculative_sampling_traversal(
     S = num_steps
     device = candidates.device
     ri = retrieve_index.to(torch.int64)
-    nxt = retrieve_next_token.to(torch.int64)
-    sib = retrieve_next_sibling.to(torch.int64)
     tok = candidates.to(torch.int64)
     unif = uniform_samples.to(torch.float32)
     target = _normalised(target_probs.reshape(B, W, V))
-    draft = _normalised(draft_probs.reshape(B, W, V))
     rows = torch.arange(B, device=device)
+    parent, depth, order = _tree_walk(retrieve_next_token.to(torch.int64), retrieve_next_sibling.to(torch.int64), S)
 
-    # the current path as a stack of S + 1 levels: its nodes, weights, residuals, proposal laws, next children
-    node = torch.zeros(B, S + 1, dtype=torch.int64, device=device)
-    weight = torch.ones(B, S + 1, device=device)
-    resid = target[:, :1].repeat(1, S + 1, 1)
-    proposal = draft[:, :1].repeat(1, S + 1, 1)
-    next_child = torch.full((B, S + 1), NO_NODE, dtype=torch.int64, device=device)
-    next_child[:, 0] = nxt[:, 0]
-    depth = torch.zeros(B, dtype=torch.int64, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-
-    for _ in range(3 * W):
-        d = depth
-        here, w_y = node[rows, d], weight[rows, d]
-        P_y, Q_y = resid[rows, d], proposal[rows, d]
-        c = next_child[rows, d]
-        has_child = ~done & (c >= 0) & (d < S)
+    # The walk tests a node when it is a leaf: after every child's subtree was rejected, each rejection having
+    # folded that child into the node's residual and weight. Those updates read only the node's own rows and its
+    # children's tokens, never the coins, so every node's test weight (`weight` after the loop) and bonus row
+    # (`resid`) can be computed first, children in pre-order (a node's weight before its later siblings'); the
+    # walk then accepts the first node in post-order whose coin passes.
+    resid, proposal = target.clone(), _normalised(draft_probs.reshape(B, W, V))
+    weight = torch.zeros(B, W, device=device)
+    weight[:, 0] = 1.0
+    tested = torch.zeros(B, W, dtype=torch.bool, device=device)
+    tested[:, 0] = True
+    for t in range(W - 1):
+        c = order[:, t]
         c0 = c.clamp(min=0)
+        y = parent[rows, c0].clamp(min=0)
         x = tok[rows, c0]
+        P_y, Q_y, w_y = resid[rows, y], proposal[rows, y], weight[rows, y]
         q_x = Q_y.gather(1, x[:, None])[:, 0]
-        skip = has_child & (q_x <= 0)
-        descend = has_child & (q_x > 0)
-        at_leaf = ~done & ~has_child
-        accept = at_leaf & ((d == 0) | (unif[rows, here] < w_y))
-        reject = at_leaf & ~accept
-
-        # descend into c: push its level
+        # a child past depth S is not verified; one of zero mass was not a draw (its row ran out): both skipped
+        ok = (c >= 0) & tested[rows, y] & (depth[rows, c0] <= S) & (q_x > 0)
         w_c = torch.clamp(w_y * P_y.gather(1, x[:, None])[:, 0] / q_x.clamp_min(1e-30), max=1.0)
-        up = (d + 1).clamp(max=S)
-        push = descend[:, None]
-        node[rows, up] = torch.where(descend, c0, node[rows, up])
-        weight[rows, up] = torch.where(descend, w_c, weight[rows, up])
-        resid[rows, up] = torch.where(push, target[rows, c0], resid[rows, up])
-        proposal[rows, up] = torch.where(push, draft[rows, c0], proposal[rows, up])
-        next_child[rows, up] = torch.where(descend, nxt[rows, c0], next_child[rows, up])
-        next_child[rows, d] = torch.where(skip, sib[rows, c0], next_child[rows, d])
-
-        # reject the leaf at d: update its parent at d - 1, whose next child is the leaf's sibling
-        dn = (d - 1).clamp(min=0)
-        w_p, P_p, Q_p = weight[rows, dn], resid[rows, dn], proposal[rows, dn]
-        r = (w_p[:, None] * P_p - Q_p).clamp(min=0)
+        r = (w_y[:, None] * P_y - Q_y).clamp(min=0)
         m = r.sum(-1)
-        w_new = torch.where(m > 0, torch.clamp(m / (m + (1.0 - w_p)).clamp_min(1e-30), max=1.0), 0.0)
-        Q_new = _normalised(Q_p.scatter(1, tok[rows, here][:, None], 0.0))
-        pull = reject[:, None]
-        weight[rows, dn] = torch.where(reject, w_new, w_p)
-        resid[rows, dn] = torch.where(pull, r / m.clamp_min(1e-30)[:, None], P_p)
-        proposal[rows, dn] = torch.where(pull, Q_new, Q_p)
-        next_child[rows, dn] = torch.where(reject, sib[rows, here], next_child[rows, dn])
+        w_new = torch.where(m > 0, torch.clamp(m / (m + (1.0 - w_y)).clamp_min(1e-30), max=1.0), 0.0)
+        keep = ok[:, None]
+        resid[rows, y] = torch.where(keep, r / m.clamp_min(1e-30)[:, None], P_y)
+        proposal[rows, y] = torch.where(keep, _normalised(Q_y.scatter(1, x[:, None], 0.0)), Q_y)
+        weight[rows, y] = torch.where(ok, w_new, w_y)
+        weight[rows, c0] = torch.where(ok, w_c, weight[rows, c0])
+        tested[rows, c0] = tested[rows, c0] | ok
 
-        depth = depth + descend.to(torch.int64) - reject.to(torch.int64)
-        done = done | accept
+    passes = tested & (unif < weight)
+    passes[:, 0] = True
+    post = _post_order_rank(parent, depth, order, W)
+    accepted = torch.where(passes, post, W).argmin(dim=1)  # (B,)
+    accept_depth = depth[rows, accepted]
 
+    # the accepted path, leaf up: level d's node is the accepted node's ancestor at depth d
+    node = torch.zeros(B, S + 1, dtype=torch.int64, device=device)
+    cur = accepted
+    for d in range(S, 0, -1):
+        here = accept_depth >= d
+        node[:, d] = torch.where(here, cur, 0)
+        cur = torch.where(here & (accept_depth >= d), parent[rows, cur].clamp(min=0), cur)
     level = torch.arange(S + 1, device=device)[None, :]
-    on_path = level <= depth[:, None]
-    last = node[rows, depth]
-    bonus = _sample_residual(resid[rows, depth], target[rows, last],
+    on_path = level <= accept_depth[:, None]
+    bonus = _sample_residual(resid[rows, accepted], target[rows, accepted],
                              uniform_samples_for_final_sampling.to(torch.float32))
     path_flat = torch.gather(ri, 1, node)  # (B, S + 1)
     accept_index = torch.where(on_path, path_flat, NO_NODE).to(torch.int32)
     child_tok = torch.cat([torch.gather(tok, 1, node[:, 1:]), tok[:, :1]], dim=1)  # level d's accepted child
-    value = torch.where(level == depth[:, None], bonus[:, None], child_tok)
+    value = torch.where(level == accept_depth[:, None], bonus[:, None], child_tok)
     predict = torch.full((B * W + 1,), NO_NODE, dtype=torch.int32, device=device)  # last slot: write sink
     predict.scatter_(0, torch.where(on_path, path_flat, B * W).flatten(), value.flatten().to(torch.int32))
-    return predict[: B * W], accept_index.contiguous(), depth.to(torch.int32)
+    return predict[: B * W], accept_index.contiguous(), accept_depth.to(torch.int32)
+
+
+def _tree_walk(nxt: torch.Tensor, sib: torch.Tensor, S: int):
+    """nxt, sib (B, W) int64 links -> (parent (B, W), depth (B, W), order (B, W-1)): each node's parent (-1 for the
+    root and for nodes the links never reach), its depth (capped at S + 1, enough to tell a node past S), and the
+    non-root nodes in pre-order (-1 past the last). Static loops over W and S."""
+    B, W = nxt.shape
+    device = nxt.device
+    sink = torch.full((B, 1), -1, dtype=torch.int64, device=device)
+    at = torch.arange(W, device=device).expand(B, W)
+    # a first child's parent from its parent's link, then down each sibling chain
+    parent = torch.full((B, W + 1), -1, dtype=torch.int64, device=device)
+    parent.scatter_(1, torch.where(nxt >= 0, nxt, W), at)
+    prev = torch.full((B, W + 1), -1, dtype=torch.int64, device=device)
+    prev.scatter_(1, torch.where(sib >= 0, sib, W), at)
+    parent, prev = parent[:, :W], prev[:, :W]
+    for _ in range(W - 2):
+        parent = torch.where((parent < 0) & (prev >= 0), torch.gather(parent, 1, prev.clamp(min=0)), parent)
+    depth = torch.zeros(B, W, dtype=torch.int64, device=device)
+    for _ in range(S + 1):
+        depth = torch.where(parent >= 0, torch.gather(depth, 1, parent.clamp(min=0)) + 1, 0)
+    # pre-order: a node's first child, else the next sibling of its nearest ancestor-or-self that has one
+    after = sib.clone()
+    for _ in range(S + 1):
+        up = torch.cat([sink, torch.gather(after, 1, parent.clamp(min=0))[:, 1:]], dim=1)
+        after = torch.where(sib >= 0, sib, torch.where(parent >= 0, up, -1))
+    step = torch.where(nxt >= 0, nxt, after)
+    order, cur = [], torch.zeros(B, 1, dtype=torch.int64, device=device)
+    for _ in range(W - 1):
+        cur = torch.where(cur >= 0, torch.gather(step, 1, cur.clamp(min=0)), cur)
+        order.append(cur)
+    return parent, depth, torch.cat(order, dim=1) if order else nxt[:, :0]
+
+
+def _post_order_rank(parent, depth, order, W: int):
+    """(B, W) each node's rank in post-order: its pre-order rank less its depth, plus its subtree's size less one.
+    Nodes the walk never reaches rank W (after every other)."""
+    B = parent.shape[0]
+    device = parent.device
+    pre = torch.full((B, W + 1), W, dtype=torch.int64, device=device)
+    pre[:, 0] = 0
+    pre.scatter_(1, torch.where(order >= 0, order, W), torch.arange(1, W, device=device).expand(B, W - 1))
+    size = torch.ones(B, W + 1, dtype=torch.int64, device=device)
+    for t in range(W - 2, -1, -1):  # reverse pre-order: a subtree is summed before its parent reads it
+        c = order[:, t:t + 1]
+        add = torch.gather(size, 1, torch.where(c >= 0, c, W))
+        size.scatter_add_(1, torch.where(c >= 0, torch.gather(parent, 1, c.clamp(min=0)), W), add)
+    pre, size = pre[:, :W], size[:, :W]
+    return torch.where(pre < W, pre - depth + size - 1, W)
 
 
 def _normalised(rows: torch.Tensor) -> torch.Tensor:
