@@ -73,34 +73,38 @@ def tree_speculative_sampling_traversal(
     # children's tokens, never the coins, so every node's test weight (`weight` after the loop) and bonus row
     # (`resid`) can be computed first, children in pre-order (a node's weight before its later siblings'); the
     # walk then accepts the first node in post-order whose coin passes.
-    resid, proposal = target.clone(), _normalised(draft_probs.reshape(B, W, V))
-    weight = torch.zeros(B, W, device=device)
-    weight[:, 0] = 1.0
-    tested = torch.zeros(B, W, dtype=torch.bool, device=device)
-    tested[:, 0] = True
+    resid = target.clone().view(B * W, V)
+    proposal = _normalised(draft_probs.reshape(B * W, V))
+    weight = torch.zeros(B * W, device=device)
+    weight[::W] = 1.0
+    tested = torch.zeros(B * W, dtype=torch.bool, device=device)
+    tested[::W] = True
+    flat_parent = (parent.clamp(min=0) + rows[:, None] * W).flatten()
+    flat_depth, flat_tok = depth.flatten(), tok.flatten()
     for t in range(W - 1):
         c = order[:, t]
-        c0 = c.clamp(min=0)
-        y = parent[rows, c0].clamp(min=0)
-        x = tok[rows, c0]
-        P_y, Q_y, w_y = resid[rows, y], proposal[rows, y], weight[rows, y]
-        q_x = Q_y.gather(1, x[:, None])[:, 0]
+        fc = c.clamp(min=0) + rows * W
+        fy = flat_parent.index_select(0, fc)
+        x = flat_tok.index_select(0, fc)[:, None]
+        P_y, Q_y, w_y = resid.index_select(0, fy), proposal.index_select(0, fy), weight.index_select(0, fy)
+        q_x = Q_y.gather(1, x)[:, 0]
         # a child past depth S is not verified; one of zero mass was not a draw (its row ran out): both skipped
-        ok = (c >= 0) & tested[rows, y] & (depth[rows, c0] <= S) & (q_x > 0)
-        w_c = torch.clamp(w_y * P_y.gather(1, x[:, None])[:, 0] / q_x.clamp_min(1e-30), max=1.0)
+        ok = (c >= 0) & tested.index_select(0, fy) & (flat_depth.index_select(0, fc) <= S) & (q_x > 0)
+        w_c = torch.clamp(w_y * P_y.gather(1, x)[:, 0] / q_x.clamp_min(1e-30), max=1.0)
         r = (w_y[:, None] * P_y - Q_y).clamp(min=0)
         m = r.sum(-1)
         w_new = torch.where(m > 0, torch.clamp(m / (m + (1.0 - w_y)).clamp_min(1e-30), max=1.0), 0.0)
         keep = ok[:, None]
-        resid[rows, y] = torch.where(keep, r / m.clamp_min(1e-30)[:, None], P_y)
-        proposal[rows, y] = torch.where(keep, _normalised(Q_y.scatter(1, x[:, None], 0.0)), Q_y)
-        weight[rows, y] = torch.where(ok, w_new, w_y)
-        weight[rows, c0] = torch.where(ok, w_c, weight[rows, c0])
-        tested[rows, c0] = tested[rows, c0] | ok
+        resid.index_copy_(0, fy, torch.where(keep, r / m.clamp_min(1e-30)[:, None], P_y))
+        proposal.index_copy_(0, fy, torch.where(keep, _normalised(Q_y.scatter(1, x, 0.0)), Q_y))
+        weight.index_copy_(0, fy, torch.where(ok, w_new, w_y))
+        weight.index_copy_(0, fc, torch.where(ok, w_c, weight.index_select(0, fc)))
+        tested.index_copy_(0, fc, tested.index_select(0, fc) | ok)
+    resid, weight, tested = resid.view(B, W, V), weight.view(B, W), tested.view(B, W)
 
     passes = tested & (unif < weight)
     passes[:, 0] = True
-    post = _post_order_rank(parent, depth, order, W)
+    post = _post_order_rank(parent, depth, order, S)
     accepted = torch.where(passes, post, W).argmin(dim=1)  # (B,)
     accept_depth = depth[rows, accepted]
 
@@ -138,8 +142,10 @@ def _tree_walk(nxt: torch.Tensor, sib: torch.Tensor, S: int):
     prev = torch.full((B, W + 1), -1, dtype=torch.int64, device=device)
     prev.scatter_(1, torch.where(sib >= 0, sib, W), at)
     parent, prev = parent[:, :W], prev[:, :W]
-    for _ in range(W - 2):
-        parent = torch.where((parent < 0) & (prev >= 0), torch.gather(parent, 1, prev.clamp(min=0)), parent)
+    first = torch.where(prev >= 0, prev, at)  # pointer doubling to each node's first sibling
+    for _ in range(max(W - 2, 1).bit_length()):
+        first = torch.gather(first, 1, first)
+    parent = torch.gather(parent, 1, first)
     depth = torch.zeros(B, W, dtype=torch.int64, device=device)
     for _ in range(S + 1):
         depth = torch.where(parent >= 0, torch.gather(depth, 1, parent.clamp(min=0)) + 1, 0)
@@ -156,21 +162,22 @@ def _tree_walk(nxt: torch.Tensor, sib: torch.Tensor, S: int):
     return parent, depth, torch.cat(order, dim=1) if order else nxt[:, :0]
 
 
-def _post_order_rank(parent, depth, order, W: int):
-    """(B, W) each node's rank in post-order: its pre-order rank less its depth, plus its subtree's size less one.
-    Nodes the walk never reaches rank W (after every other)."""
-    B = parent.shape[0]
+def _post_order_rank(parent, depth, order, S: int):
+    """(B, W) each node's rank in the post-order of the verified tree (the nodes at most S deep): its pre-order rank
+    less its depth, plus its subtree's size less one. Other nodes rank W (after every verified one)."""
+    B, W = parent.shape
     device = parent.device
+    verified = (order >= 0) & (torch.gather(depth, 1, order.clamp(min=0)) <= S)
     pre = torch.full((B, W + 1), W, dtype=torch.int64, device=device)
     pre[:, 0] = 0
-    pre.scatter_(1, torch.where(order >= 0, order, W), torch.arange(1, W, device=device).expand(B, W - 1))
+    pre.scatter_(1, torch.where(verified, order, W), verified.to(torch.int64).cumsum(1))
+    pre = pre[:, :W]
+    reached = pre < W
     size = torch.ones(B, W + 1, dtype=torch.int64, device=device)
-    for t in range(W - 2, -1, -1):  # reverse pre-order: a subtree is summed before its parent reads it
-        c = order[:, t:t + 1]
-        add = torch.gather(size, 1, torch.where(c >= 0, c, W))
-        size.scatter_add_(1, torch.where(c >= 0, torch.gather(parent, 1, c.clamp(min=0)), W), add)
-    pre, size = pre[:, :W], size[:, :W]
-    return torch.where(pre < W, pre - depth + size - 1, W)
+    for d in range(S, 0, -1):  # deepest first: a subtree is summed before its parent reads it
+        at_d = reached & (depth == d)
+        size.scatter_add_(1, torch.where(at_d, parent.clamp(min=0), W), torch.where(at_d, size[:, :W], 0))
+    return torch.where(reached, pre - depth + size[:, :W] - 1, W)
 
 
 def _normalised(rows: torch.Tensor) -> torch.Tensor:
