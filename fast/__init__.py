@@ -8,6 +8,7 @@ imported triton first (see `fast.interpreter`); exact, but slow.
 """
 # first: the interpreter is set up before the kernels below are defined (and their mode fixed)
 from .interpreter import INTERPRETED as INTERPRETED
+from .activation import silu_and_mul
 from .attention import apply_rope_and_write_kv, plan_tree_attention, tree_attention
 from .draft import softmax_topk
 from .grammar import apply_token_bitmask
@@ -28,4 +29,4 @@ __all__ = ["softmax_topk", "select_top_k_tokens", "organize_draft_results", "bui
            "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache", "apply_penalties_tree",
            "apply_token_bitmask", "sample_without_replacement", "tree_speculative_sampling_rejection",
            "chain_speculative_sampling_block", "tree_speculative_sampling_traversal", "rms_norm",
-           "fused_add_rms_norm"]
+           "fused_add_rms_norm", "silu_and_mul"]

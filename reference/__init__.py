@@ -1,6 +1,7 @@
 """Pure-PyTorch reference ops (never imports Triton). `fast` exposes the same op names with the same
 signatures; the per-node oracles that tests hold both to are in `reference.naive`.
 """
+from .activation import silu_and_mul
 from .attention import apply_rope_and_write_kv, plan_tree_attention, tree_attention
 from .draft import softmax_topk
 from .grammar import apply_token_bitmask
@@ -19,4 +20,5 @@ __all__ = ["softmax_topk", "select_top_k_tokens", "organize_draft_results", "bui
            "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob", "plan_tree_attention",
            "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache", "apply_penalties_tree",
            "apply_token_bitmask", "sample_without_replacement", "tree_speculative_sampling_rejection",
-           "chain_speculative_sampling_block", "tree_speculative_sampling_traversal", "rms_norm", "fused_add_rms_norm"]
+           "chain_speculative_sampling_block", "tree_speculative_sampling_traversal", "rms_norm", "fused_add_rms_norm",
+           "silu_and_mul"]

@@ -554,3 +554,19 @@ def check_rms_norm_args(x, residual, weight, eps) -> tuple[int, int]:
     check_tensor("weight", weight, "float", (H,), x.device, "H of x")
     check_real("eps", eps, 0.0)
     return N, H
+
+
+#: The dtypes `silu_and_mul` takes (the models' activation dtypes; the kernel's math is fp32)
+SILU_AND_MUL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_silu_and_mul_args(x) -> tuple[int, int]:
+    """`silu_and_mul`'s argument -> (N, I): x (N, 2I) of float32, bfloat16 or float16, gate then up, with 2I even
+    and >= 2. Values are trusted."""
+    check_tensor("x", x, "float", (None, None), what="N, 2I")
+    if x.dtype not in SILU_AND_MUL_DTYPES and not _TRUSTED.get():
+        raise ArgumentTypeError(f"x must have a float32, bfloat16 or float16 dtype, got {x.dtype}")
+    N, width = x.shape
+    if width < 2 or width % 2:
+        raise ValueError(f"x must have shape (N, 2I) with an even last dimension 2I >= 2, got {tuple(x.shape)}")
+    return N, width // 2

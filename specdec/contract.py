@@ -35,6 +35,7 @@ WORKER_OPS = (
     "tree_speculative_sampling_traversal",
     "rms_norm",
     "fused_add_rms_norm",
+    "silu_and_mul",
 )
 
 #: The index that means "no node": a padded slot of `accept_index`, a `predict` entry at a node that was

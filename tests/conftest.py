@@ -102,8 +102,8 @@ def pytest_configure(config):
     import inspect
 
     import fast
-    from fast import attention, draft, kv, logprobs, norm, rejection, sampling, traversal, tree, verify
-    for module in (attention, draft, kv, logprobs, norm, rejection, sampling, traversal, tree, verify):
+    from fast import activation, attention, draft, kv, logprobs, norm, rejection, sampling, traversal, tree, verify
+    for module in (activation, attention, draft, kv, logprobs, norm, rejection, sampling, traversal, tree, verify):
         for name, fn in inspect.getmembers(module, inspect.isfunction):
             if fn.__module__ == module.__name__ and not name.endswith("_kernel") and not name.startswith("__"):
                 setattr(module, name, _on_cuda(fn))

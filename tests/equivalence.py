@@ -167,3 +167,24 @@ def no_host_sync():
     finally:
         if cuda:
             torch.cuda.set_sync_debug_mode(previous)
+
+
+class TorchCalls(TorchFunctionMode):
+    """Names of the torch functions an op calls itself (not Triton's interpreter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        frame, inside_triton = sys._getframe(1), False
+        while frame is not None and not inside_triton:
+            inside_triton = "/triton/" in frame.f_code.co_filename
+            frame = frame.f_back
+        if not inside_triton:
+            self.names.add(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+#: Torch calls that launch no device work (allocation, metadata, views, contiguous() of contiguous input).
+NO_LAUNCH = {"__get__", "contiguous", "dim", "empty", "view", "numel", "stride", "size", "is_contiguous"}

@@ -136,6 +136,7 @@ def exercise_every_op(dtypes=None):
             x = torch.randn(3, H).to(dtype)
             fast.rms_norm(x, torch.ones(H, dtype=dtype), 1e-5)
             fast.fused_add_rms_norm(x, x, torch.ones(H, dtype=dtype), 1e-5)
+            fast.silu_and_mul(torch.randn(3, 2 * H).to(dtype))
     # tree build and both verifies, small and large trees
     from fast.verify import tree_speculative_sampling_target_only, verify_tree_greedy
     for S, K, W in ((3, 1, 4), (5, 4, 16), (5, 4, 69)):

@@ -17,8 +17,8 @@ def fast_kernels() -> set[str]:
     import fast
 
     names = set()
-    for module in (fast.attention, fast.draft, fast.grammar, fast.kv, fast.logprobs, fast.norm, fast.penalties,
-                   fast.rejection, fast.sampling, fast.traversal, fast.tree, fast.verify):
+    for module in (fast.activation, fast.attention, fast.draft, fast.grammar, fast.kv, fast.logprobs, fast.norm,
+                   fast.penalties, fast.rejection, fast.sampling, fast.traversal, fast.tree, fast.verify):
         for name, _ in inspect.getmembers(module):
             if name.endswith("_kernel") and not name.startswith("_"):
                 names.add(name)

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import fast
 import reference
 from specdec.contract import WORKER_OPS
+from tests.equivalence import NO_LAUNCH, TorchCalls
 
 WORKER_CLASSES = {"EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"}
 SHARED_OPS = sorted(set(reference.__all__) - WORKER_CLASSES & set(fast.__all__))
@@ -45,25 +45,6 @@ def test_reference_never_imports_triton():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-class _TorchCalls(TorchFunctionMode):
-    """Names of the torch functions an op calls itself (not Triton's interpreter)."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = set()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        frame, inside_triton = sys._getframe(1), False
-        while frame is not None and not inside_triton:
-            inside_triton = "/triton/" in frame.f_code.co_filename
-            frame = frame.f_back
-        if not inside_triton:
-            self.names.add(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
-
-
-#: Torch calls that launch no device work (allocation, metadata, views, contiguous() of contiguous input).
-NO_LAUNCH = {"__get__", "contiguous", "dim", "empty", "view", "numel", "stride", "size", "is_contiguous"}
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -97,7 +78,7 @@ def test_tree_build_verify_and_commit_are_single_launches(monkeypatch):
         ("commit_kv_cache_kernel", lambda: fast.commit_kv_cache(kv, slots, seq_lens, accept, 12)),
     ]:
         launches.clear()
-        with _TorchCalls() as calls:
+        with TorchCalls() as calls:
             call()
         assert launches == [name]
         assert calls.names <= NO_LAUNCH, calls.names - NO_LAUNCH
@@ -129,7 +110,7 @@ def test_the_logprob_op_is_one_launch_split_or_not(monkeypatch, splits):
     accept = torch.tensor([[0, 2, -1], [3, 4, 5]], dtype=torch.int32)
     batch = SpecBatch(torch.full((B,), 7), SamplingInfo(torch.tensor([[0.7], [1.3]]), False), [3, 0], None)
     lo = LogitsOutput(next_token_logits=logits)
-    with _TorchCalls() as calls:
+    with TorchCalls() as calls:
         fast.compute_spec_v2_logprobs(batch, lo, predict, accept, T - 1)
     assert launches == ["compute_spec_v2_logprobs_kernel"]
     beside = {"zeros"} if splits > 1 else set()

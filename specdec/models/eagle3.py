@@ -93,7 +93,7 @@ class Eagle3MidLayer(nn.Module):
         # submodules through .forward, as LlamaDecoderLayer's (specdec/models/layers.py says why)
         x = torch.cat([self.input_layernorm.forward(embeds), self.hidden_norm.forward(hidden)], dim=-1)
         h = hidden + self.self_attn.forward(x, cos, sin, kv_cache, meta)
-        return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
+        return h + self.mlp.forward(self.post_attention_layernorm.forward(h), None if meta is None else meta.ops)
 
 
 class Eagle3DraftHead(DraftHeadBase):

@@ -181,9 +181,16 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(I, cfg.hidden_size, bias=False)
         _fuse_on_load(self, {"gate_up_proj": ("gate_proj", "up_proj")})
 
-    def forward(self, x):
+    def forward(self, x, ops: ModuleType | None = None):
+        """x: (..., hidden) -> (..., hidden) in x's dtype. ops: the forward's ops module (`meta.ops`), whose
+        `silu_and_mul` (one kernel) then computes the activation; without one (a caller with no metadata, the
+        unfused decoder layer, the cache-free path that training differentiates) the torch ops below, which
+        `reference.silu_and_mul` repeats."""
         gate_up = self.gate_up_proj.forward(x)
         I = gate_up.shape[-1] // 2  # noqa: E741
+        silu_and_mul = getattr(ops, "silu_and_mul", None)
+        if silu_and_mul is not None:
+            return self.down_proj.forward(silu_and_mul(gate_up.reshape(-1, 2 * I)).view(*gate_up.shape[:-1], I))
         return self.down_proj.forward(F.silu(gate_up[..., :I]) * gate_up[..., I:])
 
 
@@ -227,4 +234,4 @@ class LlamaDecoderLayer(nn.Module):
         norm_post = self.post_attention_layernorm
         normed, x_new = fused_add_rms_norm(attn_out.reshape(-1, H), x.reshape(-1, H),
                                            norm_post._parameters["weight"], norm_post.eps)
-        return x_new.view(x.shape), self.mlp.forward(normed.view(x.shape))
+        return x_new.view(x.shape), self.mlp.forward(normed.view(x.shape), meta.ops)
