@@ -178,6 +178,10 @@ def main(argv=None) -> int:
                             "only); each case runs once per rule it can, the rules other than target_only at "
                             "temperatures above 0 only")
     bench.add_argument("--num-prompts", type=positive_int, default=16, help="held-out prompts per batch size")
+    bench.add_argument("--check-prompts", type=positive_int, default=None,
+                       help="acceptance suite: the untimed logprob and phase passes (logprobs against target-only's, "
+                            "the draft and forward costs per step) decode the first N prompts only, whole batches "
+                            "(default: every prompt); tokens and timings always cover all of them")
     bench.add_argument("--prompt-len", type=positive_int, default=96, help="prompt length in tokens (bytes)")
     bench.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate per prompt")
     bench.add_argument("--repeats", type=positive_int, default=3,

@@ -539,3 +539,20 @@ def test_each_verify_rule_runs_on_the_shapes_it_verifies():
     assert [(base_label(x), rule_of(x)) for x in ("EAGLE tree S5 K4 W16 traversal", "EAGLE chain S3 block",
                                                   "EAGLE chain S3")] == [
         ("EAGLE tree S5 K4 W16", "traversal"), ("EAGLE chain S3", "block"), ("EAGLE chain S3", "target_only")]
+
+
+def test_check_prompts_limits_the_untimed_passes_to_the_first_batches(tmp_path):
+    from specdec.bench.acceptance import check_batches, planned_decodes
+    assert list(check_batches(4, 2, 3)) == [0, 1] and list(check_batches(4, 1, 1)) == [0]
+    assert list(check_batches(4, 2, None)) == [0, 1, 2, 3] and list(check_batches(2, 8, 100)) == [0, 1]
+    cases = [WorkerCase("target-only", None), WorkerCase("eagle", SpecConfig(2, 2, 4)),
+             WorkerCase("hf-target-only", None)]
+    # 3 cases x 4 batches timed once, then 2 engines x (logprob + phase pass) x 1 batch
+    assert planned_decodes(cases, 4, [1], [0.0], 1, check_prompts=1) == {1: 3 * 4 + 2 * 2 * 1}
+    target = near_bigram_target(seed=1, mix=0.2)
+    path = run_benchmark(target, {"eagle": perfect_eagle(target)}, cases[:2], [[1, 2, 3], [4, 5], [6], [7, 8]],
+                         [1], [0.0], 6, "tiny", out_dir=tmp_path, progress=lambda s: None, repeats=1,
+                         check_prompts=1, show_progress=False)
+    rows = list(csv.DictReader(path.open()))
+    assert [r["same_tokens_as_target_only"] for r in rows] == ["True", "True"]
+    assert rows[1]["max_logprob_diff"] != "" and rows[1]["draft_ms_per_step"] != ""

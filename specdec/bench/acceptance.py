@@ -94,15 +94,24 @@ def sampling_settings(temperatures, top_ps=(1.0,)) -> list[tuple[float, float]]:
 
 
 def planned_decodes(cases: list[WorkerCase], num_prompts: int, batch_sizes, temperatures, repeats: int,
-                    top_ps=(1.0,)) -> dict:
+                    top_ps=(1.0,), check_prompts: int | None = None) -> dict:
     """Batch size -> how many batches of that size the run decodes: each case's timed passes, and an engine's
-    logprob and phase passes (warm-ups left out). The progress bar's total and the estimate's workload."""
+    logprob and phase passes over the first `check_prompts` prompts (all when None; warm-ups left out). The
+    progress bar's total and the estimate's workload."""
     out = {}
     for temperature, _ in sampling_settings(temperatures, top_ps):
         for B in batch_sizes:
-            passes = sum(repeats + (0 if c.is_peer else 2) for c in cases_at(cases, temperature, B))
-            out[B] = out.get(B, 0) + passes * (num_prompts // B)
+            here = cases_at(cases, temperature, B)
+            timed = repeats * len(here) * (num_prompts // B)
+            checks = 2 * sum(not c.is_peer for c in here) * len(check_batches(num_prompts // B, B, check_prompts))
+            out[B] = out.get(B, 0) + timed + checks
     return out
+
+
+def check_batches(num_batches: int, B: int, check_prompts: int | None) -> range:
+    """The batches (by index) the logprob and phase passes decode: those holding the first `check_prompts` prompts
+    (at least one batch), or all of them when None."""
+    return range(num_batches if check_prompts is None else min(num_batches, max(1, -(-check_prompts // B))))
 
 
 def _forward_pass(runner, batches, params, tick=None):
@@ -186,7 +195,7 @@ def _measure(runners, batches, params, repeats, tick=None):
 def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[list[int]], batch_sizes,
                   temperatures, max_new_tokens: int, model_name: str, impl="reference", repeats=1, out_dir="results",
                   tag="bench", progress=print, peer_dir=None, assistant_dir=None, show_progress=True,
-                  stop_token_ids=(), top_ps=(1.0,)) -> Path:
+                  stop_token_ids=(), top_ps=(1.0,), check_prompts: int | None = None) -> Path:
     """Measure every case at every batch size and temperature; write one CSV; return its path.
 
     `drafts` maps a case's kind to its draft model; the first case must be target-only (the baseline of the
@@ -207,7 +216,8 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
     rows = []
     max_len = max(len(p) for p in prompts) + max_new_tokens + 64
     peers = {}
-    planned = sum(planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats, top_ps).values())
+    planned = sum(planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats, top_ps,
+                                  check_prompts).values())
     bar = progress_bar(planned, "bench", unit="batch", disable=not show_progress)
     tick, progress = bar.update, above_bar(progress)
     for temperature, top_p in sampling_settings(temperatures, top_ps):
@@ -232,8 +242,9 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                     runners.append(Engine(target, c.draft_for(drafts.get(c.kind)) if c.spec else None, c.spec,
                                           impl=impl, max_batch=B, max_seq_len=max_len))
             measured = _measure(runners, batches, params, repeats, tick)
-            lp_outs = [_logprob_pass(r, batches, params, tick) for r in runners]
-            forward_s = [_forward_pass(r, batches, params, tick) for r in runners]
+            checked = [batches[i] for i in check_batches(len(batches), B, check_prompts)]
+            lp_outs = [_logprob_pass(r, checked, params, tick) for r in runners]
+            forward_s = [_forward_pass(r, checked, params, tick) for r in runners]
             medians = [median_of(ps, key=lambda p: p["tokens"] / p["wall"]) for ps in measured]
             base, base_cpu = medians[0], medians[0]["tokens"] / medians[0]["cpu"]
             base_step_cpu = base["cpu"] / base["steps"]
@@ -244,8 +255,9 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                 tps, cpu_tps = med["tokens"] / med["wall"], med["tokens"] / med["cpu"]
                 outs = med["outs"]
                 identical = [a.token_ids == b.token_ids for a, b in zip(outs, base["outs"])]
-                if lps is not None:
-                    identical = [i and a.token_ids == b.token_ids for i, a, b in zip(identical, lps, lp_outs[0])]
+                if lps is not None:  # the checked prompts' logprob pass decodes the same tokens too
+                    identical = [i and (k >= len(lps) or lps[k].token_ids == lp_outs[0][k].token_ids)
+                                 for k, i in enumerate(identical)]
                 same = all(identical)
                 lp = [abs(x - y) for a, b in zip(lps or [], lp_outs[0]) if a.token_ids == b.token_ids
                       for x, y in zip(a.logprobs, b.logprobs)]
@@ -316,17 +328,17 @@ def tuned_paths(values: list[str], pair: str) -> list[Path]:
 
 
 def estimate(target, cases, prompts, batch_sizes, temperatures, max_new_tokens: int, repeats: int,
-             impl: str = "reference", top_ps=(1.0,)) -> str:
+             impl: str = "reference", top_ps=(1.0,), check_prompts: int | None = None) -> str:
     """The line `specdec bench` prints before it starts: the workload and how long it will take, every batch priced
     at what target-only takes for it on this machine, measured now (`target_only_batch_seconds`)."""
-    planned = planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats, top_ps)
+    planned = planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats, top_ps, check_prompts)
     seconds = target_only_batch_seconds(target, prompts, batch_sizes, max_new_tokens, impl=impl)
     total = sum(n * seconds[B] for B, n in planned.items())
     return (f"estimate: {about(total)} for {sum(planned.values())} batch decodes of {max_new_tokens} tokens "
             f"({len(cases)} workers x batch sizes {', '.join(map(str, batch_sizes))} x temperatures "
             f"{', '.join(f'{t:g}' for t in temperatures)} (top-p {', '.join(f'{p:g}' for p in top_ps)} when "
-            f"sampled) x {repeats} timed passes, and a logprob and a phase pass per "
-            f"engine), each priced at "
+            f"sampled) x {repeats} timed passes, and a logprob and a phase pass per engine"
+            f"{'' if check_prompts is None else f' over the first {check_prompts} prompts'}), each priced at "
             f"what target-only takes for it here, measured just now: drafting workers usually run faster, the "
             f"transformers peers slower. --num-prompts, --max-new-tokens, --repeats, --workers and --no-peers "
             f"shorten it")
@@ -387,12 +399,12 @@ def main_bench(args) -> int:
             cases.append(ASSISTED_CASE)
         sizes = args.batch_sizes or [1, 4]
         print(estimate(bundle.target, cases, prompts, sizes, args.temperatures, args.max_new_tokens, args.repeats,
-                       args.impl, args.top_ps))
+                       args.impl, args.top_ps, args.check_prompts))
         path = run_benchmark(bundle.target, drafts, cases, prompts,
                              sizes, args.temperatures, args.max_new_tokens,
                              model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
                              tag="acceptance", peer_dir=peer_dir, assistant_dir=assistant_dir,
-                             stop_token_ids=stop_token_ids, top_ps=args.top_ps)
+                             stop_token_ids=stop_token_ids, top_ps=args.top_ps, check_prompts=args.check_prompts)
     png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))
     print(f"wrote {path} and {png}")
     return 0
