@@ -90,10 +90,19 @@ class Eagle3MidLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
 
     def forward(self, embeds, hidden, cos, sin, kv_cache=None, meta=None):
-        # submodules through .forward, as LlamaDecoderLayer's (specdec/models/layers.py says why)
-        x = torch.cat([self.input_layernorm.forward(embeds), self.hidden_norm.forward(hidden)], dim=-1)
-        h = hidden + self.self_attn.forward(x, cos, sin, kv_cache, meta)
-        return h + self.mlp.forward(self.post_attention_layernorm.forward(h), None if meta is None else meta.ops)
+        # submodules through .forward, as LlamaDecoderLayer's (specdec/models/layers.py says why); the norms, the
+        # residual add and the MLP through the forward's ops when it has them, as the target's layers
+        ops = None if meta is None else meta.ops
+        x = torch.cat([self.input_layernorm.forward(embeds, ops), self.hidden_norm.forward(hidden, ops)], dim=-1)
+        attn_out = self.self_attn.forward(x, cos, sin, kv_cache, meta)
+        fused_add_rms_norm = getattr(ops, "fused_add_rms_norm", None)
+        if fused_add_rms_norm is None:
+            h = hidden + attn_out
+            return h + self.mlp.forward(self.post_attention_layernorm.forward(h), ops)
+        H, norm = hidden.shape[-1], self.post_attention_layernorm
+        normed, h = fused_add_rms_norm(attn_out.reshape(-1, H), hidden.reshape(-1, H), norm._parameters["weight"],
+                                       norm.eps)
+        return h.view(hidden.shape) + self.mlp.forward(normed.view(hidden.shape), ops)
 
 
 class Eagle3DraftHead(DraftHeadBase):
