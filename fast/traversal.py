@@ -13,9 +13,10 @@ reference normalises: clamped at 0, divided by the total clamped at 1e-30); the 
 and next child to try are ``next_power_of_two(S+1)``-lane register vectors. Descending into a child
 writes the child's two normalised rows to the level above (a totals pass, then a write pass); a rejected
 leaf rewrites its parent's rows in place in two passes (the totals m = sum max(0, w P - Q) and sum of Q
-without the leaf's token, then the rewrite divided by them). One action per iteration, as the
-reference's, for at most 3W iterations. The bonus is drawn from the accepted level's P (its node's
-normalised target row when P is empty).
+without the leaf's token, then the rewrite divided by them). One action per iteration (skip a child,
+descend, or test a leaf), at most 3W iterations: the walk the reference's docstring describes, which the
+reference itself computes in another order (every node's test weight first). The bonus is drawn from the
+accepted level's P (its node's normalised target row when P is empty).
 
 Equivalence: as `fast.rejection`'s. Every elementwise value is the reference's operation for operation;
 the totals over V (each row's normaliser, m) are block sums, so an accept coin within rounding (a
