@@ -406,9 +406,10 @@ def test_ngram_refuses_what_needs_a_draft_distribution(target, kwargs):
 # ---- the step stays a fixed-shape, sync-free body ---------------------------------------------------------------
 
 @pytest.mark.parametrize("kind,spec", [("eagle", SpecConfig(3, 2, 6, **SAMPLE, verify="rejection")),
+                                       ("eagle", SpecConfig(3, 2, 6, **SAMPLE, verify="traversal")),
                                        ("mtp", SpecConfig(3, **SAMPLE, verify="block")),
                                        ("dflash", SpecConfig(3, **SAMPLE, verify="rejection"))],
-                         ids=["eagle-tree-rejection", "mtp-block", "dflash-rejection"])
+                         ids=["eagle-tree-rejection", "eagle-tree-traversal", "mtp-block", "dflash-rejection"])
 def test_a_sampled_step_makes_no_host_sync(target, kind, spec):
     """Greedy and sampled requests (top-k, top-p, logprobs) in one batch: the drafts' draws and the rules' verify read
     no value on the host."""
@@ -424,8 +425,9 @@ def test_a_sampled_step_makes_no_host_sync(target, kind, spec):
 
 
 @pytest.mark.parametrize("kind,spec", [("eagle", SpecConfig(3, 2, 6, **SAMPLE, verify="rejection")),
+                                       ("eagle", SpecConfig(3, 2, 6, **SAMPLE, verify="traversal")),
                                        ("dflash", SpecConfig(3, **SAMPLE, verify="block"))],
-                         ids=["eagle-tree-rejection", "dflash-block"])
+                         ids=["eagle-tree-rejection", "eagle-tree-traversal", "dflash-block"])
 def test_the_fast_path_draws_and_verifies_as_the_reference(target, kind, spec):
     """The same seeds through the Triton ops (interpreted on a CPU): the same tokens, request by request, for a
     ragged batch mixing greedy and sampled requests."""
