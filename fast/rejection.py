@@ -275,15 +275,16 @@ def tree_speculative_sampling_rejection_kernel(
     tl.store(accept_length_ptr + b, depth.to(tl.int32))
 
 
-def _launch_tree_speculative_sampling_rejection(candidates, retrieve_index, retrieve_next_token,
-                                                retrieve_next_sibling, uniform_samples,
-                                                uniform_samples_for_final_sampling, target_probs, draft_probs,
-                                                num_steps, B, W, V, block_v=BLOCK_V):
+def _launch_tree_sampler(kernel, scratch_rows, candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+                         uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs, num_steps,
+                         B, W, V, block_v=BLOCK_V):
+    """One launch of a tree verify kernel with the draft's distribution (this module's, `fast.traversal`'s), one
+    program per request, each owning `scratch_rows` fp32 scratch rows of V -> (predict, accept_index, accept_length)."""
     device = candidates.device
     predict, accept_index, accept_length = _verify_outputs(B, W, num_steps, device)
     if B > 0:
-        scratch = torch.empty(B, 2, V, dtype=torch.float32, device=device)
-        tree_speculative_sampling_rejection_kernel[(B,)](
+        scratch = torch.empty(B, scratch_rows, V, dtype=torch.float32, device=device)
+        kernel[(B,)](
             candidates.contiguous(),
             retrieve_index.contiguous(),
             retrieve_next_token.contiguous(),
@@ -307,6 +308,11 @@ def _launch_tree_speculative_sampling_rejection(candidates, retrieve_index, retr
             enable_fp_fusion=False,
         )
     return predict, accept_index, accept_length
+
+
+def _launch_tree_speculative_sampling_rejection(*args, block_v=BLOCK_V):
+    """args: the op's arguments, then B, W, V. Scratch: r and g."""
+    return _launch_tree_sampler(tree_speculative_sampling_rejection_kernel, 2, *args, block_v=block_v)
 
 
 def tree_speculative_sampling_rejection(

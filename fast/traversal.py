@@ -34,8 +34,7 @@ import triton.language as tl
 
 from specdec.checks import check_draft_probs_args, check_tree_args
 
-from .rejection import BLOCK_V, _inverse_cdf, _normalised_block, _row_total, _row_totals
-from .verify import _verify_outputs
+from .rejection import BLOCK_V, _inverse_cdf, _launch_tree_sampler, _normalised_block, _row_total, _row_totals
 
 __all__ = ["tree_speculative_sampling_traversal"]
 
@@ -200,38 +199,11 @@ def tree_speculative_sampling_traversal_kernel(
     tl.store(accept_length_ptr + b, depth.to(tl.int32))
 
 
-def _launch_tree_speculative_sampling_traversal(candidates, retrieve_index, retrieve_next_token,
-                                                retrieve_next_sibling, uniform_samples,
-                                                uniform_samples_for_final_sampling, target_probs, draft_probs,
-                                                num_steps, B, W, V, block_v=BLOCK_V):
-    device = candidates.device
-    predict, accept_index, accept_length = _verify_outputs(B, W, num_steps, device)
-    if B > 0:
-        scratch = torch.empty(B, num_steps + 1, 2, V, dtype=torch.float32, device=device)
-        tree_speculative_sampling_traversal_kernel[(B,)](
-            candidates.contiguous(),
-            retrieve_index.contiguous(),
-            retrieve_next_token.contiguous(),
-            retrieve_next_sibling.contiguous(),
-            uniform_samples.contiguous(),
-            uniform_samples_for_final_sampling.contiguous(),
-            target_probs.contiguous(),
-            draft_probs.contiguous(),
-            scratch,
-            predict,
-            accept_index,
-            accept_length,
-            B,
-            W,
-            V,
-            num_steps,
-            BLOCK_W=triton.next_power_of_2(W),
-            BLOCK_S1=triton.next_power_of_2(num_steps + 1),
-            BLOCK_V=min(block_v, triton.next_power_of_2(V)),
-            num_warps=8,
-            enable_fp_fusion=False,
-        )
-    return predict, accept_index, accept_length
+def _launch_tree_speculative_sampling_traversal(*args, block_v=BLOCK_V):
+    """args: the op's arguments, then B, W, V. Scratch: a P and a Q row per level of the path, S + 1 levels."""
+    num_steps = args[8]
+    return _launch_tree_sampler(tree_speculative_sampling_traversal_kernel, 2 * (num_steps + 1), *args,
+                                block_v=block_v)
 
 
 def tree_speculative_sampling_traversal(
