@@ -188,3 +188,45 @@ class TorchCalls(TorchFunctionMode):
 
 #: Torch calls that launch no device work (allocation, metadata, views, contiguous() of contiguous input).
 NO_LAUNCH = {"__get__", "contiguous", "dim", "empty", "view", "numel", "stride", "size", "is_contiguous"}
+
+
+def ops_module(ops, calls=None, counted=(), without=()):
+    """`ops` (an ops module) copied as a module whose ops named in `counted` count their calls in `calls`, and
+    without those named in `without` (a model then takes its plain torch path for them)."""
+    import types
+    module = types.ModuleType(f"{ops.__name__}_copy")
+    module.__dict__.update({k: v for k, v in vars(ops).items() if not k.startswith("__")})
+    for name in without:
+        del module.__dict__[name]
+    for name in counted:
+        if name not in without:
+            setattr(module, name, _counting(name, getattr(ops, name), calls))
+    return module
+
+
+def _counting(name, op, calls):
+    def counting(*args):
+        calls[name] = calls.get(name, 0) + 1
+        return op(*args)
+    return counting
+
+
+def cached_decode(model, ops, steps=3):
+    """Logits and hidden states of a prompt's prefill and `steps` greedy steps of `model` through a KV cache,
+    its forwards given the ops module `ops`."""
+    from specdec.kv_cache import KVCache
+    from specdec.models import AttentionMetadata
+    B, P = 2, 5
+    ids = torch.randint(0, model.config.vocab_size, (B, P), generator=torch.Generator().manual_seed(0))
+    cache = KVCache.for_model(model.config, model.config.num_hidden_layers, B, 16, model.dtype, "cpu")
+    slots = torch.arange(B)
+    outs, start = [], torch.zeros(B, dtype=torch.long)
+    with torch.inference_mode():
+        for _ in range(steps + 1):
+            T = ids.shape[1]
+            meta = AttentionMetadata(slots, start, attn_len=int(start[0]) + T, ops=ops)
+            out = model(ids, start[:, None] + torch.arange(T), cache, meta)
+            outs += [out.logits, out.hidden]
+            start = start + T
+            ids = out.logits[:, -1:].argmax(-1)
+    return outs

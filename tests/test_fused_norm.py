@@ -3,17 +3,15 @@ kernel against the reference (bit-equal sums, norms within one ulp of the dtype)
 the models' norms routed through an ops module giving the numbers of the plain torch path bit for bit."""
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
 import fast
 import fast.norm
 import reference
-from specdec.kv_cache import KVCache
-from specdec.models import AttentionMetadata, random_llama
+from specdec.models import random_llama
 from specdec.models.layers import RMSNorm
+from tests.equivalence import cached_decode, ops_module
 
 IMPLS = [reference, fast]
 #: where the fast kernels run: compiled on a GPU, else under Triton's CPU interpreter (inputs are built on the CPU)
@@ -187,41 +185,7 @@ def test_bad_arguments_raise_one_line_value_errors(impl, bad):
 
 # ---- the models through an ops module ------------------------------------------------------------------------
 
-def counting_ops(ops, calls, without_norms=False):
-    """`ops` as a module whose norm ops count their calls in `calls` (or are absent: the models' plain path)."""
-    module = types.ModuleType(f"{ops.__name__}_counted")
-    module.__dict__.update({k: v for k, v in vars(ops).items() if not k.startswith("__")})
-    for name in ("rms_norm", "fused_add_rms_norm"):
-        if without_norms:
-            del module.__dict__[name]
-        else:
-            setattr(module, name, counted(name, getattr(ops, name), calls))
-    return module
-
-
-def counted(name, op, calls):
-    def counting(*args):
-        calls[name] = calls.get(name, 0) + 1
-        return op(*args)
-    return counting
-
-
-def cached_decode(model, ops, steps=3):
-    """Logits and hidden states of a prompt's prefill and `steps` greedy steps through the KV cache."""
-    B, P = 2, 5
-    ids = torch.randint(0, model.config.vocab_size, (B, P), generator=torch.Generator().manual_seed(0))
-    cache = KVCache.for_model(model.config, model.config.num_hidden_layers, B, 16, model.dtype, "cpu")
-    slots = torch.arange(B)
-    outs, start = [], torch.zeros(B, dtype=torch.long)
-    with torch.inference_mode():
-        for _ in range(steps + 1):
-            T = ids.shape[1]
-            meta = AttentionMetadata(slots, start, attn_len=int(start[0]) + T, ops=ops)
-            out = model(ids, start[:, None] + torch.arange(T), cache, meta)
-            outs += [out.logits, out.hidden]
-            start = start + T
-            ids = out.logits[:, -1:].argmax(-1)
-    return outs
+NORMS = ("rms_norm", "fused_add_rms_norm")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -230,8 +194,8 @@ def test_a_model_through_the_reference_norm_ops_is_bit_equal_to_its_plain_norms(
     model = random_llama(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_key_value_heads=2,
                          model_type=model_type, seed=3, dtype=dtype)
     calls = {}
-    fused = cached_decode(model, counting_ops(reference, calls))
-    plain = cached_decode(model, counting_ops(reference, {}, without_norms=True))
+    fused = cached_decode(model, ops_module(reference, calls, counted=NORMS))
+    plain = cached_decode(model, ops_module(reference, without=NORMS))
     assert all(torch.equal(a, b) for a, b in zip(fused, plain))
     forwards, layers = 4, 2
     # the residual stream carried between layers: every post-attention norm, every later layer's input norm and the

@@ -17,6 +17,7 @@ import reference
 from specdec.kv_cache import KVCache
 from specdec.models import AttentionMetadata, random_eagle3_head, random_llama
 from specdec.models.layers import LlamaMLP
+from tests.equivalence import cached_decode, ops_module
 
 IMPLS = [reference, fast]
 #: where the fast kernels run: compiled on a GPU, else under Triton's CPU interpreter (inputs are built on the CPU)
@@ -206,47 +207,13 @@ def test_bad_arguments_raise_one_line_value_errors(impl, bad):
 
 # ---- the models through an ops module ---------------------------------------------------------------------------
 
-def ops_module(ops, calls=None, without=()):
-    """`ops` as a module whose `silu_and_mul` counts its calls in `calls`, and without the ops named in `without`."""
-    module = types.ModuleType(f"{ops.__name__}_counted")
-    module.__dict__.update({k: v for k, v in vars(ops).items() if not k.startswith("__")})
-    for name in without:
-        del module.__dict__[name]
-    if calls is not None and "silu_and_mul" not in without:
-        op = ops.silu_and_mul
-
-        def counting(x):
-            calls["silu_and_mul"] = calls.get("silu_and_mul", 0) + 1
-            return op(x)
-        module.silu_and_mul = counting
-    return module
-
-
-def cached_decode(model, ops, steps=3):
-    """Logits and hidden states of a prompt's prefill and `steps` greedy steps through the KV cache."""
-    B, P = 2, 5
-    ids = torch.randint(0, model.config.vocab_size, (B, P), generator=torch.Generator().manual_seed(0))
-    cache = KVCache.for_model(model.config, model.config.num_hidden_layers, B, 16, model.dtype, "cpu")
-    slots = torch.arange(B)
-    outs, start = [], torch.zeros(B, dtype=torch.long)
-    with torch.inference_mode():
-        for _ in range(steps + 1):
-            T = ids.shape[1]
-            meta = AttentionMetadata(slots, start, attn_len=int(start[0]) + T, ops=ops)
-            out = model(ids, start[:, None] + torch.arange(T), cache, meta)
-            outs += [out.logits, out.hidden]
-            start = start + T
-            ids = out.logits[:, -1:].argmax(-1)
-    return outs
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_a_model_through_the_reference_activation_is_bit_equal_to_its_plain_mlps(model_type, dtype):
     model = random_llama(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                          num_key_value_heads=2, model_type=model_type, seed=3, dtype=dtype)
     calls = {}
-    routed = cached_decode(model, ops_module(reference, calls))
+    routed = cached_decode(model, ops_module(reference, calls, counted=["silu_and_mul"]))
     torch_mlps = cached_decode(model, ops_module(reference, without=["silu_and_mul"]))  # the fused norms, torch MLPs
     unfused = cached_decode(model, ops_module(reference, without=["silu_and_mul", "rms_norm", "fused_add_rms_norm"]))
     assert all(torch.equal(a, b) for a, b in zip(routed, torch_mlps))
@@ -285,7 +252,7 @@ def test_the_eagle3_midlayer_routes_its_mlp_through_the_ops(dtype):
         return out.logits, out.hidden
 
     calls = {}
-    routed = run(ops_module(reference, calls))
+    routed = run(ops_module(reference, calls, counted=["silu_and_mul"]))
     plain = run(ops_module(reference, without=["silu_and_mul"]))
     assert calls == {"silu_and_mul": 1}
     assert all(torch.equal(a, b) for a, b in zip(routed, plain))
