@@ -22,7 +22,7 @@ import fast.rejection as fast_rej
 import reference.rejection as ref_rej
 from fast.verify import BONUS_CDF_EPSILON
 from tests.equivalence import assert_equivalent, no_host_sync
-from tests.oracles import fixed_tree, tree_structure
+from tests.oracles import fixed_tree, random_prob_rows, tree_links
 
 # Every output compared here is an integer tensor: bit-equal, the tolerance table unused.
 QUANTITY = "index"
@@ -156,34 +156,14 @@ def _assert_agree(ref, fst, near, W, what):
 # --------------------------------------------------------------------------------------------
 
 
-def _links(parents):
-    """(retrieve_next_token, retrieve_next_sibling) of a tree given by parent indices (parents before their
-    children, root -1), through the oracles' path-based tree structure."""
-    paths = []
-    for i, parent in enumerate(parents):
-        paths.append(() if parent < 0 else paths[parent] + (i,))
-    _parent, _depth, first, sibling = tree_structure(paths)
-    return first, sibling
-
-
-def _rows(B, W, V, gen, positive=None):
-    """(B, W, V) unnormalised rows with exact zeros; ``positive`` caps the tokens of positive mass per row."""
-    rows = torch.softmax(torch.randn(B, W, V, generator=gen) * 2.0, -1) * (torch.rand(B, W, V, generator=gen) > 0.25)
-    if positive is not None:
-        rank = torch.rand(B, W, V, generator=gen).argsort(-1).argsort(-1)
-        rows = torch.where(rank < positive, rows + 0.05, 0.0)
-    rows[..., 0] += (rows.sum(-1) == 0).float()
-    return rows * (0.5 + 3.0 * torch.rand(B, W, 1, generator=gen))
-
-
 def _tree_case(parents, B, V, seed, sparse_draft=False, zero_mass_tokens=False):
     """A tree drafted as the verify assumes: each node's children drawn without replacement from its draft row
     (the reference's `sample_without_replacement`), target rows leaning towards the draft so that walks go deep."""
     gen = torch.Generator().manual_seed(seed)
     W = len(parents)
-    nt, ns = (torch.tensor([links] * B) for links in _links(parents))
-    draft = _rows(B, W, V, gen, positive=2 if sparse_draft else None)
-    target = 0.7 * draft / draft.sum(-1, keepdim=True) + 0.3 * _rows(B, W, V, gen)
+    nt, ns = (torch.tensor([links] * B) for links in tree_links(parents))
+    draft = random_prob_rows(B, W, V, gen, positive=2 if sparse_draft else None)
+    target = 0.7 * draft / draft.sum(-1, keepdim=True) + 0.3 * random_prob_rows(B, W, V, gen)
     cand = torch.randint(V, (B, W), generator=gen)
     for b in range(B):
         for n in range(W):
@@ -241,17 +221,17 @@ def _check_swr(probs, uniforms, block_v=None, exact=False):
 def test_sample_without_replacement_matches_reference(N, V, K, block_v):
     """Unnormalised rows with exact zeros, several blocks (the last partial), K = V, V > BLOCK_V."""
     gen = torch.Generator().manual_seed(N * 1000 + V + K)
-    probs = _rows(N, 1, V, gen)[:, 0]
+    probs = random_prob_rows(N, 1, V, gen)[:, 0]
     uniforms = torch.rand(N, K, generator=gen)
     uniforms[0, 0] = 0.0
     _check_swr(probs, uniforms, block_v)
 
 
-def test_sample_without_replacement_exhausted_rows():
+def test_sample_without_replacement_exhaustedrandom_prob_rows():
     """Rows with fewer positive-mass tokens than K (bf16 rows too): the positive tokens first, each once, then
     the reference's V-1 for every draw after the mass is used up; uniforms up to 1 - 2^-24."""
     gen = torch.Generator().manual_seed(1)
-    probs = _rows(3, 1, 12, gen, positive=3)[:, 0]
+    probs = random_prob_rows(3, 1, 12, gen, positive=3)[:, 0]
     probs[2] = 0.0  # an all-zero row: every draw is V-1
     uniforms = torch.rand(3, 6, generator=gen)
     uniforms[1] = 1.0 - 2.0 ** -24
@@ -364,8 +344,8 @@ def test_tree_rejection_exact_rules():
 def _chain_case(B, W, V, seed, sparse=False):
     """A chain whose token i is drawn from the draft row i-1; target rows leaning towards the draft."""
     gen = torch.Generator().manual_seed(seed)
-    draft = _rows(B, W, V, gen, positive=2 if sparse else None)
-    target = 0.6 * draft / draft.sum(-1, keepdim=True) + 0.4 * _rows(B, W, V, gen)
+    draft = random_prob_rows(B, W, V, gen, positive=2 if sparse else None)
+    target = 0.6 * draft / draft.sum(-1, keepdim=True) + 0.4 * random_prob_rows(B, W, V, gen)
     cand = torch.randint(V, (B, W), generator=gen)
     if W > 1:
         cand[:, 1:] = ref_rej.sample_without_replacement(draft[:, :-1].reshape(-1, V),

@@ -22,7 +22,7 @@ import reference.rejection as ref_rej
 import reference.traversal as ref_trav
 from fast.verify import BONUS_CDF_EPSILON
 from tests.equivalence import assert_equivalent, no_host_sync
-from tests.oracles import tree_structure
+from tests.oracles import random_prob_rows, tree_links
 
 QUANTITY = "index"  # integer outputs only: bit-equal
 # relative margin of an accept test (plus an absolute one for weights near 0, whose m cancels) inside which fp32
@@ -116,24 +116,6 @@ def _away_from_boundaries(row, u):
 # --------------------------------------------------------------------------------------------
 
 
-def _links(parents):
-    paths = []
-    for i, parent in enumerate(parents):
-        paths.append(() if parent < 0 else paths[parent] + (i,))
-    _parent, _depth, first, sibling = tree_structure(paths)
-    return first, sibling
-
-
-def _rows(B, W, V, gen, positive=None):
-    """(B, W, V) unnormalised rows with exact zeros; ``positive`` caps the tokens of positive mass per row."""
-    rows = torch.softmax(torch.randn(B, W, V, generator=gen) * 2.0, -1) * (torch.rand(B, W, V, generator=gen) > 0.25)
-    if positive is not None:
-        rank = torch.rand(B, W, V, generator=gen).argsort(-1).argsort(-1)
-        rows = torch.where(rank < positive, rows + 0.05, 0.0)
-    rows[..., 0] += (rows.sum(-1) == 0).float()
-    return rows * (0.5 + 3.0 * torch.rand(B, W, 1, generator=gen))
-
-
 def _case(parents, B, V, seed, sparse_draft=False, padded=0):
     """A tree drafted as the contract assumes (each node's children drawn without replacement from its draft row,
     in sibling order), target rows leaning towards the draft so that walks go deep. ``sparse_draft``: 2 tokens of
@@ -141,11 +123,11 @@ def _case(parents, B, V, seed, sparse_draft=False, padded=0):
     its first child's token no mass. ``padded``: that many extra nodes outside the tree, retrieve_index -1."""
     gen = torch.Generator().manual_seed(seed)
     W = len(parents) + padded
-    first, sibling = _links(parents)
+    first, sibling = tree_links(parents)
     nt = torch.tensor([first + [-1] * padded] * B)
     ns = torch.tensor([sibling + [-1] * padded] * B)
-    draft = _rows(B, W, V, gen, positive=2 if sparse_draft else None)
-    target = 0.7 * draft / draft.sum(-1, keepdim=True) + 0.3 * _rows(B, W, V, gen)
+    draft = random_prob_rows(B, W, V, gen, positive=2 if sparse_draft else None)
+    target = 0.7 * draft / draft.sum(-1, keepdim=True) + 0.3 * random_prob_rows(B, W, V, gen)
     cand = torch.randint(V, (B, W), generator=gen)
     for b in range(B):
         for n in range(len(parents)):

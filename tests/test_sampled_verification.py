@@ -25,7 +25,7 @@ from specdec.ngram import NgramDraft
 from specdec.workers.graphs import DecodeGraphs
 from tests.equivalence import no_host_sync
 from tests.helpers import FALSE_FAILURE_RATE, chi_square_pvalue
-from tests.oracles import exact_joint, exact_joint_grammar, exact_joint_penalised
+from tests.oracles import exact_joint, exact_joint_grammar, exact_joint_penalised, tree_links
 
 SAMPLE = {"draft_sampling": "sample"}
 
@@ -187,12 +187,8 @@ def drafted_from_parents(B, parents, Q, gen):
     for n in range(W):
         if kids[n]:
             cand[:, kids[n]] = sample_without_replacement(Q[cand[:, n]], torch.rand(B, len(kids[n]), generator=gen))
-    nxt = torch.tensor([k[0] if k else -1 for k in kids])
-    sib = torch.full((W,), -1)
-    for k in kids:
-        for a, b in zip(k, k[1:]):
-            sib[a] = b
-    return cand, torch.arange(B * W).view(B, W), nxt.expand(B, W).contiguous(), sib.expand(B, W).contiguous()
+    nxt, sib = (torch.tensor(links).expand(B, W).contiguous() for links in tree_links(parents))
+    return cand, torch.arange(B * W).view(B, W), nxt, sib
 
 
 def emitted_law(predict, accept_index, accept_length, P, W, n):

@@ -16,7 +16,8 @@ from .penalties import exact_joint_penalised, penalised_greedy_decode, penalised
 from .trees import (FAST_GRID, FIXED_DRAFT_TOKENS, FIXED_PARENT, FIXED_PARENT_LIST, FIXED_TARGET,
                     FIXED_TOP_SCORES_INDEX, FULL_GRID, DraftedTree, drafted_case, emitted_sequences,
                     exact_fixed_tree_distribution, fixed_tree, sampling_inputs, target_predict_for,
-                    target_probs_for, tree_shapes, tree_structure, valid_build_args, valid_verify_inputs)
+                    random_prob_rows, target_probs_for, tree_links, tree_shapes, tree_structure, valid_build_args,
+                    valid_verify_inputs)
 
 __all__ = [
     "dflash_logits_from_tensors",
@@ -26,5 +27,5 @@ __all__ = [
     "FIXED_DRAFT_TOKENS", "FIXED_PARENT", "FIXED_PARENT_LIST", "FIXED_TARGET", "FIXED_TOP_SCORES_INDEX",
     "FULL_GRID", "DraftedTree", "drafted_case", "emitted_sequences", "exact_fixed_tree_distribution", "fixed_tree",
     "sampling_inputs", "target_predict_for", "target_probs_for", "tree_shapes", "tree_structure",
-    "valid_build_args", "valid_verify_inputs",
+    "valid_build_args", "valid_verify_inputs", "tree_links", "random_prob_rows",
 ]

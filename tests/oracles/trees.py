@@ -370,3 +370,24 @@ def valid_verify_inputs(B=2, V=7):
         torch.rand(B),
         torch.rand(B, 6, V),
     )
+
+
+def tree_links(parents: list[int]):
+    """(retrieve_next_token, retrieve_next_sibling) lists of a tree given by parent indices (parents before their
+    children, the root -1), siblings in node order, through `tree_structure`."""
+    paths = []
+    for i, parent in enumerate(parents):
+        paths.append(() if parent < 0 else paths[parent] + (i,))
+    _parent, _depth, first, sibling = tree_structure(paths)
+    return first, sibling
+
+
+def random_prob_rows(B, W, V, gen, positive=None):
+    """(B, W, V) unnormalised probability rows with exact zeros (at least one positive entry per row);
+    ``positive`` caps the tokens of positive mass per row. The verify ops' inputs with the draft's distribution."""
+    rows = torch.softmax(torch.randn(B, W, V, generator=gen) * 2.0, -1) * (torch.rand(B, W, V, generator=gen) > 0.25)
+    if positive is not None:
+        rank = torch.rand(B, W, V, generator=gen).argsort(-1).argsort(-1)
+        rows = torch.where(rank < positive, rows + 0.05, 0.0)
+    rows[..., 0] += (rows.sum(-1) == 0).float()
+    return rows * (0.5 + 3.0 * torch.rand(B, W, 1, generator=gen))
