@@ -230,3 +230,22 @@ def cached_decode(model, ops, steps=3):
             start = start + T
             ids = out.logits[:, -1:].argmax(-1)
     return outs
+
+
+def raised(fn, *args, **kwargs):
+    """(exception type, message) of the ValueError or TypeError `fn` raises on bad input; AssertionError if none."""
+    try:
+        fn(*args, **kwargs)
+    except (ValueError, TypeError) as e:
+        return type(e), str(e)
+    raise AssertionError(f"{fn.__module__}.{fn.__name__} accepted bad input")
+
+
+def record_triton_launches(monkeypatch) -> list:
+    """The names of the Triton kernels launched from now on under the interpreter, in order (a list that grows)."""
+    import triton.runtime.interpreter as interpreter
+    launches = []
+    run = interpreter.GridExecutor.__call__
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__",
+                        lambda self, *a, **k: launches.append(self.fn.__name__) or run(self, *a, **k))
+    return launches

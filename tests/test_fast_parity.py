@@ -13,7 +13,7 @@ import torch
 import fast
 import reference
 from specdec.contract import WORKER_OPS
-from tests.equivalence import NO_LAUNCH, TorchCalls
+from tests.equivalence import NO_LAUNCH, TorchCalls, record_triton_launches
 
 WORKER_CLASSES = {"EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"}
 SHARED_OPS = sorted(set(reference.__all__) - WORKER_CLASSES & set(fast.__all__))
@@ -45,21 +45,15 @@ def test_reference_never_imports_triton():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-
-
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="counts launches through Triton's interpreter; compiled kernels never enter it")
 def test_tree_build_verify_and_commit_are_single_launches(monkeypatch):
     """One Triton launch each, and no torch op beside it that would launch device work."""
-    import triton.runtime.interpreter as interpreter
     import torch
 
     from tests.oracles import DraftedTree
 
-    launches = []
-    run = interpreter.GridExecutor.__call__
-    monkeypatch.setattr(interpreter.GridExecutor, "__call__",
-                        lambda self, *a, **k: launches.append(self.fn.__name__) or run(self, *a, **k))
+    launches = record_triton_launches(monkeypatch)
     tree = DraftedTree(B=2, K=4, S=3, W=12, V=50, seed=0)
     bonus, seq_lens = torch.tensor([1, 2]), torch.tensor([5, 6])
     build_args = (bonus, tree.parent_list, tree.top_scores_index, tree.draft_tokens, seq_lens, 4, 3, 12)
@@ -92,15 +86,10 @@ def test_the_logprob_op_is_one_launch_split_or_not(monkeypatch, splits):
     beside it only allocations, views and the split path's zeroed done-counters."""
     import functools
 
-    import triton.runtime.interpreter as interpreter
-
     import fast.logprobs as fast_logprobs
     from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 
-    launches = []
-    run = interpreter.GridExecutor.__call__
-    monkeypatch.setattr(interpreter.GridExecutor, "__call__",
-                        lambda self, *a, **k: launches.append(self.fn.__name__) or run(self, *a, **k))
+    launches = record_triton_launches(monkeypatch)
     monkeypatch.setattr(fast_logprobs, "compute_spec_v2_logprobs_launch",
                         functools.partial(fast_logprobs.compute_spec_v2_logprobs_launch, _num_splits=splits))
     g = torch.Generator().manual_seed(3)

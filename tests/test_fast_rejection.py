@@ -21,7 +21,7 @@ import fast
 import fast.rejection as fast_rej
 import reference.rejection as ref_rej
 from fast.verify import BONUS_CDF_EPSILON
-from tests.equivalence import assert_equivalent, no_host_sync
+from tests.equivalence import assert_equivalent, no_host_sync, raised
 from tests.oracles import fixed_tree, random_prob_rows, tree_links
 
 # Every output compared here is an integer tensor: bit-equal, the tolerance table unused.
@@ -443,14 +443,6 @@ def test_fast_ops_make_no_host_sync():
         fast_rej.chain_speculative_sampling_block(cand, ri, u, uf, target, draft, 3)
 
 
-def _raised(fn, *args):
-    try:
-        fn(*args)
-    except (ValueError, TypeError) as e:
-        return type(e), str(e)
-    raise AssertionError(f"{fn.__module__}.{fn.__name__} accepted bad input")
-
-
 def test_bad_input_same_error():
     cand, ri, nt, ns, u, uf, target, draft = _tree_case(CHAIN, 2, 6, seed=4)
     tree_cases = [
@@ -462,14 +454,14 @@ def test_bad_input_same_error():
         (cand, ri, nt, ns, u, uf, target, draft.long(), 2),
     ]
     for args in tree_cases:
-        assert _raised(fast_rej.tree_speculative_sampling_rejection, *args) == \
-            _raised(ref_rej.tree_speculative_sampling_rejection, *args)
+        assert raised(fast_rej.tree_speculative_sampling_rejection, *args) == \
+            raised(ref_rej.tree_speculative_sampling_rejection, *args)
     chain_cases = [args[:2] + args[4:] for i, args in enumerate(tree_cases) if i != 1]  # the chain has no links
     chain_cases.append((cand, ri[:, :3], u, uf, target, draft, 2))
     for args in chain_cases:
-        assert _raised(fast_rej.chain_speculative_sampling_block, *args) == \
-            _raised(ref_rej.chain_speculative_sampling_block, *args)
+        assert raised(fast_rej.chain_speculative_sampling_block, *args) == \
+            raised(ref_rej.chain_speculative_sampling_block, *args)
     for args in ((target[:, 0], u[:, :0]), (target[:, 0], u[:, :4].repeat(1, 3)), (target[0], u[:1]),
                  (target[:, 0, :0], u)):
-        assert _raised(fast_rej.sample_without_replacement, *args) == \
-            _raised(ref_rej.sample_without_replacement, *args)
+        assert raised(fast_rej.sample_without_replacement, *args) == \
+            raised(ref_rej.sample_without_replacement, *args)

@@ -21,7 +21,7 @@ import fast.traversal as fast_trav
 import reference.rejection as ref_rej
 import reference.traversal as ref_trav
 from fast.verify import BONUS_CDF_EPSILON
-from tests.equivalence import assert_equivalent, no_host_sync
+from tests.equivalence import assert_equivalent, no_host_sync, raised
 from tests.oracles import random_prob_rows, tree_links
 
 QUANTITY = "index"  # integer outputs only: bit-equal
@@ -280,14 +280,6 @@ def test_fast_op_makes_no_host_sync():
         fast_trav.tree_speculative_sampling_traversal(cand, ri, nt, ns, u, uf, target, draft, 3)
 
 
-def _raised(fn, *args):
-    try:
-        fn(*args)
-    except (ValueError, TypeError) as e:
-        return type(e), str(e)
-    raise AssertionError(f"{fn.__module__}.{fn.__name__} accepted bad input")
-
-
 def test_bad_input_same_error():
     cand, ri, nt, ns, u, uf, target, draft = _case(CHAIN, 2, 6, seed=4)
     for args in [
@@ -300,5 +292,5 @@ def test_bad_input_same_error():
         (cand, ri, nt, ns, u, uf, target[..., :0], draft[..., :0], 2),
         (cand, ri, nt, ns, u, uf, target, draft.long(), 2),
     ]:
-        assert _raised(fast_trav.tree_speculative_sampling_traversal, *args) == \
-            _raised(ref_trav.tree_speculative_sampling_traversal, *args)
+        assert raised(fast_trav.tree_speculative_sampling_traversal, *args) == \
+            raised(ref_trav.tree_speculative_sampling_traversal, *args)

@@ -23,7 +23,7 @@ import reference.tree as ref_tree
 import reference.verify as ref_verify
 from reference.naive import build_tree_naive
 from fast.verify import BONUS_CDF_EPSILON
-from tests.equivalence import assert_equivalent, no_host_sync
+from tests.equivalence import assert_equivalent, no_host_sync, raised
 from tests.helpers import FALSE_FAILURE_RATE, chi_square_pvalue
 from tests.oracles import (FAST_GRID, FIXED_TARGET, FULL_GRID, DraftedTree, drafted_case, emitted_sequences,
                            exact_fixed_tree_distribution, fixed_tree, sampling_inputs, target_predict_for, tree_shapes,
@@ -486,14 +486,6 @@ def test_signatures_equal(name):
         assert fast is ref and "Fast path:" in ref.__doc__  # shared torch ops
 
 
-def _raised(fn, *args, **kwargs):
-    try:
-        fn(*args, **kwargs)
-    except (ValueError, TypeError) as e:
-        return type(e), str(e)
-    raise AssertionError(f"{fn.__module__}.{fn.__name__} accepted bad input")
-
-
 @pytest.mark.parametrize(
     "index,value",
     [
@@ -513,7 +505,7 @@ def _raised(fn, *args, **kwargs):
 def test_build_tree_bad_input_same_error(index, value):
     args = valid_build_args()
     args[index] = value
-    assert _raised(fast_tree.build_tree_kernel_efficient, *args) == _raised(
+    assert raised(fast_tree.build_tree_kernel_efficient, *args) == raised(
         ref_tree.build_tree_kernel_efficient, *args
     )
 
@@ -529,7 +521,7 @@ def test_verify_bad_input_same_error():
         (cand, ri, nt, ns, tp.float(), 2),
     ]
     for args in greedy_cases:
-        assert _raised(fast_verify.verify_tree_greedy, *args) == _raised(ref_verify.verify_tree_greedy, *args)
+        assert raised(fast_verify.verify_tree_greedy, *args) == raised(ref_verify.verify_tree_greedy, *args)
     sampling_cases = [
         ((cand, ri, nt, ns, u[:, :5], uf, probs, 2), {}),
         ((cand, ri, nt, ns, u, uf[:1], probs, 2), {}),
@@ -542,6 +534,6 @@ def test_verify_bad_input_same_error():
         ((cand, ri, nt, ns, u.long(), uf, probs, 2), {}),
     ]
     for args, kwargs in sampling_cases:
-        assert _raised(fast_verify.tree_speculative_sampling_target_only, *args, **kwargs) == _raised(
+        assert raised(fast_verify.tree_speculative_sampling_target_only, *args, **kwargs) == raised(
             ref_verify.tree_speculative_sampling_target_only, *args, **kwargs
         )

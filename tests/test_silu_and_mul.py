@@ -17,7 +17,7 @@ import reference
 from specdec.kv_cache import KVCache
 from specdec.models import AttentionMetadata, random_eagle3_head, random_llama
 from specdec.models.layers import LlamaMLP
-from tests.equivalence import cached_decode, ops_module
+from tests.equivalence import NO_LAUNCH, TorchCalls, cached_decode, ops_module, record_triton_launches
 
 IMPLS = [reference, fast]
 #: where the fast kernels run: compiled on a GPU, else under Triton's CPU interpreter (inputs are built on the CPU)
@@ -166,14 +166,8 @@ def test_empty_batch(impl):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="counts launches through Triton's interpreter; compiled kernels never enter it")
 def test_fast_is_one_launch_and_nothing_beside_it(monkeypatch):
-    import triton.runtime.interpreter as interpreter
 
-    from tests.equivalence import NO_LAUNCH, TorchCalls
-
-    launches = []
-    run = interpreter.GridExecutor.__call__
-    monkeypatch.setattr(interpreter.GridExecutor, "__call__",
-                        lambda self, *a, **k: launches.append(self.fn.__name__) or run(self, *a, **k))
+    launches = record_triton_launches(monkeypatch)
     monkeypatch.setattr(fast.activation, "BLOCK_I", 32)  # a grid of several programs is still one launch
     x = inputs(3, 100, torch.bfloat16)
     with TorchCalls() as calls:
