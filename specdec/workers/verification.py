@@ -11,7 +11,7 @@ Rules (`RULES`), each lossless (the emitted tokens are distributed as the target
 * ``block``: block verification of a chain (``chain_speculative_sampling_block``);
 * ``traversal``: Traversal Verification (``tree_speculative_sampling_traversal``): the tree decided from its leaves
   up with sequence-level weights; block verification on a chain, recursive rejection on a tree of depth one, and
-  at least as many tokens as recursive rejection on any tree.
+  more accepted tokens than recursive rejection in expectation on the deeper trees checked.
 
 The last three read q, so they need ``draft_sampling="sample"``: each node's proposals are drawn from q, the
 draft's distribution after the request's temperature, top-k and top-p (and the draft's penalties and grammar
