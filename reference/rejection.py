@@ -129,7 +129,7 @@ def tree_speculative_sampling_rejection(
 
 
 def _normalised(rows: torch.Tensor) -> torch.Tensor:
-    """(N, V) -> fp32 rows with negative entries zeroed, divided by their sums (an all-zero row stays zero)."""
+    """(..., V) -> fp32 rows with negative entries zeroed, divided by their sums (an all-zero row stays zero)."""
     rows = rows.to(torch.float32).clamp(min=0)
     return rows / rows.sum(-1, keepdim=True).clamp_min(1e-30)
 

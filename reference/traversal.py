@@ -19,6 +19,7 @@ import torch
 from specdec.checks import check_draft_probs_args, check_tree_args
 from specdec.contract import NO_NODE
 
+from .rejection import _normalised
 from .verify import _sample_residual
 
 __all__ = ["tree_speculative_sampling_traversal"]
@@ -115,7 +116,7 @@ def tree_speculative_sampling_traversal(
     for d in range(S, 0, -1):
         here = accept_depth >= d
         node[:, d] = torch.where(here, cur, 0)
-        cur = torch.where(here & (accept_depth >= d), parent[rows, cur].clamp(min=0), cur)
+        cur = torch.where(here, parent[rows, cur].clamp(min=0), cur)
     level = torch.arange(S + 1, device=device)[None, :]
     on_path = level <= accept_depth[:, None]
     bonus = _sample_residual(resid[rows, accepted], target[rows, accepted],
@@ -179,9 +180,3 @@ def _post_order_rank(parent, depth, order, S: int):
         at_d = reached & (depth == d)
         size.scatter_add_(1, torch.where(at_d, parent.clamp(min=0), W), torch.where(at_d, size[:, :W], 0))
     return torch.where(reached, pre - depth + size[:, :W] - 1, W)
-
-
-def _normalised(rows: torch.Tensor) -> torch.Tensor:
-    """(..., V) -> fp32 rows with negative entries zeroed, divided by their sums (an all-zero row stays zero)."""
-    rows = rows.to(torch.float32).clamp(min=0)
-    return rows / rows.sum(-1, keepdim=True).clamp_min(1e-30)
