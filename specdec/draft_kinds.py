@@ -142,7 +142,10 @@ class DraftKind:
     random_draft: "module:factory" called as factory(target, **random_draft_config) -> an untrained draft of this
     kind sized for `target` (the speed runs on a random target: the e2e suite, the GPU one-shot);
     samples_drafts: whether the draft has a distribution to sample its proposals from and to verify with
-    (`SpecConfig.draft_sampling`, `SpecConfig.verify`); NGRAM's has none."""
+    (`SpecConfig.draft_sampling`, `SpecConfig.verify`); NGRAM's has none;
+    token_map: whether its worker takes a token map (`Engine(token_map=)`, a hot-vocabulary LM head: the worker's
+    `token_map` argument): drafts whose LM head covers the target's vocabulary (an EAGLE-3 head has its own
+    reduced one, `Eagle3DraftHead.with_draft_vocabulary`)."""
 
     name: str
     label: str
@@ -160,6 +163,7 @@ class DraftKind:
     spec_of_model: Callable[[object], SpecConfig] | None = None
     zoo: ZooStage | None = None
     samples_drafts: bool = True
+    token_map: bool = False
 
     def model_class(self) -> type:
         return self._resolve("model", self.model)
@@ -281,6 +285,7 @@ register(DraftKind(
     name="eagle", label="EAGLE", model="specdec.models.eagle:EagleDraftHead",
     worker="specdec.workers.eagle:EagleWorkerV2", kv_margin=tree_kv_margin, shape_label=tree_shape_label,
     demo_specs=(TREE, CHAIN), e2e_specs=(TREE, CHAIN), random_draft="specdec.models.eagle:random_eagle_head",
+    token_map=True,
     zoo=ZooStage(f"{_TRAIN}:train_eagle", f"{_EVALUATE}:evaluate_eagle",
                  dict(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "w_reg": 1.0, "w_cls": 1.0}),
                  "EAGLE head (1 decoder layer, shared embedding/LM head)")))
@@ -323,7 +328,7 @@ register(DraftKind(
     name="draft_lm", label="STANDALONE", model="specdec.models.llama:LlamaForCausalLM",
     loader="specdec.models.llama:load_draft_lm", worker="specdec.workers.standalone:StandaloneWorker",
     kv_margin=draft_lm_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
-    random_draft="specdec.models.llama:random_draft_lm",
+    random_draft="specdec.models.llama:random_draft_lm", token_map=True,
     # one decoder layer at hidden 64: on the deep pair a draft step then costs under a tenth of a target step
     # (`specdec.bench.draft_step_cost`: 0.094-0.099; two layers measured 0.14). A forward's fixed cost dominates at
     # these widths, so on the small pair no 1-2-layer LM fits a tenth (one layer: 0.21; its EAGLE head: 0.29).

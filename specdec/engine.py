@@ -12,7 +12,8 @@ import torch
 from .checks import check_int
 from .config import SamplingParams, SpecConfig
 from .contract import NO_DRAFT
-from .draft_kinds import kind_of
+from .draft_kinds import DRAFT_KINDS, kind_of
+from .token_map import load_token_map
 from .tuning import TunedSpec, parse_spec, shape_name, shape_spec
 
 
@@ -70,6 +71,9 @@ class Engine:
     cuda_graphs (default: on with the fast path on CUDA) replays each decode step as a CUDA graph, one
     per batch-size bucket (1, 2, 4, ..., max_batch), sampling flags and worker step shape (NGRAM's verify
     width), the batch padded to its bucket.
+    token_map (SGLang's `--speculative-token-map`): a path to a token map file in SGLang's format, or the ids
+    themselves; an EAGLE or STANDALONE draft then proposes those target ids only, its LM head restricted to their
+    rows (`specdec.token_map`). The output is unchanged; acceptance and the draft step's cost may change.
     tokenizer (a `specdec.tokenizer` one: the zoo's `ByteTokenizer` or a tokenizer.json `HFTokenizer`) gives the
     vocabulary that requests with a json_schema, regex or ebnf are compiled against (xgrammar, the `grammar`
     extra); a batch with a grammar decodes eagerly, outside the CUDA graphs.
@@ -77,7 +81,7 @@ class Engine:
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, impl: str = "auto",
                  max_batch: int = 16, max_seq_len: int | None = None, return_original_logprob: bool = False,
-                 cuda_graphs: bool | None = None, tokenizer=None):
+                 cuda_graphs: bool | None = None, tokenizer=None, token_map=None):
         if impl not in ("auto", "reference", "fast"):
             raise ValueError(f"impl must be 'auto', 'reference' or 'fast', got {impl!r}")
         max_batch = check_int("max_batch", max_batch, 1)
@@ -103,6 +107,7 @@ class Engine:
             raise ValueError(f"impl='fast' on a CPU runs the Triton kernels through Triton's interpreter, but "
                              f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} turns it off: unset it "
                              f"or use impl='reference'")
+        self.token_map = None if token_map is None else self._check_token_map(token_map)
         self.worker = self._make_worker(ops, max_batch, max_seq_len, return_original_logprob)
         if self.tuned is not None:
             self._allow_tuned_shapes()
@@ -170,8 +175,20 @@ class Engine:
         if self.spec is None:
             raise ValueError("a draft model needs a SpecConfig(num_steps, topk, num_draft_tokens)")
         # the draft's kind names the worker that runs it; a draft of no kind is a ValueError naming the kinds
+        extra = {} if self.token_map is None else {"token_map": self.token_map}
         return kind_of(self.draft).worker_class()(self.target, self.draft, self.spec, ops, max_batch, max_seq_len,
-                                                  return_original_logprob)
+                                                  return_original_logprob, **extra)
+
+    def _check_token_map(self, token_map):
+        """The token map's ids, checked (`specdec.token_map.load_token_map`); ValueError for a draft that takes none."""
+        if self.draft is None:
+            raise ValueError("token_map restricts a draft's vocabulary: it needs a draft model")
+        kind = kind_of(self.draft)
+        if not kind.token_map:
+            takers = ", ".join(k.label for k in DRAFT_KINDS.values() if k.token_map)
+            raise ValueError(f"token_map applies to drafts whose LM head covers the target's vocabulary ({takers}), "
+                             f"not to {kind.label} drafts")
+        return load_token_map(token_map, self.target.config.vocab_size)
 
     # ---- validation --------------------------------------------------------------------------
     def _validate(self, prompts, params) -> tuple[list[list[int]], list[SamplingParams], list | None]:

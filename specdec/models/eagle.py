@@ -38,6 +38,10 @@ class EagleDraftHead(DraftHeadBase):
         """hidden: (..., H), the head's output -> logits (..., V) fp32 (the target's LM head)."""
         return self.target.compute_logits(hidden)
 
+    def get_output_embeddings(self):
+        """The LM head `compute_logits` applies: the target's."""
+        return self.target.lm_head
+
     #: architectures under which EAGLE-1/2 checkpoints in SafeAILab's layout are published or run by SGLang
     EAGLE_ARCHITECTURES = ("LlamaForCausalLMEagle", "LlamaForCausalLM", "EagleLlamaForCausalLM")
 

@@ -136,6 +136,10 @@ class Eagle3DraftHead(DraftHeadBase):
         return [self.midlayer]
 
     @property
+    def draft_vocab_size(self) -> int:
+        return self.config.draft_vocab_size
+
+    @property
     def feature_layers(self) -> tuple[int, ...]:
         return tuple(self.config.feature_layers)
 

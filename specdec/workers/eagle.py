@@ -8,6 +8,7 @@ from ..contract import NO_DRAFT
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
 from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
+from .hot_vocab import HotVocabDraft
 from .verification import DraftProposer, tree_draft_probs
 
 #: how a NO_DRAFT step runs: a one-node tree, its accepted path padded to the one draft step it cannot take
@@ -43,22 +44,34 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     #: per step for it
     max_skipped_steps = 32
 
-    def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
+    def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False,
+                 token_map: torch.Tensor | None = None):
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
         self.draft_cache = KVCache.for_model(draft.config, self.draft_cache_layers, max_batch,
                                              max_seq_len + self.draft_offset, draft.dtype, self.device)
-        # EAGLE-3 heads read target features from several layers and propose ids of a reduced vocabulary:
-        # the same algorithm, with the features asked of the target and the ids mapped after each top-K
+        self.draft_model = self.draft_view(draft)
+        if token_map is not None:  # (n,) int64 checked target ids (`specdec.token_map`): a hot-vocabulary LM head
+            self.draft_model = HotVocabDraft(self.draft_model, token_map)
+        # EAGLE-3 heads read target features from several layers; they and a token map's head propose ids of a
+        # reduced vocabulary: the same algorithm, with the features asked of the target and the ids mapped after
+        # each top-K
         self.target_features = getattr(draft, "feature_layers", None)
-        self._draft_to_target = getattr(draft, "draft_to_target", None)
+        self._draft_to_target = getattr(self.draft_model, "draft_to_target", None)
         to_target = None
+        self.draft_vocab_size = getattr(self.draft_model, "draft_vocab_size", draft.config.vocab_size)
         if self._draft_to_target is not None:
-            to_target = self._draft_to_target(torch.arange(draft.config.draft_vocab_size, device=self.device))
+            to_target = self._draft_to_target(torch.arange(self.draft_vocab_size, device=self.device))
             self.draft_vocab_ids = to_target.cpu()  # for masking its proposals by a grammar
         self.proposer = DraftProposer(self, self.sampled_verify.samples, to_target)
         self.max_batch = max_batch
         self.skipped_steps = 0  # host: NO_DRAFT steps since the draft's last extend
         self.allow_shapes([spec])
+
+    @staticmethod
+    def draft_view(draft):
+        """What the worker calls as its draft: the head itself (`draft(ids, hidden, positions, cache, meta)`,
+        `compute_logits`)."""
+        return draft
 
     # ---- step shapes -------------------------------------------------------------------------
 
@@ -83,9 +96,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
 
     def check_shape(self, spec: SpecConfig) -> None:
         """ValueError when this draft cannot draft `spec` (a topk beyond the draft's vocabulary)."""
-        vocab = getattr(self.draft_model.config, "draft_vocab_size", None) or self.draft_model.config.vocab_size
-        if spec.topk > vocab:
-            raise ValueError(f"topk={spec.topk} exceeds the draft's vocabulary of {vocab} ids")
+        if spec.topk > self.draft_vocab_size:
+            raise ValueError(f"topk={spec.topk} exceeds the draft's vocabulary of {self.draft_vocab_size} ids")
 
     def use_shape(self, shape: tuple[int, int, int]) -> None:
         """The next decode step's (num_steps, topk, num_draft_tokens), one of `shapes` (ValueError otherwise).

@@ -27,6 +27,9 @@ class LMAsDraftHead:
     def compute_logits(self, hidden):
         return self.lm.compute_logits(hidden)
 
+    def get_output_embeddings(self):
+        return self.lm.lm_head
+
 
 class StandaloneWorker(EagleWorkerV2):
     """The draft LM's slot t holds token x_t, so its committed length runs one ahead of the target's: it holds the
@@ -38,10 +41,14 @@ class StandaloneWorker(EagleWorkerV2):
     #: a draft LM reads tokens, not the target's hidden states: only the vocabularies must agree
     draft_matches_target = ("vocab_size",)
 
-    def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
+    def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False,
+                 token_map=None):
         self.draft_cache_layers = draft.config.num_hidden_layers
-        super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
-        self.draft_model = LMAsDraftHead(draft)
+        super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob, token_map)
+
+    @staticmethod
+    def draft_view(draft):
+        return LMAsDraftHead(draft)
 
     def draft_extend_for_prefill(self, ids, hidden, positions, tokens) -> None:
         """The draft LM over the prompt x_0..x_{n-1} and the sampled x_n at positions 0..n; its output at n gives the

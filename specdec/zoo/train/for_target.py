@@ -22,6 +22,7 @@ import torch
 from ...draft_kinds import DRAFT_KINDS, draft_kind, resolve
 from ...models.eagle3 import default_feature_layers
 from ...models.io import save_dir
+from ...token_map import rank_token_ids
 from .. import target_fingerprint
 from .card import shape_summary
 from .hparams import StageOpts
@@ -84,10 +85,9 @@ def write_token_ranking(out: Path, stream: np.ndarray, vocab_size: int) -> Path:
     """out/token_ranking.npy: every id of the target, most frequent in the recorded answers first (ties: the lower
     id), int32; an EAGLE-3 head's draft vocabulary of any size is a prefix of it (`specdec bench --suite
     draft-vocab`)."""
-    counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=vocab_size)[:vocab_size]
     out.mkdir(parents=True, exist_ok=True)
     path = out / "token_ranking.npy"
-    np.save(path, np.lexsort((np.arange(vocab_size), -counts)).astype(np.int32))
+    np.save(path, rank_token_ids(stream, vocab_size).astype(np.int32))
     return path
 
 
