@@ -444,21 +444,26 @@ def plot_tune(df: pd.DataFrame, out_png):
 
 
 def plot_draft_vocab(df: pd.DataFrame, out_png):
-    """`specdec bench --suite draft-vocab`: per draft vocabulary, tokens per step (left) and CPU tokens/s against
-    target-only (right), both against the draft phase's milliseconds per step."""
+    """`specdec bench --suite draft-vocab`: per draft and draft vocabulary, tokens per step (left) and CPU tokens/s
+    against target-only (right), both against the draft phase's milliseconds per step; one line per draft."""
+    from ..draft_kinds import draft_kind
     plt = _pyplot()
+    if "worker" not in df:  # written before the suite ran several drafts: the EAGLE-3 head's
+        df = df.assign(worker=["" if n == 0 else "eagle3" for n in df["draft_vocab_size"]])
     heads = df[df["draft_vocab_size"] > 0].sort_values("draft_vocab_size")
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
     for ax, col, label in ((left, "mean_accept_len", "tokens per verify step"),
                            (right, "cpu_speedup_vs_target_only", "CPU tokens/s vs target-only")):
-        ax.plot(heads["draft_ms_per_step"], heads[col], marker="o")
-        for _, r in heads.iterrows():
-            ax.annotate(f"{int(r['draft_vocab_size']):,}", (r["draft_ms_per_step"], r[col]), fontsize=8,
-                        xytext=(3, 3), textcoords="offset points")
+        for worker, g in heads.groupby("worker", sort=False):
+            ax.plot(g["draft_ms_per_step"], g[col], marker="o", label=draft_kind(worker).label)
+            for _, r in g.iterrows():
+                ax.annotate(f"{int(r['draft_vocab_size']):,}", (r["draft_ms_per_step"], r[col]), fontsize=7,
+                            xytext=(3, 3), textcoords="offset points")
         ax.set(xlabel="draft phase per step (ms, process CPU)", ylabel=label)
     right.axhline(1.0, color="grey", lw=0.8, ls="--")
+    left.legend(fontsize=8)
     info = df.iloc[0]
-    fig.suptitle(f"EAGLE-3 draft vocabulary sweep, {info['model']}, B = 1, greedy, {info['threads']} thread "
+    fig.suptitle(f"Draft vocabulary sweep, {info['model']}, B = 1, greedy, {info['threads']} thread "
                  f"({info['num_prompts']} prompts x {info['max_new_tokens']} tokens)", fontsize=9)
     return _save(fig, out_png, rect=(0, 0, 1, 0.93))
 
