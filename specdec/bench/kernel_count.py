@@ -59,7 +59,7 @@ from .common import Run, RunRow, dtype_name
 
 #: The whole step's kernels (body + epilogue) at B = 1, impl="fast", measured and rounded up to a multiple of 10.
 #: Lower a budget when a change saves kernels; never raise one (goals: target-only 220, EAGLE tree S5 K4 W16 450).
-KERNEL_BUDGETS = {"target-only": 180, "EAGLE tree S5 K4 W16": 435, "EAGLE chain S3": 335}
+KERNEL_BUDGETS = {"target-only": 175, "EAGLE tree S5 K4 W16": 410, "EAGLE chain S3": 318}
 
 #: the e2e model's structure (`e2e.random_1b_target`): its depth and its widths' ratios to the hidden size
 E2E_LAYERS = 16

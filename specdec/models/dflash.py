@@ -125,9 +125,11 @@ class DFlashDraftModel(DraftModelBase):
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
 
-    def _rope(self, positions):
+    def _rope(self, positions, cache=None):
+        """cos, sin at positions: looked up in the rope table of the cache's length when there is a cache."""
         c = self.config
-        return rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_scaling)
+        return rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_scaling,
+                            None if cache is None else cache.max_seq_len)
 
     def project_context(self, features):
         """features: (..., F * H), the target's -> (..., H): hidden_norm(fc(features)), what every layer's
@@ -144,7 +146,7 @@ class DFlashDraftModel(DraftModelBase):
         """features: (B, T, F * H) the target's at `positions` (B, T) int64 -> every layer's context keys and
         values written at cache slots meta.cache_start + t (meta.write_offset + t); no attention runs."""
         ctx = self.project_context(features)
-        cos, sin = self._rope(positions)
+        cos, sin = self._rope(positions, cache)
         for i, layer in enumerate(self.layers):
             q, k, v = _qkv(layer.self_attn, ctx)
             k_cache, v_cache = cache.layer(i)
@@ -158,7 +160,7 @@ class DFlashDraftModel(DraftModelBase):
         block's slots past the committed context, its tree mask all ones (non-causal) -> ModelOutput: logits
         (B, T, V) fp32 (None unless return_logits), hidden (B, T, H) normed (what the LM head reads)."""
         x = self.target.embed(input_ids).to(self.dtype)
-        cos, sin = self._rope(positions)
+        cos, sin = self._rope(positions, cache)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.layer(i), meta)
         hidden = self.norm(x)

@@ -102,7 +102,9 @@ class DraftHeadBase(DraftModelBase):
         next draft step reads)."""
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
-            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
+            c = self.config
+            cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_scaling,
+                                    None if cache is None else cache.max_seq_len)
             hidden = self.step(input_ids, hidden_states, cos, sin, None if cache is None else cache.layer(0), meta)
             return ModelOutput(self.compute_logits(hidden) if return_logits else None, hidden)
 

@@ -227,7 +227,9 @@ class LlamaForCausalLM(nn.Module):
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             x = self.embed(input_ids)
-            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
+            c = self.config
+            cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_scaling,
+                                    None if cache is None else cache.max_seq_len)
             captured = {}
             # with the ops' fused norm, each layer leaves its MLP output for the next norm to add in its kernel
             carry = meta is not None and getattr(meta.ops, "fused_add_rms_norm", None) is not None

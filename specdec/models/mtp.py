@@ -55,8 +55,9 @@ class MTPDraftModel(DraftModelBase):
                 x = layer.eh_proj(torch.cat([hidden, emb], dim=-1))
             else:
                 x = layer.eh_proj(torch.cat([emb, hidden], dim=-1))
-            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
-                                    self.config.rope_scaling)
+            c = self.config
+            cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, c.rope_scaling,
+                                    None if cache is None else cache.max_seq_len)
             x = LlamaDecoderLayer.forward(layer, x, cos, sin, None if cache is None else cache.layer(k), meta)
             return ModelOutput(self.layer_logits(k, x) if return_logits else None, x)
 

@@ -6,6 +6,9 @@ default (none), linear (positions divided by `factor`), llama3 (Llama 3.1: long 
 extrapolation over a ramp set by `beta_fast` / `beta_slow`, and cos / sin scaled by an attention factor).
 Dynamic NTK scaling is refused: it re-derives the frequencies from each forward's longest position, so a
 speculative verify and a target-only step would rotate the same position differently.
+
+A forward with a KV cache looks its positions' cos and sin up in `rope_table` (positions 0 .. the cache's length - 1,
+built once) with one gather, where computing them costs five kernels; without a cache (training) they are computed.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ..checks import check_real
 
@@ -122,13 +126,47 @@ def rope_tables(head_dim: int, theta: float, scaling: tuple | None, device: torc
         return inv_freq.to(device), attention
 
 
-def rope_cos_sin(positions, head_dim: int, theta: float, scaling: dict | None = None):
-    """positions: (B, T) int64 -> cos, sin: (B, T, head_dim) fp32 (Hugging Face's rotate-half layout), for
-    the rope `scaling` describes (a normalized rope_scaling dict; None: the default rope)."""
-    key = tuple(sorted(scaling.items())) if scaling else None
-    inv_freq, attention = rope_tables(head_dim, float(theta), key, positions.device)
+def _scaling_key(scaling: dict | None) -> tuple | None:
+    return tuple(sorted(scaling.items())) if scaling else None
+
+
+def _cos_sin(positions, head_dim: int, theta: float, key: tuple | None):
+    inv_freq, attention = rope_tables(head_dim, theta, key, positions.device)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
     if attention == 1.0:
         return emb.cos(), emb.sin()
     return emb.cos() * attention, emb.sin() * attention
+
+
+@functools.cache
+def rope_table(head_dim: int, theta: float, scaling: tuple | None, device: torch.device, length: int) -> torch.Tensor:
+    """-> (length, 2 * head_dim) fp32 on `device`: row p is cos then sin at position p, bit for bit what
+    `rope_cos_sin` computes for p. scaling: as `rope_tables`'.
+
+    Built by `rope_cos_sin`'s own ops, on `device`, over positions 0 .. length - 1 at once: every op is elementwise
+    and deterministic, so a row equals what a forward computing its positions directly gets, on that device (a table
+    built on the CPU and copied would carry the CPU's cos and sin, not the GPU's). That an element's value does not
+    depend on where it sits in a long tensor was measured on the CPU, not assumed: torch 2.13 with the AVX512, AVX2
+    and default kernels, 1 and 2 threads, head_dim 6 to 128, 7 to 40,000 positions, rows against (B, T) calls
+    (B, T up to 17) and single positions: no bit differs; tests/test_rope_table.py pins it.
+
+    Never evicts, as `rope_tables`: a captured CUDA graph reads the table at every replay. An entry is
+    length * 2 * head_dim floats (4 MiB for 4096 positions of head_dim 128) per model config, device and length."""
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable under autograd later
+        cos, sin = _cos_sin(torch.arange(length, device=device)[None], head_dim, theta, scaling)
+        return torch.cat([cos[0], sin[0]], dim=-1)
+
+
+def rope_cos_sin(positions, head_dim: int, theta: float, scaling: dict | None = None, table_len: int | None = None):
+    """positions: (B, T) int64 -> cos, sin: (B, T, head_dim) fp32 (Hugging Face's rotate-half layout), for
+    the rope `scaling` describes (a normalized rope_scaling dict; None: the default rope).
+
+    table_len: None computes them; an int looks them up in `rope_table` of positions 0 .. table_len - 1 (every
+    position must be below it: a KV cache's `max_seq_len`, which no position it holds reaches), one gather for
+    both: cos and sin are then views of its rows (last dimension contiguous, the same strides)."""
+    key = _scaling_key(scaling)
+    if table_len is None:
+        return _cos_sin(positions, head_dim, float(theta), key)
+    both = F.embedding(positions, rope_table(head_dim, float(theta), key, positions.device, table_len))
+    return both[..., :head_dim], both[..., head_dim:]
