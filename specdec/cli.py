@@ -1,5 +1,5 @@
-"""`specdec` console command: `specdec demo`, `generate`, `bench`, `tune`, `report`, `plot`, `gpu-check`, `zoo list`,
-`zoo train`."""
+"""`specdec` console command: `specdec demo`, `generate`, `bench`, `tune`, `report`, `plot`, `token-map`, `gpu-check`,
+`zoo list`, `zoo train`."""
 from __future__ import annotations
 
 import argparse
@@ -117,9 +117,31 @@ def main(argv=None) -> int:
                          help="constrain the output to this EBNF grammar (xgrammar's syntax, root ::= ...)")
     gen.add_argument("--draft-grammar", action="store_true",
                      help="mask the draft's proposals by the grammar too (more tokens per step, same output)")
+    gen.add_argument("--token-map", metavar="FILE", default=None,
+                     help="an EAGLE or STANDALONE draft proposes only these target ids, its LM head restricted to "
+                          "their rows (SGLang's --speculative-token-map: a torch.save'd list of ids; `specdec "
+                          "token-map` writes one). Same output; acceptance and draft cost may change")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=impl_help)
     gen.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    tmap = sub.add_parser("token-map", formatter_class=fmt,
+                          help="write a hot-vocabulary token map (SGLang's --speculative-token-map format): the "
+                               "target's most frequent ids in a corpus",
+                          description="Rank the target's ids by their count in a corpus (ties to the lower id) and "
+                                      "write the first --size as a token map: torch.save of a list of ids, what "
+                                      "SGLang's --speculative-token-map and `specdec generate --token-map` read. "
+                                      "Example: specdec token-map --model smollm2-135m-instruct --size 32768 --out "
+                                      "hot-32k.pt")
+    tsource = tmap.add_mutually_exclusive_group(required=True)
+    tsource.add_argument("--model", default=None, choices=zoo_names + sorted(zoo.REAL_TARGETS),
+                         help="a zoo entry: its tokenizer, and without --corpus the ranking shipped beside its drafts "
+                              "(the target's recorded answers)")
+    tsource.add_argument("--target", default=None, help="a target directory with tokenizer.json (needs --corpus)")
+    tmap.add_argument("--corpus", nargs="+", metavar="FILE", default=None,
+                      help="UTF-8 text files whose token counts rank the ids")
+    tmap.add_argument("--size", type=positive_int, required=True, help="how many ids the map keeps")
+    tmap.add_argument("--out", required=True, help="the file to write (.pt)")
+    tmap.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     sub.add_parser("gpu-check", add_help=False,
                    help="one offline run that measures and checks the fast path on this machine's GPU, "
                         "writing CSVs and SUMMARY.md under --out (`specdec gpu-check --help`)")
@@ -287,6 +309,9 @@ def _run(args) -> int:
     if args.command == "generate":
         from .generate_cli import run_generate
         return run_generate(args)
+    if args.command == "token-map":
+        from .token_map import run_token_map
+        return run_token_map(args)
     if args.command == "bench":
         if args.suite == "kernels":
             from .bench.kernels import main_kernels

@@ -189,7 +189,8 @@ def run_generate(args) -> int:
                             repetition_penalty=args.repetition_penalty, min_new_tokens=args.min_new_tokens,
                             logit_bias=parse_logit_bias(args.logit_bias), stop_token_ids=eos,
                             **read_grammar(args))
-    engine = Engine(target, draft, spec, impl=args.impl, max_batch=1, tokenizer=tokenizer, max_seq_len=max_seq_len)
+    engine = Engine(target, draft, spec, impl=args.impl, max_batch=1, tokenizer=tokenizer, max_seq_len=max_seq_len,
+                    token_map=args.token_map)
     baseline = None
     if draft is not None and not args.no_baseline:
         baseline = Engine(target, impl=args.impl, max_batch=1, tokenizer=tokenizer, max_seq_len=max_seq_len)
