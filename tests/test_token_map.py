@@ -162,3 +162,19 @@ def test_drafts_without_the_targets_lm_head_refuse_a_token_map():
     with pytest.raises(ValueError, match="needs a draft model"):
         Engine(target, token_map=[1, 2])
     assert check_token_map(torch.tensor([2, 1]), V).tolist() == [2, 1]
+
+
+def test_the_token_map_command_writes_the_most_frequent_ids_of_a_corpus(tmp_path, capsys):
+    from specdec.cli import main
+    from specdec.tokenizer import ByteTokenizer
+    text = "aaaa bbb cc d\n"
+    (tmp_path / "corpus.txt").write_text(text)
+    out = tmp_path / "hot.pt"
+    assert main(["token-map", "--model", "stdlib-byte-6l", "--corpus", str(tmp_path / "corpus.txt"), "--size", "4",
+                 "--out", str(out)]) == 0
+    counts = Counter(ByteTokenizer().encode(text))
+    assert torch.load(out, weights_only=True) == sorted(counts, key=lambda i: (-counts[i], i))[:4]
+    assert main(["token-map", "--model", "stdlib-byte-6l", "--corpus", str(tmp_path / "corpus.txt"), "--size", "259",
+                 "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "specdec token-map: error: --size 259 exceeds the target's vocabulary of 258"
