@@ -84,6 +84,9 @@ def exercise_every_op(dtypes=None):
     """Call every fast op in the configurations the workers and tests use (logits in each of `dtypes`)."""
     dtypes = tuple(DTYPES.values()) if dtypes is None else dtypes
     import fast
+    from fast.bandwidth import SHAPES as READ_SHAPES
+    from fast.bandwidth import read_sum
+    from fast.draft import SPLIT_KEYS_CAP, softmax_topk_launch
     from fast.logprobs import compute_spec_v2_logprobs_launch
     from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
     from specdec.models.layers import rope_cos_sin
@@ -104,7 +107,10 @@ def exercise_every_op(dtypes=None):
         fast.top_k_renorm_prob(probs, torch.full((B * T,), 5))
         fast.top_p_renorm_prob(probs, torch.full((B * T,), 0.9))
         for k in (1, 4):
-            fast.softmax_topk(logits, k)
+            fast.softmax_topk(logits, k)  # one program per row at this vocabulary
+            softmax_topk_launch(logits, k, split_len=1024)  # the vocabulary split over programs, and the merge
+        # the largest merge the heuristic launches: 64 splits of SPLIT_KEYS_CAP keys
+        softmax_topk_launch(torch.randn(1, 64 * 1024).to(dtype), SPLIT_KEYS_CAP, split_len=1024)
         # attention and RoPE + KV write
         for Hq, Hkv, D, T_new, offset, tree in ((4, 2, 64, 16, 0, True), (8, 2, 128, 1, 0, False),
                                                  (4, 4, 64, 4, 8, True), (32, 8, 128, 40, 0, False)):
@@ -137,6 +143,9 @@ def exercise_every_op(dtypes=None):
             fast.rms_norm(x, torch.ones(H, dtype=dtype), 1e-5)
             fast.fused_add_rms_norm(x, x, torch.ones(H, dtype=dtype), 1e-5)
             fast.silu_and_mul(torch.randn(3, 2 * H).to(dtype))
+        # gpu-check's read-bandwidth probe (not an op of the step) at each launch shape it tries: a ragged last program
+        for block, iters, warps in READ_SHAPES:
+            read_sum(torch.randn(2 * 65536 + 5).to(dtype), None, block, iters, warps)
     # tree build and both verifies, small and large trees
     from fast.verify import tree_speculative_sampling_target_only, verify_tree_greedy
     for S, K, W in ((3, 1, 4), (5, 4, 16), (5, 4, 69)):

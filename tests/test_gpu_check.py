@@ -113,7 +113,11 @@ def test_smoke_run_writes_every_file_and_nothing_else(tmp_path):
     for name in (KERNELS, E2E):
         assert {r["status"] for r in _rows(out, name)} == {"ok"}, name
     kernels = _rows(out, KERNELS)
-    assert {r["part"] for r in kernels} == {"environment", "logprob_kernels", "decode_ops"}
+    assert {r["part"] for r in kernels} == {"environment", "logprob_kernels", "decode_ops", "profile"}
+    read = [r for r in kernels if r["op"] == "device_read"]  # the read-only probe: its sum exact, beside the copy
+    assert len(read) == 1 and read[0]["within_tolerance"] == "True" and float(read[0]["gbps"]) > 0
+    profile = [r for r in kernels if r["part"] == "profile"]
+    assert len(profile) > 5 and profile[-1]["op"] == "(total)" and float(profile[-1]["median_us"]) > 0
     logprobs = [r for r in kernels if r["part"] == "logprob_kernels"]
     assert {r["impl"] for r in logprobs} == {"reference", "fast", "reference_graph", "fast_kernels"}
     assert all(r["within_tolerance"] == "True" for r in logprobs)
@@ -122,11 +126,18 @@ def test_smoke_run_writes_every_file_and_nothing_else(tmp_path):
     assert {"apply_penalties_tree", "apply_token_bitmask", "tree_attention", "verify_tree_greedy",
             "build_tree_kernel_efficient"} <= ops
     assert all(r["token_identical"] == "True" for r in _rows(out, E2E) if r["part"] == "graph_replay")
+    decode = [r for r in _rows(out, E2E) if r["part"] in ("e2e", "engines")]  # each against the read ceiling
+    assert all(float(r["bytes_per_step"]) > 0 and float(r["frac_of_read_ceiling"]) > 0 for r in decode)
+    engines = [r for r in decode if r["part"] == "engines"]
+    assert sorted((r["impl"], r["batch_size"]) for r in engines) == [
+        ("reference_aot_eager", "1"), ("reference_aot_eager", "2"), ("transformers", "1"), ("transformers", "2")]
+    assert all(r["token_identical"] == "True" for r in engines)  # fp32: specdec's reference tokens, same weights
     assert {r["status"] for r in _rows(out, TESTS)} == {"passed"}
     summary = (out / "SUMMARY.md").read_text()
     for part in gpu_check.PARTS:
         assert f"| {part.name} | ran |" in summary, summary
     assert summary.count("**not measured**") == 5 and f"{_smoke_test_count()} passed" in summary
+    assert "## Decode against the read ceiling" in summary and "## Profile: " in summary
     assert seconds < gpu_check.DEFAULT_DEADLINE_S
     assert _untracked_and_ignored() == before
 

@@ -36,7 +36,8 @@ INTERPRETER_TESTS = [
     "tests/test_fast_kv.py::test_chain_of_overlapping_moves",
     "tests/test_sampling_ops.py::test_example_from_the_design_top_k_then_top_p_over_the_renormalised_probs[fast]",
     "tests/test_sampling_ops.py::test_fast_equals_reference[bf16-1-1]",
-    "tests/test_draft_ops.py::test_large_vocabulary_single_row",
+    "tests/test_draft_ops.py::test_large_vocabulary_single_row",  # the heuristic's split + merge
+    "tests/test_draft_ops.py::test_a_split_of_only_minus_inf_or_below_exp_range[bf16]",
     "tests/test_penalties.py::test_a_node_is_penalised_by_its_own_path[fast]",
     "tests/test_grammar.py::test_the_op_equals_the_per_token_loop[4-33-fast]",
     "tests/test_fast_rejection.py::test_sample_without_replacement_strict_boundaries",
@@ -45,6 +46,7 @@ INTERPRETER_TESTS = [
     "tests/test_fast_traversal.py::test_traversal_exact_rules",
     "tests/test_fused_norm.py::test_rows_wider_than_a_block_are_walked_in_blocks[dtype1]",
     "tests/test_silu_and_mul.py::test_rows_wider_than_a_block_are_split_between_programs",
+    "tests/test_bandwidth_probe.py::test_a_buffer_of_ones_sums_exactly_and_out_is_reused",  # gpu-check's read probe
 ]
 
 

@@ -2,17 +2,18 @@
 fast path needs a GPU to show, in one offline run that fits a short lease of a machine and loses nothing
 whatever breaks on the way.
 
-It installs nothing and imports the project from the checkout it lives in. Parts run in order, each in its
-own process (`PARTS`: environment and ceilings, the fused logprob kernels, end to end, graph replay, every op
-of a decode step, the compiled tests), each a list of configurations tried one at a time (`gpu_runner`): a
-configuration that fails is a row with its error and the next one runs; a process that dies, hangs past a
-configuration's time or poisons its CUDA context is started again from the next configuration, and
-SUMMARY.md says so. Each part gets its budget, plus whatever the parts before it left unused, less what the
-parts after it are owed; a part stops itself at its deadline (pytest included), with SIGINT and then
-SIGKILL as the backstop. The default deadline (540 s) leaves 60 s of a 600 s command for copying files
-back. Rows go to their CSV as they are measured; `SUMMARY.md` is written last from a `finally` (also on
-SIGTERM / SIGINT). Files (at most 6, flat): `gpu_rows.OUTPUT_FILES`. The only other write is a scratch
-directory (Triton's cache, hypothesis' database, the parts' progress files), removed at exit.
+It installs nothing and imports the project from the checkout it lives in. Parts run in order, each in its own
+process (`PARTS`: environment and ceilings, the fused logprob kernels, end to end, graph replay, every op of a
+decode step, the compiled tests, the other engines and a profiled step), each a list of configurations tried one at
+a time (`gpu_runner`; the engines part starts a process per configuration): a configuration that fails is a row
+with its error and the next one runs; a process that dies, hangs past a configuration's time or poisons its CUDA
+context is started again from the next configuration, and SUMMARY.md says so. Each part gets its budget, plus
+whatever the parts before it left unused, less what the parts after it are owed; a part stops itself at its
+deadline (pytest included), with SIGINT and then SIGKILL as the backstop. The default deadline (540 s) leaves 60 s
+of a 600 s command for copying files back. Rows go to their CSV as they are measured; `SUMMARY.md` is written last
+from a `finally` (also on SIGTERM / SIGINT). Files (at most 6, flat): `gpu_rows.OUTPUT_FILES`. The only other write
+is a scratch directory (Triton's and Inductor's caches, hypothesis' database, the parts' progress files), removed
+at exit.
 
 `--smoke` runs every part at tiny sizes on a CPU (Triton's interpreter), writing the same files with the same
 columns: what CI runs to keep this command working. `--inject-faults PART:N:raise|hang|abort,...` (smoke only)
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import gpu_decode, gpu_ops, gpu_parts, gpu_runner, gpu_summary, gpu_tests
+from . import gpu_decode, gpu_engines, gpu_ops, gpu_parts, gpu_runner, gpu_summary, gpu_tests
 from .common import COMMIT_ENV, new_run_id
 from .gpu_rows import (E2E, ENVIRONMENT, KERNELS, LOG, OUTPUT_FILES, RUN_ID_ENV, SUMMARY, TESTS, driver_prefix,
                        write_error_row)
@@ -74,8 +75,12 @@ class Part:
         return self.smoke_config_timeout_s if smoke else self.config_timeout_s
 
 
-#: Headline first: the goal parts (logprob kernels, end to end, graph identity) before the op sweep, and the
-#: tests last (they take whatever time is left, and find Triton's cache warm from the parts before).
+#: Headline first: the goal parts (logprob kernels, end to end, graph identity) before the op sweep and the tests
+#: (which find Triton's cache warm from the parts before), and the other engines last: their compiles are the run's
+#: least predictable seconds, so they take what every other part left. Their budget is an estimate until a GPU run
+#: measures it: about 45 s per compile of the 1.5B model's decode forward (transformers' or Inductor's, cold caches,
+#: a 16-core host) with its process, model and timed generations, 15 s for the profile: 200 s for the five
+#: configurations, 120 s the most one may take; the H200 run of 2026-12-04 left about 200 s of its 540 unused.
 PARTS = [
     Part("environment", 20, 20, 20, 20, (ENVIRONMENT, KERNELS), (), False, gpu_parts.run_environment,
          gpu_summary.environment_headline),
@@ -88,6 +93,8 @@ PARTS = [
          gpu_summary.ops_headline),
     Part("tests", 140, 30, 90, 15, (TESTS,), ("pytest", "triton"), True, gpu_tests.run_tests,
          gpu_summary.tests_headline),
+    Part("engines", 200, 90, 120, 60, (E2E, KERNELS), ("triton",), True, gpu_engines.run_engines,
+         gpu_summary.engines_headline),
 ]
 PART_NAMES = [p.name for p in PARTS]
 
@@ -122,6 +129,7 @@ class _Run:
                                                            if p])
         env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the checkout
         env.setdefault("TRITON_CACHE_DIR", str(self.scratch / "triton"))
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.scratch / "inductor"))  # else under $TMPDIR, left behind
         env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(self.scratch / "hypothesis")
         env["MPLCONFIGDIR"] = str(self.scratch / "matplotlib")
         env[gpu_runner.PROGRESS_ENV] = str(self.progress_path(part))
@@ -358,6 +366,13 @@ def write_summary(out: Path, results: list[PartResult], started: float, deadline
         notes = "; ".join(x for x in [r.note] + [f"restarted after {x}" for x in r.restarts] if x)
         lines.append(f"| {part.name} | {r.status} | {r.seconds:.0f} ({r.timeout:.0f}) | {_counts(r.progress)} | "
                      f"{_cell(notes)} | {_cell(headline)} |")
+    for section in (lambda: gpu_summary.roofline_section(out, smoke), lambda: gpu_summary.profile_section(out)):
+        try:
+            more = section()
+        except Exception as e:  # as the goals: a half-written file costs its own section only
+            more = [f"(a section is unreadable: {type(e).__name__}: {_cell(str(e))})"]
+        if more:
+            lines += [""] + more
     injected = gpu_runner.parse_faults(faults)
     if injected:
         lines += ["", "## Injected faults", ""]
@@ -422,9 +437,11 @@ def build_parser(prog="specdec gpu-check") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, formatter_class=HelpFormatter,
         description="Measure and check the fast path on this machine's GPU in one offline run: environment and "
-                    "ceilings, the fused logprob kernels, end to end on a random 1.5B Llama, CUDA-graph replay "
-                    "against eager, every op of a decode step, the fast-path tests compiled. Installs nothing; "
-                    f"writes only under --out (at most {len(OUTPUT_FILES)} files).")
+                    "ceilings (copy, read, matmul), the fused logprob kernels, end to end on a random 1.5B Llama "
+                    "against the read ceiling, CUDA-graph replay against eager, every op of a decode step, the "
+                    "fast-path tests compiled, then the same model on transformers (static cache, compiled) and on "
+                    "the reference path under Inductor, and a profiled decode step. Installs nothing; writes only "
+                    f"under --out (at most {len(OUTPUT_FILES)} files).")
     parser.add_argument("--out", default=None, help="output directory (default: $OUT)")
     parser.add_argument("--deadline", type=_positive_seconds, default=DEFAULT_DEADLINE_S,
                         help="global deadline in seconds (the default leaves 60 s of a 600 s command)")

@@ -1,6 +1,7 @@
 """Two parts of `specdec gpu-check` that generate: `graph_replay` (are CUDA-graph decode steps token-identical to
 fast eager, judged in fp32 on small models, and where and why do they first differ) and `e2e` (decode
-tokens/s of reference, fast and fast + CUDA graphs on a random 1.5B Llama in bf16). Both write DecodeRow rows
+tokens/s of reference, fast and fast + CUDA graphs on a random 1.5B Llama in bf16, each row with the bytes a
+step reads and the fraction of the read ceiling it reaches: `gpu_roofline`). Both write DecodeRow rows
 to e2e.csv, one configuration (a worker x path x batch size, a graph case) at a time.
 
 Why identity is judged in fp32: graphs pad a batch to its bucket, which changes the M of every GEMM and so
@@ -69,10 +70,13 @@ def first_difference(this: list, other: list, buckets: list[int]) -> dict:
                 logit_gap="", live_batch="", padded="")
 
 
-def _blank_decode_fields() -> dict:
+def blank_decode_fields() -> dict:
+    """Every DecodeRow column past the shared E2ECase ones, empty (status ok)."""
+    from .gpu_roofline import blank_roofline
     return dict(**first_difference([], [], []), decode_steps="", decode_tokens="", decode_s="", tokens_per_s="",
                 tokens_per_s_min="", tokens_per_s_max="", speedup_vs_reference="", compared_with="",
-                identical_requests="", token_identical="", max_logprob_diff="", status="ok", error="")
+                identical_requests="", token_identical="", max_logprob_diff="", **blank_roofline(), note="",
+                status="ok", error="")
 
 
 # ---- graph_replay ----------------------------------------------------------------------------------------
@@ -148,7 +152,7 @@ def _replay_case(case, B, mode, smoke, device, models, engines, run, w) -> None:
     acc = [n for o in a for n in o.accept_lens]
     buckets = batch_buckets(max_batch)
     spec = case.spec
-    fields = _blank_decode_fields()
+    fields = blank_decode_fields()
     fields.update(first_difference(a, b, buckets))
     fields.update(part="graph_replay", model="near-bigram-fp32", params_m=round(
         sum(p.numel() for p in target.parameters()) / 1e6, 3), dtype="float32", worker=case.kind, label=case.label,
@@ -163,21 +167,25 @@ def _replay_case(case, B, mode, smoke, device, models, engines, run, w) -> None:
 
 
 # ---- e2e -------------------------------------------------------------------------------------------------
-def _e2e_models(device, smoke: bool):
+def e2e_target(device, smoke: bool):
+    """-> (label, target): the e2e part's target, the same weights in every process of the run (drawn from one
+    seed on the device)."""
     import torch
 
-    from ..draft_kinds import DRAFT_KINDS
     from ..models import random_llama
     from .e2e import random_1b_target
-    t0 = time.perf_counter()
     if smoke:
-        target = random_llama(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, seed=0, device=device)
-        label = "random-llama-tiny"
-    else:
-        # Llama-3.2-1B's shapes with an untied 128,256 x 2,048 head: 1.5B parameters, drawn on the GPU
-        target = random_1b_target(device, torch.bfloat16)
-        label = "random-llama-1.5b"
+        return "random-llama-tiny", random_llama(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                 seed=0, device=device)
+    # Llama-3.2-1B's shapes with an untied 128,256 x 2,048 head: 1.5B parameters, drawn on the GPU
+    return "random-llama-1.5b", random_1b_target(device, torch.bfloat16)
+
+
+def _e2e_models(device, smoke: bool):
+    from ..draft_kinds import DRAFT_KINDS
+    t0 = time.perf_counter()
+    label, target = e2e_target(device, smoke)
     drafts = {kind: DRAFT_KINDS[kind].new_random_draft(target) for kind in E2E_KINDS}
     params_m = sum(p.numel() for p in target.parameters()) / 1e6
     print(f"{label}: {params_m:.0f}M parameters built in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -220,7 +228,8 @@ def run_e2e(out: Path, smoke: bool) -> None:
     w = writer(out, E2E)
     run = functools.lru_cache(None)(lambda: gpu_run(device))
     models = lazy(lambda: _e2e_models(device, smoke))
-    state = dict(engines={}, reference={}, fast_eager={})
+    ceiling = lazy(lambda: read_ceiling_or_blank(out, device, smoke))
+    state = dict(engines={}, reference={}, fast_eager={}, ceiling=ceiling)
     configs = []
     for B, case, impl, graphs in e2e_plan(smoke):
         fields = dict(part="e2e", worker=case.kind, label=case.label, impl=impl, cuda_graphs=graphs, batch_size=B)
@@ -262,7 +271,7 @@ def _e2e_case(B, case, impl, graphs, smoke, device, models, state, run, w) -> No
     other = state["fast_eager"].get((case.label, B)) if graphs else None
     acc = [a for o in med["outs"] for a in o.accept_lens]
     spec = case.spec
-    fields = _blank_decode_fields()
+    fields = blank_decode_fields()
     if other is not None:
         same = [x.token_ids == y.token_ids for x, y in zip(med["outs"], other)]
         fields.update(first_difference(med["outs"], other, batch_buckets(max_batch)))
@@ -276,8 +285,34 @@ def _e2e_case(B, case, impl, graphs, smoke, device, models, state, run, w) -> No
                   tokens_per_s=med["tps"], tokens_per_s_min=passes[0]["tps"], tokens_per_s_max=passes[-1]["tps"],
                   mean_accept_len=sum(acc) / len(acc) if acc else 1.0,
                   speedup_vs_reference=med["tps"] / ref if ref else "", seconds=time.perf_counter() - t0)
+    fields.update(_roofline(engine, B, prompt_len + med["tokens"] / B / 2, med["seconds"] / med["steps"],
+                            state["ceiling"]()))
     w.write(DecodeRow(**run().prefix(), **fields))
-    print(f"{case.label} {impl}{' + graphs' if graphs else ''} B={B}: {med['tps']:.1f} tok/s", flush=True)
+    print(f"{case.label} {impl}{' + graphs' if graphs else ''} B={B}: {med['tps']:.1f} tok/s"
+          + (f", {fields['frac_of_read_ceiling']:.0%} of the read ceiling" if fields["frac_of_read_ceiling"] != ""
+             else ""), flush=True)
+
+
+def _roofline(engine, B: int, context_len: float, step_s: float, ceiling) -> dict:
+    """The row's columns against the read ceiling; empty ones (and a line in the log) where the step's bytes have
+    no rule, rather than costing the row."""
+    from .gpu_roofline import roofline_fields, step_reads
+    try:
+        nbytes = step_reads(engine.worker).bytes(B, context_len)
+    except Exception as e:
+        print(f"no bytes per step: {type(e).__name__}: {e}", flush=True)
+        nbytes = ""
+    return roofline_fields(nbytes, step_s, ceiling, context_len)
+
+
+def read_ceiling_or_blank(out: Path, device, smoke: bool):
+    """The run's read ceiling in GB/s, or '' when it cannot be had (no triton): the rows keep their other columns."""
+    from .gpu_parts import read_ceiling
+    try:
+        return read_ceiling(out, device, smoke)
+    except Exception as e:
+        print(f"no read ceiling: {type(e).__name__}: {e}", flush=True)
+        return ""
 
 
 def _decode_pass(engine, prompts, params, device) -> dict:

@@ -165,5 +165,5 @@ def _op_row(run, case, impl, timer, times, copy_gbps, ref_us, basis, error) -> G
         gbps=gbps, copy_gbps=copy_gbps, frac_of_copy=gbps / copy_gbps if times else "", part="decode_ops",
         check="decode", temperature="", num_splits="", splits_used="", programs_per_sm="",
         speedup_vs_reference=ref_us / med if ref_us and times else "", speedup_basis=basis,
-        max_abs_err_vs_float64="", finite="", within_tolerance="", tflops="", status="error" if error else "ok",
-        error=error)
+        max_abs_err_vs_float64="", finite="", within_tolerance="", tflops="", calls="", total_us="",
+        status="error" if error else "ok", error=error)

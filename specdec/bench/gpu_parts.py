@@ -1,8 +1,9 @@
-"""Two parts of `specdec gpu-check`: `environment` (versions, the device, the commit, then the copy and matmul
+"""Two parts of `specdec gpu-check`: `environment` (versions, the device, the commit, then the copy, read and matmul
 ceilings) and `logprob_kernels` (the fused logprob op at its goal shape, the decode shapes, a tiny temperature,
-then the sweeps). Each `run_<part>(out, smoke)` runs in its own process and measures its configurations one at
-a time (`gpu_runner.run_configs`), writing rows as they are measured. The other parts: `gpu_ops` (every other
-op of a decode step), `gpu_decode` (graph replay and end to end), `gpu_tests` (the compiled tests).
+then the sweeps). Each `run_<part>(out, smoke)` runs in its own process and measures its configurations one at a
+time (`gpu_runner.run_configs`), writing rows as they are measured. The other parts: `gpu_ops` (every other op of
+a decode step), `gpu_decode` (graph replay and end to end), `gpu_tests` (the compiled tests), `gpu_engines` (the
+other engines and a profiled step).
 
 Like for like: `reference` and `fast` rows time the op as a worker calls it (host work, one sync per call, the
 same timer), and the >= 5x goal is their ratio; `reference_graph` and `fast_kernels` rows replay the reference
@@ -106,6 +107,8 @@ def run_environment(out: Path, smoke: bool) -> None:
                Config("driver", driver, ENVIRONMENT, dict(key="error.driver")),
                Config("copy_ceiling", lambda: kernels_w.write(_copy_ceiling(run(), smoke)), KERNELS,
                       dict(part="environment", check="ceiling", op="device_copy", impl="ceiling"), headline=True),
+               Config("read_ceiling", lambda: kernels_w.write(_read_ceiling(out, run(), smoke)), KERNELS,
+                      dict(part="environment", check="ceiling", op="device_read", impl="ceiling"), headline=True),
                Config("matmul_ceiling", lambda: kernels_w.write(_matmul_ceiling(run(), smoke)), KERNELS,
                       dict(part="environment", check="ceiling", op="matmul", impl="ceiling"))]
     run_configs("environment", configs, error_writer(out))
@@ -120,7 +123,8 @@ def _ceiling_row(run, timer, op, dtype, times, nbytes, rows=0, **extra) -> GpuKe
                   p20_us=quantile(times, 0.2), p80_us=quantile(times, 0.8), bytes=nbytes, gbps=gbps, copy_gbps=gbps,
                   frac_of_copy=1.0, part="environment", check="ceiling", temperature="", num_splits="",
                   splits_used="", programs_per_sm="", speedup_vs_reference="", speedup_basis="",
-                  max_abs_err_vs_float64="", finite="", within_tolerance="", tflops="", status="ok", error="")
+                  max_abs_err_vs_float64="", finite="", within_tolerance="", tflops="", calls="", total_us="",
+                  status="ok", error="")
     values.update(extra)
     return GpuKernelRow(**run.prefix(), **values)
 
@@ -149,6 +153,78 @@ def _copy_ceiling(run, smoke: bool) -> GpuKernelRow:
     row = _ceiling_row(run, graph_timer_name(device), "device_copy", "float32", times, nbytes)
     print(f"copy: {row.gbps:.1f} GB/s, {nbytes / 2 / 2**30:.2f} GiB copied per round", flush=True)
     return row
+
+
+#: Bytes the read ceiling reads per launch on CUDA: far beyond any L2, as the copy's.
+READ_CEILING_BYTES = 2 << 30
+SMOKE_READ_CEILING_BYTES = 256 << 10
+
+
+def _read_ceiling(out: Path, run, smoke: bool) -> GpuKernelRow:
+    """What a decode step's reads are held against (`measure_read`): the best launch shape's row. bytes: those read
+    per launch; rows: its programs (one partial sum each). Every shape's partial sums must add up to the element
+    count exactly (max_abs_err_vs_float64: the largest miss, within_tolerance)."""
+    device = gpu_device(smoke)
+    shapes, n, timer = measure_read(device, smoke)
+    best = max(shapes, key=lambda s: s["gbps"])
+    err = max(abs(s["total"] - n) for s in shapes)
+    copy = copy_ceiling(out, device, smoke)
+    sm = _sm_count(device)
+    row = _ceiling_row(run, timer, "device_read", "bfloat16", best["times"], n * 2, rows=best["programs"],
+                       copy_gbps=copy, frac_of_copy=best["gbps"] / copy, max_abs_err_vs_float64=err, finite=True,
+                       within_tolerance=err == 0, programs_per_sm=best["programs"] / sm if sm else "")
+    print(f"read: {best['gbps']:.4g} GB/s ({best['gbps'] / copy:.3g} x the copy), {n * 2 / 2**30:.3g} GiB read per "
+          f"launch; by (block, iters, warps): " + ", ".join(f"{s['shape']} {s['gbps']:.4g}" for s in shapes),
+          flush=True)
+    return row
+
+
+def _sm_count(device) -> int:
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+def measure_read(device, smoke: bool) -> tuple[list[dict], int, str]:
+    """`fast.bandwidth.read_sum` over a 2 GiB bf16 buffer of ones (one fp32 partial sum per 128 KiB read, so it
+    writes almost nothing) at each launch shape of `fast.bandwidth.SHAPES`: CUDA events around each of 20 launches
+    after an untimed one; on a CPU a small buffer under Triton's interpreter, process time. -> (per shape: shape,
+    programs, microseconds per launch, median GB/s and the partial sums' total; elements read; the timer's name)."""
+    import torch
+
+    from fast.bandwidth import SHAPES, read_sum, read_sum_programs
+    n = (READ_CEILING_BYTES if device.type == "cuda" else SMOKE_READ_CEILING_BYTES) // 2
+    x = torch.ones(n, dtype=torch.bfloat16, device=device)
+    repeats = 3 if smoke else 20
+    results = []
+    for block, iters, warps in SHAPES:
+        partial = torch.empty(read_sum_programs(n, block, iters), dtype=torch.float32, device=device)
+        launch = functools.partial(read_sum, x, partial, block, iters, warps)
+        if device.type == "cuda":
+            launch()  # compiles
+            torch.cuda.synchronize(device)
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(repeats)]
+            for start, end in events:
+                start.record()
+                launch()
+                end.record()
+            torch.cuda.synchronize(device)
+            times, timer = [start.elapsed_time(end) * 1e3 for start, end in events], "cuda_event"
+        else:
+            from .common import time_calls
+            times, timer = time_calls(launch, device, repeats), "process_cpu_time"
+        results.append(dict(shape=(block, iters, warps), programs=partial.numel(), times=times,
+                            gbps=n * 2 / statistics.median(times) / 1e3, total=partial.double().sum().item()))
+    return results, n, timer
+
+
+def read_ceiling(out: Path, device, smoke: bool) -> float:
+    """GB/s of the run's read ceiling (environment's row), or one measured here when it has none."""
+    from .gpu_rows import read_rows
+    rows = [r for r in read_rows(Path(out) / KERNELS) if r["op"] == "device_read" and r["status"] == "ok"]
+    if rows:
+        return float(rows[0]["gbps"])
+    return max(s["gbps"] for s in measure_read(device, smoke)[0])
 
 
 def _matmul_ceiling(run, smoke: bool) -> GpuKernelRow:
@@ -329,7 +405,7 @@ def _logprob_row(run, case, shape, impl, timer, times, copy_gbps, ref_us, basis,
         num_splits=num_splits if impl == "fast_kernels" else "", splits_used=splits_used,
         programs_per_sm=programs_per_sm, speedup_vs_reference=ref_us / med if ref_us else "", speedup_basis=basis,
         max_abs_err_vs_float64=err, finite=finite, within_tolerance=finite and err <= LOGPROB_ATOL_VS_FLOAT64,
-        tflops="", status="ok", error="")
+        tflops="", calls="", total_us="", status="ok", error="")
 
 
 def _max_err_vs_float64(want_lp, want_top, lp, top) -> float:

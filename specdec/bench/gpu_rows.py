@@ -1,9 +1,10 @@
 """The files of a `specdec gpu-check` out directory and their row dataclasses (one per CSV schema).
 
     environment.csv  EnvironmentRow (key, value): versions, the device, the commit, the driver
-    kernels.csv      GpuKernelRow: the copy and matmul ceilings, the fused logprob op and kernels, every other
-                     op of a decode step, reference vs fast, beside the copy ceiling
-    e2e.csv          DecodeRow: graph replay against fast eager (identity, fp32) and end to end (speed, bf16)
+    kernels.csv      GpuKernelRow: the copy, read and matmul ceilings, the fused logprob op and kernels, every
+                     other op of a decode step, reference vs fast, beside the copy ceiling; a profiled decode step
+    e2e.csv          DecodeRow: graph replay against fast eager (identity, fp32), end to end (speed, bf16) and
+                     the other engines, each e2e and engines row against the read ceiling
     tests.csv        TestRow: one row per test of the compiled test subset, written as each test finishes
     log.txt          every part's output
     SUMMARY.md       per part and per goal, written last
@@ -47,10 +48,12 @@ class GpuKernelRow(KernelRow):
     """One op (or ceiling) at one shape and impl. impl: `reference` / `fast` (the op as a worker calls it, host
     work and a sync per call: the like-for-like pair), `reference_graph` / `fast_graph` (the op replayed from a
     CUDA graph over rotated inputs), `fast_kernels` (the fused logprob kernels' launch alone, replayed the same
-    way), `ceiling` (op `device_copy` or `matmul`)."""
+    way), `ceiling` (op `device_copy`, `device_read` or `matmul`). Part `profile`: a row per kernel of a profiled
+    CUDA-graph replay of a decode step (op its name, impl `fast_graph`), the heaviest first, then op `(total)`
+    (calls and total_us summed; median_us, p20_us, p80_us: the replay's own time, CUDA events)."""
 
     part: str
-    check: str  # headline | decode | tiny_temperature | split_sweep | sweep | ceiling
+    check: str  # headline | decode | tiny_temperature | split_sweep | sweep | ceiling | profile
     temperature: float | str  # the requests' temperature ('' : drawn in [0.5, 1.5))
     num_splits: str  # auto or the forced count (fast_kernels); '' elsewhere
     splits_used: int | str
@@ -61,6 +64,8 @@ class GpuKernelRow(KernelRow):
     finite: bool | str
     within_tolerance: bool | str
     tflops: float | str  # matmul ceiling only
+    calls: int | str  # profile rows: launches of the kernel in one replay
+    total_us: float | str  # profile rows: its device time in one replay (the mean over `repeats` replays)
     status: str  # ok | error
     error: str
 
@@ -68,7 +73,9 @@ class GpuKernelRow(KernelRow):
 @dataclass
 class DecodeRow(E2ECase):
     """One generate configuration: `part` graph_replay (a small fp32 model; are the CUDA-graph steps token-identical
-    to fast eager, and where do they first differ) or e2e (the 1.5B bf16 model; decode tokens/s)."""
+    to fast eager, and where do they first differ), e2e (the 1.5B bf16 model; decode tokens/s) or engines (the same
+    model's target-only decode on the GPU's other engines: transformers' `generate` with a static cache and its
+    compile, specdec's reference path under Inductor)."""
 
     part: str
     sampling: str  # greedy | sampled | mixed
@@ -92,6 +99,14 @@ class DecodeRow(E2ECase):
     live_batch: int | str  # requests in the batch at that step
     padded: bool | str  # that step's bucket held more rows than live requests
     max_logprob_diff: float | str  # over the identical requests
+    # against the read ceiling (`gpu_roofline`): e2e and engines rows
+    context_len: float | str  # committed tokens per request, the mean over the measured steps
+    step_us: float | str  # decode_s / decode_steps
+    bytes_per_step: float | str  # what one step reads at least (`gpu_roofline.min_step_bytes`)
+    read_gbps: float | str  # bytes_per_step / step time
+    read_ceiling_gbps: float | str  # the run's read-only probe (kernels.csv op device_read)
+    frac_of_read_ceiling: float | str
+    note: str  # how an engines row ran (compiled or not, CUDA graphs or not, and why)
     seconds: float | str
     status: str
     error: str

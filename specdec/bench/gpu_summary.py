@@ -1,5 +1,6 @@
 """SUMMARY.md of a `specdec gpu-check` run, from its files and the parts' progress alone: per part what ran,
-what failed, what was never reached and why; per goal met / not met / not measured, with the figure.
+what failed, what was never reached and why; per goal met / not met / not measured, with the figure; decode
+against the read ceiling and the other engines; the profiled decode step.
 
 Everything here reads files that a killed part may have left half-written: a reader that fails costs its
 own line ("unreadable: ..."), never the summary.
@@ -43,6 +44,10 @@ def environment_headline(out: Path) -> str:
     if "device_copy" in ceilings:
         r = ceilings["device_copy"]
         parts.append(f"copy {float(r['gbps']):.0f} GB/s ({int(r['bytes']) / 2 / 2**30:.3g} GiB copied per round)")
+    if "device_read" in ceilings:
+        r = ceilings["device_read"]
+        parts.append(f"read {_rate(float(r['gbps']))} GB/s ({int(r['bytes']) / 2**30:.3g} GiB read per launch"
+                     + ("" if r["within_tolerance"] == "True" else ", its sum WRONG") + ")")
     if "matmul" in ceilings:
         r = ceilings["matmul"]
         parts.append(f"{r['dtype']} matmul {r['rows']}^3 {float(r['tflops']):.3g} TFLOP/s")
@@ -126,8 +131,102 @@ def tests_headline(out: Path) -> str:
     return text + (f"; failing: {', '.join(failing[:6])}" + (" ..." if len(failing) > 6 else "") if failing else "")
 
 
+def engines_headline(out: Path) -> str:
+    rows = _ok([r for r in read_rows(out / E2E) if r.get("part") == "engines"])
+    lines = [f"{ENGINE_NAMES.get(r['impl'], r['impl'])}{' + graphs' if r['cuda_graphs'] == 'True' else ''} "
+             f"B={r['batch_size']}: {float(r['tokens_per_s']):.1f} tok/s" + _frac(r) for r in rows]
+    total = [r for r in _ok(read_rows(out / KERNELS)) if r.get("part") == "profile" and r["op"] == "(total)"]
+    if total:
+        r = total[0]
+        kernels = sum(1 for k in read_rows(out / KERNELS) if k.get("part") == "profile" and k["op"] != "(total)")
+        lines.append(f"profile B={r['batch_size']}: {kernels} kernels, {float(r['calls']):g} launches, "
+                     f"{float(r['total_us']):.0f} us of device time in a {float(r['median_us']):.0f} us replay")
+    return "; ".join(lines)
+
+
 HEADLINES = {"environment": environment_headline, "logprob_kernels": logprob_headline, "decode_ops": ops_headline,
-             "graph_replay": graph_headline, "e2e": e2e_headline, "tests": tests_headline}
+             "graph_replay": graph_headline, "e2e": e2e_headline, "tests": tests_headline,
+             "engines": engines_headline}
+#: How the summary names an engines row's impl.
+ENGINE_NAMES = {"transformers_compiled": "transformers static cache + compile",
+                "transformers": "transformers static cache, not compiled", "reference_inductor": "reference + Inductor",
+                "reference_aot_eager": "reference + aot_eager"}
+
+
+def _rate(x: float) -> str:
+    """A GB/s figure: whole numbers on a GPU, three significant digits for an interpreted kernel's."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _frac(r: dict) -> str:
+    frac = _f(r.get("frac_of_read_ceiling"))
+    return "" if frac is None else f" ({frac:.0%} of the read ceiling)"
+
+
+# ---- sections below the parts table ---------------------------------------------------------------------
+ROOFLINE_SIZES = ("1", "32")
+
+
+def roofline_section(out: Path, smoke: bool) -> list[str]:
+    """Decode against the read ceiling: at B = 1 and 32 (smoke: every size), target-only on every path and engine,
+    each speculative worker with fast + graphs (eager where the run had no graphs)."""
+    rows = _ok([r for r in read_rows(out / E2E) if r.get("part") in ("e2e", "engines")])
+    if not smoke:
+        rows = [r for r in rows if r["batch_size"] in ROOFLINE_SIZES]
+    graphs = any(r["cuda_graphs"] == "True" for r in rows if r["part"] == "e2e")
+    keep = [r for r in rows if r["part"] == "engines" or r["label"] == "target-only"
+            or (r["impl"] == "fast" and (r["cuda_graphs"] == "True") == graphs)]
+    if not keep:
+        return []
+    ceiling = next((r["read_ceiling_gbps"] for r in keep if r["read_ceiling_gbps"]), "")
+    head = f"read ceiling {_rate(float(ceiling))} GB/s" if ceiling else "no read ceiling in this run"
+    lines = ["## Decode against the read ceiling", "",
+             f"Bytes per step: what one decode step must read at least (`gpu_roofline.min_step_bytes`: every weight "
+             f"a forward touches, once per forward, and the KV cache at the mean context); {head}.", "",
+             "| B | worker | engine | tok/s | step us | MB / step | GB/s | of read ceiling |",
+             "|---|---|---|---|---|---|---|---|"]
+    keep.sort(key=lambda r: (int(r["batch_size"]), r["label"] != "target-only", r["label"], r["part"] == "engines",
+                             r["impl"], r["cuda_graphs"]))
+    for r in keep:
+        engine = ENGINE_NAMES.get(r["impl"], r["impl"]) + (" + graphs" if r["cuda_graphs"] == "True" else "")
+        mb, gbps, frac, us = (_f(r[k]) for k in ("bytes_per_step", "read_gbps", "frac_of_read_ceiling", "step_us"))
+        lines.append(f"| {r['batch_size']} | {r['label']} | {engine} | {float(r['tokens_per_s']):.1f} | "
+                     f"{'' if us is None else f'{us:.0f}'} | {'' if mb is None else f'{mb / 1e6:.1f}'} | "
+                     f"{'' if gbps is None else _rate(gbps)} | {'' if frac is None else f'{frac:.0%}'} |")
+    notes = [r for r in keep if r["part"] == "engines" and r["note"]]
+    if notes:
+        lines += [""] + [f"- {ENGINE_NAMES.get(r['impl'], r['impl'])} B={r['batch_size']}: {r['note']}" for r in notes]
+    return lines
+
+
+def profile_section(out: Path, top: int = 30) -> list[str]:
+    """The profiled replay's kernels, heaviest first (the first `top`), and the total."""
+    rows = _ok([r for r in read_rows(out / KERNELS) if r.get("part") == "profile"])
+    total = next((r for r in rows if r["op"] == "(total)"), None)
+    kernels = [r for r in rows if r["op"] != "(total)"]
+    if total is None or not kernels:
+        return []
+    device_us = float(total["total_us"])
+    cuda = total["timer"] == "cuda_event"
+    what = ("one CUDA-graph replay of the fast target-only decode step" if cuda else
+            "one eager decode step of the fast target-only path through the graphs' static buffers (CPU: ops' self "
+            "CPU time, not kernels)")
+    lines = [f"## Profile: {what}, B = {total['batch_size']}", "",
+             f"torch.profiler over {total['repeats']} replays, per replay; the replay itself takes "
+             f"{float(total['median_us']):.0f} us (median of the timed replays, p20-p80 {float(total['p20_us']):.0f}-"
+             f"{float(total['p80_us']):.0f}).", "",
+             "| # | kernel | count | total us | share |", "|---|---|---|---|---|"]
+    for i, r in enumerate(kernels[:top], 1):
+        name = r["op"] if len(r["op"]) <= 90 else r["op"][:87] + "..."
+        lines.append(f"| {i} | `{name.replace('|', '/')}` | {float(r['calls']):g} | {float(r['total_us']):.1f} | "
+                     f"{float(r['total_us']) / device_us:.1%} |")
+    rest = kernels[top:]
+    if rest:
+        lines.append(f"|  | {len(rest)} more | {sum(float(r['calls']) for r in rest):g} | "
+                     f"{sum(float(r['total_us']) for r in rest):.1f} | "
+                     f"{sum(float(r['total_us']) for r in rest) / device_us:.1%} |")
+    lines.append(f"|  | **total** | {float(total['calls']):g} | {device_us:.1f} | 100% |")
+    return lines
 
 
 # ---- goals -----------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ GPU_TEST_SUBSET = ["tests/test_fast_logprobs.py", "tests/test_fast_parity.py", "
                    "tests/test_worker_contracts.py::test_cuda_graph_replay_equals_eager", "tests/test_fast_workers.py",
                    "tests/test_fast_attention.py", "tests/test_fast_tree_ops.py", "tests/test_sampling_ops.py",
                    "tests/test_fast_kv.py", "tests/test_cuda_shim.py", "tests/test_ngram.py",
-                   "tests/test_standalone.py", "tests/test_draft_kinds.py"]
+                   "tests/test_standalone.py", "tests/test_draft_kinds.py", "tests/test_bandwidth_probe.py"]
 SMOKE_TEST_SUBSET = ["tests/test_cuda_shim.py"]
 #: The subset's tests that compile grammars: left out without xgrammar (the GPU image has none and installs
 #: nothing). By node id: `-k grammar` would also match every parameter id that prints `draft_grammar=False`.
