@@ -75,6 +75,28 @@ def test_each_draft_kind_reads_as_its_worker_runs_it():
     assert gpu_roofline.step_reads(worker) == gpu_roofline.target_reads(target)
 
 
+@pytest.mark.parametrize("kind", ["eagle", "draft_lm"])
+def test_a_token_maps_head_replaces_the_full_head_a_draft_reads(kind):
+    """With a token map of n ids the draft's logits read n rows of H, not the V rows of the head it would read."""
+    from specdec import Engine, SpecConfig
+    from specdec.draft_kinds import DRAFT_KINDS
+    target = random_llama(**TINY)
+    draft = DRAFT_KINDS[kind].new_random_draft(target)
+    full = gpu_roofline.step_reads(Engine(target, draft, SpecConfig(3, 2, 6), max_seq_len=64).worker)
+    hot = gpu_roofline.step_reads(Engine(target, draft, SpecConfig(3, 2, 6), max_seq_len=64,
+                                         token_map=list(range(10))).worker)
+    head = target.lm_head.weight if kind == "eagle" else draft.lm_head.weight
+    assert full.draft_weights - hot.draft_weights == _bytes(head) * (64 - 10) // 64
+    assert (hot.draft_forwards, hot.draft_kv_per_token) == (full.draft_forwards, full.draft_kv_per_token)
+
+
+def test_the_e2e_part_runs_the_eagle_tree_with_a_hot_vocabulary_on_graphs():
+    from specdec.bench.gpu_decode import HOT_VOCAB, e2e_plan
+    hot = [(B, impl, graphs) for B, case, impl, graphs in e2e_plan(smoke=False) if case.token_map_size]
+    assert hot == [(32, "fast", True), (1, "fast", True)]
+    assert any(c.label == f"EAGLE tree S5 K4 W16 hot {HOT_VOCAB}" for _, c, _, _ in e2e_plan(smoke=True))
+
+
 def test_every_e2e_worker_has_a_bytes_rule():
     from specdec.bench.gpu_decode import E2E_KINDS, e2e_cases
     assert set(E2E_KINDS) <= set(gpu_roofline.DRAFT_FORWARDS)

@@ -21,13 +21,20 @@ class WorkerCase:
     `assistant_model=` the pair's draft LM, STANDALONE's peer); both batch size 1 only, as transformers allows.
     e2e: whether the e2e suite runs it. draft_options: (field, value) pairs that replace the kind's draft's own
     (`dataclasses.replace`; a dataclass draft: `NgramDraft`), named in the label ("NGRAM indexing=sequence tree
-    S5 K4 W16")."""
+    S5 K4 W16"). token_map_size: n > 0 runs the draft with a token map of n ids (`Engine(token_map=)`: a
+    hot-vocabulary LM head; `token_map_for` picks them), named in the label ("EAGLE tree S5 K4 W16 hot 32768")."""
 
     kind: str
     spec: SpecConfig | None  # or a `specdec.tuning.TunedSpec`: the shapes `specdec tune` chose, tuned or adaptive
     prompt_lookup: int = 0
     e2e: bool = True
     draft_options: tuple = ()
+    token_map_size: int = 0
+
+    def token_map_for(self, target):
+        """The token map this case runs with (None without one): the first `token_map_size` ids, as a speed case
+        on random weights needs no particular ones."""
+        return None if not self.token_map_size else list(range(self.token_map_size))
 
     def draft_for(self, draft):
         """The draft this case runs: the kind's `draft`, with `draft_options` in place of its own fields."""
@@ -68,10 +75,11 @@ class WorkerCase:
         options = " ".join(name if value is True else f"{name}={value}" for name, value in self.draft_options)
         if self.shape_policy != "static":  # "EAGLE tuned", "EAGLE adaptive": the shape moves with the batch
             return " ".join(filter(None, (draft_kind(self.kind).label, options, self.shape_policy)))
+        hot = f" hot {self.token_map_size}" if self.token_map_size else ""
         if options:
             kind = draft_kind(self.kind)
-            return f"{kind.label} {options} {kind.shape_label(self.spec)}"
-        return worker_label(self.kind, self.spec)
+            return f"{kind.label} {options} {kind.shape_label(self.spec)}{hot}"
+        return worker_label(self.kind, self.spec) + hot
 
 
 def peer_label(kind: str, prompt_lookup: int) -> str:

@@ -99,13 +99,21 @@ def step_reads(worker) -> StepReads:
     if forwards == 0:
         return target
     forwards = worker.num_steps if forwards == "num_steps" else forwards
-    draft = worker.draft_model
+    from ..workers.hot_vocab import HotVocabDraft
+    draft, hot_head = worker.draft_model, None
+    if isinstance(draft, HotVocabDraft):  # a token map: its n rows replace whichever full head the logits read
+        draft, hot_head = draft.draft, draft.lm_head.weight
     draft = getattr(draft, "lm", draft)  # STANDALONE's view of its LM
     own = forward_weight_bytes(draft)
     kv = cache_bytes_per_token(worker.draft_cache)
     if layers == "one":
         own, kv = own / len(draft.layers), kv / forwards  # the draft cache holds the num_steps layers that run
-    if not any(name.endswith("lm_head.weight") for name, _ in draft.named_parameters()):
+    own_head = next((p for name, p in draft.named_parameters() if name.endswith("lm_head.weight")), None)
+    if hot_head is not None:
+        if own_head is not None:
+            own -= own_head.numel() * own_head.element_size()
+        own += hot_head.numel() * hot_head.element_size()
+    elif own_head is None:
         head = worker.target.lm_head.weight
         own += head.numel() * head.element_size()  # logits through the target's head, read again each forward
     return StepReads(target.target_weights, target.target_kv_per_token, round(own), forwards, round(kv))
