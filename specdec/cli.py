@@ -292,6 +292,40 @@ def _zoo_list() -> int:
     return 0
 
 
+def _token_map(args) -> int:
+    """`specdec token-map`: --model (a zoo entry) or --target (a directory with tokenizer.json), ranked by
+    --corpus's token counts or, for a zoo entry without --corpus, by its shipped ranking; the first --size ids
+    written to --out."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from . import zoo
+    from .token_map import rank_token_ids, save_token_map
+    from .tokenizer import load_tokenizer
+
+    if args.model is not None:
+        bundle = zoo.load(args.model)
+        tokenizer, vocab_size, shipped = bundle.tokenizer, bundle.target.config.vocab_size, bundle.path
+    else:
+        tokenizer, shipped = load_tokenizer(args.target), None
+        vocab_size = int(json.loads((Path(args.target) / "config.json").read_text())["vocab_size"])
+    if args.size > vocab_size:
+        raise ValueError(f"--size {args.size} exceeds the target's vocabulary of {vocab_size}")
+    if args.corpus:
+        stream = [t for f in args.corpus for t in tokenizer.encode(Path(f).read_text(encoding="utf-8"))]
+        ranking, source = rank_token_ids(stream, vocab_size), f"{len(stream):,} tokens of {len(args.corpus)} file(s)"
+    elif shipped is not None and (shipped / "token_ranking.npy").is_file():
+        ranking, source = np.load(shipped / "token_ranking.npy").astype(np.int64), "the shipped ranking"
+    else:
+        raise ValueError("no ranking to read: give --corpus FILE ... (a zoo entry without token_ranking.npy, or "
+                         "--target, needs one)")
+    path = save_token_map(ranking[:args.size], args.out, vocab_size)
+    print(f"wrote {path}: the {args.size:,} most frequent of {vocab_size:,} ids, ranked by {source}")
+    return 0
+
+
 def _run(args) -> int:
     if args.command == "report":
         if args.csv is None:
@@ -310,8 +344,7 @@ def _run(args) -> int:
         from .generate_cli import run_generate
         return run_generate(args)
     if args.command == "token-map":
-        from .token_map import run_token_map
-        return run_token_map(args)
+        return _token_map(args)
     if args.command == "bench":
         if args.suite == "kernels":
             from .bench.kernels import main_kernels

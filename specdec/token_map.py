@@ -13,7 +13,6 @@ a target's recorded answers (the zoo's ranking) or from token ids of any corpus 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -82,30 +81,3 @@ def save_token_map(ids, path, vocab_size: int) -> Path:
     torch.save(t.tolist(), path)
     return path
 
-
-def run_token_map(args) -> int:
-    """`specdec token-map`: --model (a zoo entry) or --target (a directory with tokenizer.json), ranked by
-    --corpus's token counts or, for a zoo entry without --corpus, by its shipped ranking; the first --size ids
-    written to --out."""
-    from . import zoo
-    from .tokenizer import load_tokenizer
-
-    if args.model is not None:
-        bundle = zoo.load(args.model)
-        tokenizer, vocab_size, shipped = bundle.tokenizer, bundle.target.config.vocab_size, bundle.path
-    else:
-        tokenizer, shipped = load_tokenizer(args.target), None
-        vocab_size = int(json.loads((Path(args.target) / "config.json").read_text())["vocab_size"])
-    if args.size > vocab_size:
-        raise ValueError(f"--size {args.size} exceeds the target's vocabulary of {vocab_size}")
-    if args.corpus:
-        stream = [t for f in args.corpus for t in tokenizer.encode(Path(f).read_text(encoding="utf-8"))]
-        ranking, source = rank_token_ids(stream, vocab_size), f"{len(stream):,} tokens of {len(args.corpus)} file(s)"
-    elif shipped is not None and (shipped / "token_ranking.npy").is_file():
-        ranking, source = np.load(shipped / "token_ranking.npy").astype(np.int64), "the shipped ranking"
-    else:
-        raise ValueError("no ranking to read: give --corpus FILE ... (a zoo entry without token_ranking.npy, or "
-                         "--target, needs one)")
-    path = save_token_map(ranking[:args.size], args.out, vocab_size)
-    print(f"wrote {path}: the {args.size:,} most frequent of {vocab_size:,} ids, ranked by {source}")
-    return 0

@@ -202,3 +202,18 @@ def installed_gguf(name: str = "smollm2-135m-instruct"):
         return zoo.real_target_gguf(name)
     except ValueError:
         return None
+
+
+def write_gpu_rows(out, name: str, rows: list[dict]) -> None:
+    """A gpu-check CSV `name` (`gpu_rows.ROW_TYPES`) under `out` with `rows`: the given columns, `status` ok, the
+    rest blank, as a run writes it."""
+    import dataclasses
+
+    from specdec.bench import gpu_rows
+    row_type = gpu_rows.ROW_TYPES[name]
+    w = gpu_rows.writer(out, name)
+    for values in rows:
+        full = dict.fromkeys((f.name for f in dataclasses.fields(row_type)), "")
+        full.update({"status": "ok", **values})
+        w.write(row_type(**full))
+    w.close()

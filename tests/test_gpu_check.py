@@ -19,6 +19,7 @@ import pytest
 import specdec.bench.gpu_check as gpu_check
 from specdec.bench import gpu_decode, gpu_parts, gpu_rows, gpu_runner, gpu_summary
 from specdec.bench.gpu_rows import E2E, ENVIRONMENT, KERNELS, TESTS
+from tests.helpers import write_gpu_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = {ENVIRONMENT: gpu_rows.EnvironmentRow, KERNELS: gpu_rows.GpuKernelRow, E2E: gpu_rows.DecodeRow,
@@ -359,27 +360,17 @@ def test_the_first_difference_names_request_step_tokens_gap_and_padding():
 
 
 # ---- the goals, read back from a GPU run's files ----------------------------------------------------------
-def _write(out: Path, name: str, rows: list[dict]) -> None:
-    row_type = SCHEMAS[name]
-    w = gpu_rows.writer(out, name)
-    for values in rows:
-        full = dict.fromkeys((f.name for f in dataclasses.fields(row_type)), "")
-        full.update({"status": "ok", **values})
-        w.write(row_type(**full))
-    w.close()
-
-
 def test_goals_are_met_not_met_or_not_measured_with_their_figures(tmp_path):
     out = tmp_path
     goal = dict(part="logprob_kernels", check="headline", rows=256, vocab_size=151936, dtype="bfloat16",
                 top_logprobs_num=0, op="compute_spec_v2_logprobs")
-    _write(out, KERNELS, [
+    write_gpu_rows(out, KERNELS, [
         dict(part="environment", op="device_copy", impl="ceiling", bytes=4 << 30, gbps=4000.0),
         dict(goal, impl="fast_kernels", num_splits="auto", frac_of_copy=0.85, gbps=3400.0, splits_used=5,
              programs_per_sm=9.7, speedup_vs_reference=12.0),
         dict(goal, impl="fast", speedup_vs_reference=4.0)])
     e2e = dict(part="e2e", model="random-llama-1.5b", cuda_graphs=True)
-    _write(out, E2E, [dict(e2e, label=w, batch_size=1, speedup_vs_reference=3.5) for w in "abc"]
+    write_gpu_rows(out, E2E, [dict(e2e, label=w, batch_size=1, speedup_vs_reference=3.5) for w in "abc"]
            + [dict(e2e, label="a", batch_size=32, speedup_vs_reference=2.5),
               dict(e2e, label="b", batch_size=32, status="error", error="RuntimeError: capture failed")]
            + [dict(part="graph_replay", label="a", batch_size=5, sampling="greedy", token_identical=True),

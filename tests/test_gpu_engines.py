@@ -12,6 +12,7 @@ import torch
 from specdec.bench import gpu_engines, gpu_roofline, gpu_rows, gpu_summary
 from specdec.bench.gpu_rows import E2E, KERNELS
 from specdec.models import random_llama
+from tests.helpers import write_gpu_rows
 
 #: random_llama(vocab 64, hidden 32, MLP 64, 2 layers, 4 heads of 8, 2 KV heads), fp32, counted by hand: per layer
 #: two norms (2 x 32), q 32 x 32, k and v 32 x 16 each, o 32 x 32, gate and up 32 x 64 each, down 64 x 32; then the
@@ -167,19 +168,9 @@ def test_the_transformers_twin_holds_the_same_weights_and_decodes_the_same_token
 
 
 # ---- the SUMMARY.md sections -----------------------------------------------------------------------------
-def _write(out: Path, name: str, rows: list[dict]) -> None:
-    row_type = gpu_rows.ROW_TYPES[name]
-    w = gpu_rows.writer(out, name)
-    for values in rows:
-        full = dict.fromkeys((f.name for f in dataclasses.fields(row_type)), "")
-        full.update({"status": "ok", **values})
-        w.write(row_type(**full))
-    w.close()
-
-
 def test_the_summary_holds_decode_against_the_read_ceiling_and_the_profiled_replay(tmp_path):
     common = dict(label="target-only", tokens_per_s=100.0, read_ceiling_gbps=4000.0)
-    _write(tmp_path, E2E, [
+    write_gpu_rows(tmp_path, E2E, [
         dict(common, part="e2e", impl="fast", cuda_graphs=True, batch_size=1, step_us=900.0, bytes_per_step=3e9,
              read_gbps=3333.0, frac_of_read_ceiling=0.833),
         dict(common, part="e2e", impl="fast", cuda_graphs=True, batch_size=8, frac_of_read_ceiling=0.5),
@@ -200,7 +191,7 @@ def test_the_summary_holds_decode_against_the_read_ceiling_and_the_profiled_repl
     profile = dict(part="profile", check="profile", impl="fast_graph", batch_size=1, repeats=5)
     kernels = [dict(profile, timer="torch_profiler_cuda", op=f"kernel_{i}", calls=16, total_us=100.0 - i)
                for i in range(33)]
-    _write(tmp_path, KERNELS, kernels + [dict(profile, timer="cuda_event", op="(total)", calls=528,
+    write_gpu_rows(tmp_path, KERNELS, kernels + [dict(profile, timer="cuda_event", op="(total)", calls=528,
                                               total_us=sum(k["total_us"] for k in kernels), median_us=3700.0,
                                               p20_us=3650.0, p80_us=3800.0)])
     lines = gpu_summary.profile_section(tmp_path)

@@ -221,7 +221,7 @@ class _Run:
         if hung is not None:
             culprit, reason = hung, f"no progress for {part.config_timeout(self.smoke) + HANG_GRACE_S:.0f} s: killed"
         elif progress.in_flight():
-            culprit, reason = progress.in_flight()[0], f"the process died ({_describe_exit(rc)})"
+            culprit, reason = progress.in_flight()[0], f"the process died ({gpu_runner.describe_exit(rc)})"
         elif rc == gpu_runner.POISONED_EXIT:
             ended = [k for k in progress.ended if progress.ended[k][0] == "error"]
             if not ended:
@@ -251,17 +251,6 @@ def _kill(proc: subprocess.Popen) -> int:
     """The part's whole process group (pytest-xdist workers included)."""
     _signal_group(proc, signal.SIGKILL)
     return proc.wait()
-
-
-def _describe_exit(rc: int | None) -> str:
-    if rc is None:
-        return "no exit status"
-    if rc < 0:
-        try:
-            return f"signal {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"signal {-rc}"
-    return f"exit status {rc}"
 
 
 # ---- the run -----------------------------------------------------------------------------------------------

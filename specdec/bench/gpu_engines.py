@@ -47,7 +47,7 @@ from pathlib import Path
 
 from .gpu_parts import ROOT, error_writer, gpu_device, gpu_run
 from .gpu_rows import E2E, KERNELS, DecodeRow, GpuKernelRow, writer
-from .gpu_runner import PROGRESS_ENV, Config, last_line, run_configs
+from .gpu_runner import PROGRESS_ENV, Config, describe_exit, last_line, run_configs
 
 #: Batch sizes of the transformers and Inductor rows, in the order measured (smoke: 1 and 2).
 ENGINE_SIZES, SMOKE_ENGINE_SIZES = (1, 32), (1, 2)
@@ -121,7 +121,7 @@ def _in_own_process(config: EngineConfig, out: Path, smoke: bool) -> None:
         rc = proc.wait()
         if rc != 0:
             message = error_file.read_text().strip() if error_file.is_file() else ""
-            raise ConfigProcessFailed(message or f"its process died ({_describe(rc)})")
+            raise ConfigProcessFailed(message or f"its process died ({describe_exit(rc)})")
     finally:
         if proc.poll() is None:
             proc.kill()  # its compile workers see their parent go and exit
@@ -129,11 +129,6 @@ def _in_own_process(config: EngineConfig, out: Path, smoke: bool) -> None:
         error_file.unlink(missing_ok=True)
         if scratch is not None:
             scratch.cleanup()
-
-
-def _describe(rc: int) -> str:
-    from .gpu_check import _describe_exit  # the driver's words for a part's process that died
-    return _describe_exit(rc)
 
 
 def main(argv=None) -> int:

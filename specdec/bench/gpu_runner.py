@@ -311,3 +311,15 @@ def lazy(build: Callable):
             box["value"] = build()
         return box["value"]
     return get
+
+
+def describe_exit(rc: int | None) -> str:
+    """A process's exit status in words: `exit status 1`, `signal SIGKILL`."""
+    if rc is None:
+        return "no exit status"
+    if rc < 0:
+        try:
+            return f"signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit status {rc}"
