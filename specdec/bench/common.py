@@ -170,10 +170,12 @@ def columns(row_type) -> list[str]:
     return [f.name for f in fields(row_type)]
 
 
-def time_calls(fn: Callable, device, repeats: int, warmup: bool = True) -> list[float]:
+def time_calls(fn: Callable, device, repeats: int, warmup: bool = True, sync_each: bool = True) -> list[float]:
     """Microseconds of each of `repeats` calls of `fn` as a caller sees it, host work included, timed by the
     workers' `PhaseTimer`: CUDA events around each synchronised call on a GPU, process CPU time elsewhere
-    (robust on a shared machine; at one thread it is the call's own work). warmup: one untimed call first."""
+    (robust on a shared machine; at one thread it is the call's own work). warmup: one untimed call first.
+    sync_each=False queues the calls back to back on a GPU (events still bracket each): the device's time for the
+    work a call launches, without the host's launch gap (a bandwidth probe, a graph replay)."""
     from ..workers.base import PhaseTimer
 
     cuda = torch.device(device).type == "cuda"
@@ -185,7 +187,7 @@ def time_calls(fn: Callable, device, repeats: int, warmup: bool = True) -> list[
     for i in range(repeats):
         with timer(str(i)):
             fn()
-        if cuda:
+        if cuda and sync_each:
             torch.cuda.synchronize()
     totals = timer.totals()
     return [totals[str(i)] * 1e6 for i in range(repeats)]

@@ -275,12 +275,7 @@ def transformers_twin(target):
     if c.model_type != "llama" or c.rope_scaling or c.attention_bias:
         raise ValueError(f"transformers_twin: a plain Llama only, got model_type={c.model_type!r}, rope_scaling="
                          f"{c.rope_scaling!r}, attention_bias={c.attention_bias}")
-    cfg = transformers.LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-                                   intermediate_size=c.intermediate_size, num_hidden_layers=c.num_hidden_layers,
-                                   num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-                                   head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
-                                   max_position_embeddings=c.max_position_embeddings,
-                                   tie_word_embeddings=c.tie_word_embeddings, attention_bias=False)
+    cfg = transformers.LlamaConfig(**c.to_dict())  # what save_pretrained writes, transformers' config.json
     default = torch.get_default_dtype()
     torch.set_default_dtype(target.dtype)  # built in the target's dtype on its device: no fp32 copy of 1.5B weights
     try:
@@ -431,7 +426,7 @@ def run_profile(out: Path, B: int, smoke: bool) -> None:
     timed (CUDA events), then profiled. On a CPU the same static-buffer body, eagerly, with CPU activity."""
     from .. import Engine, SamplingParams
     from ..workers.graphs import DecodeGraphs
-    from .common import dtype_name, quantile
+    from .common import dtype_name, quantile, time_calls
     s = _setup(out, B, smoke)
     cuda = s.device.type == "cuda"
     engine = Engine(s.target, impl="fast", max_batch=B, max_seq_len=s.prompt_len + 16, cuda_graphs=cuda)
@@ -441,7 +436,7 @@ def run_profile(out: Path, B: int, smoke: bool) -> None:
     entry = next(e for e in graphs.entries.values() if e.bucket == B)
     replay = entry.graph.replay if cuda else functools.partial(graphs._run_body, entry)
     replay()
-    times = _replay_times(replay, s.device, 3 if smoke else TIMED_REPLAYS)
+    times = time_calls(replay, s.device, 3 if smoke else TIMED_REPLAYS, warmup=False, sync_each=False)
     replays = 2 if smoke else PROFILED_REPLAYS
     kernels = profile_kernels(replay, s.device, replays)
     if not kernels:
@@ -462,21 +457,6 @@ def run_profile(out: Path, B: int, smoke: bool) -> None:
                                 p80_us=quantile(times, 0.8))))
     print(f"profile: {len(kernels)} kernels, {sum(k[1] for k in kernels):g} launches, {sum(k[2] for k in kernels):.0f}"
           f" us of device time in a replay of {statistics.median(times):.0f} us", flush=True)
-
-
-def _replay_times(replay, device, repeats: int) -> list[float]:
-    """Microseconds of each of `repeats` replays: CUDA events on a GPU, process time on a CPU."""
-    import torch
-    if device.type != "cuda":
-        from .common import time_calls
-        return time_calls(replay, device, repeats, warmup=False)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    for start, end in events:
-        start.record()
-        replay()
-        end.record()
-    torch.cuda.synchronize(device)
-    return [start.elapsed_time(end) * 1e3 for start, end in events]
 
 
 def profile_kernels(replay, device, replays: int) -> list[tuple[str, float, float]]:

@@ -192,6 +192,8 @@ def measure_read(device, smoke: bool) -> tuple[list[dict], int, str]:
     import torch
 
     from fast.bandwidth import SHAPES, read_sum, read_sum_programs
+
+    from .common import time_calls
     n = (READ_CEILING_BYTES if device.type == "cuda" else SMOKE_READ_CEILING_BYTES) // 2
     x = torch.ones(n, dtype=torch.bfloat16, device=device)
     repeats = 3 if smoke else 20
@@ -199,20 +201,8 @@ def measure_read(device, smoke: bool) -> tuple[list[dict], int, str]:
     for block, iters, warps in SHAPES:
         partial = torch.empty(read_sum_programs(n, block, iters), dtype=torch.float32, device=device)
         launch = functools.partial(read_sum, x, partial, block, iters, warps)
-        if device.type == "cuda":
-            launch()  # compiles
-            torch.cuda.synchronize(device)
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(repeats)]
-            for start, end in events:
-                start.record()
-                launch()
-                end.record()
-            torch.cuda.synchronize(device)
-            times, timer = [start.elapsed_time(end) * 1e3 for start, end in events], "cuda_event"
-        else:
-            from .common import time_calls
-            times, timer = time_calls(launch, device, repeats), "process_cpu_time"
+        times = time_calls(launch, device, repeats, sync_each=False)  # its warm-up compiles
+        timer = "cuda_event" if device.type == "cuda" else "process_cpu_time"
         results.append(dict(shape=(block, iters, warps), programs=partial.numel(), times=times,
                             gbps=n * 2 / statistics.median(times) / 1e3, total=partial.double().sum().item()))
     return results, n, timer
