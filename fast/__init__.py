@@ -9,6 +9,7 @@ imported triton first (see `fast.interpreter`); exact, but slow.
 # first: the interpreter is set up before the kernels below are defined (and their mode fixed)
 from .interpreter import INTERPRETED as INTERPRETED
 from .activation import silu_and_mul
+from .argmax import argmax_finite
 from .attention import apply_rope_and_write_kv, plan_tree_attention, tree_attention
 from .draft import softmax_topk
 from .grammar import apply_token_bitmask
@@ -23,10 +24,10 @@ from .tree import build_tree_kernel_efficient, organize_draft_results, select_to
 from .verify import tree_speculative_sampling_target_only, verify_tree_greedy
 
 
-__all__ = ["softmax_topk", "select_top_k_tokens", "organize_draft_results", "build_tree_kernel_efficient",
-           "verify_tree_greedy", "tree_speculative_sampling_target_only", "compute_spec_v2_logprobs",
-           "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob", "plan_tree_attention",
-           "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache", "apply_penalties_tree",
-           "apply_token_bitmask", "sample_without_replacement", "tree_speculative_sampling_rejection",
-           "chain_speculative_sampling_block", "tree_speculative_sampling_traversal", "rms_norm",
-           "fused_add_rms_norm", "silu_and_mul"]
+__all__ = ["argmax_finite", "softmax_topk", "select_top_k_tokens", "organize_draft_results",
+           "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
+           "compute_spec_v2_logprobs", "softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob",
+           "plan_tree_attention", "apply_rope_and_write_kv", "tree_attention", "commit_kv_cache",
+           "apply_penalties_tree", "apply_token_bitmask", "sample_without_replacement",
+           "tree_speculative_sampling_rejection", "chain_speculative_sampling_block",
+           "tree_speculative_sampling_traversal", "rms_norm", "fused_add_rms_norm", "silu_and_mul"]

@@ -1,6 +1,7 @@
 """Triton draft top-K: the K largest logits of each row and their softmax probabilities, in one pass."""
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -100,6 +101,20 @@ def _row_counters(device: torch.device, rows: int) -> torch.Tensor:
     return counters
 
 
+@contextlib.contextmanager
+def row_counters(device: torch.device, rows: int):
+    """`_row_counters` for one split launch (a kernel whose last program per row merges and resets the counter).
+    A launch that stopped part-way (an interpreted kernel interrupted) can leave counters above 0, and the next
+    launch would never merge: the buffer is then dropped, and the next call makes a zeroed one."""
+    counters = _row_counters(device, rows)
+    try:
+        yield counters
+    except BaseException:
+        for key in [k for k, v in _counters.items() if v is counters]:
+            del _counters[key]
+        raise
+
+
 def softmax_topk_launch(logits, topk, *, split_len=None):
     """`softmax_topk`, with ``split_len`` (columns per vocabulary split, tests) forcing the split instead of the
     heuristic's; a split is then read in tiles of ``split_len`` rounded up to a power of two, so neither V nor
@@ -129,16 +144,9 @@ def softmax_topk_launch(logits, topk, *, split_len=None):
         return p, index
     part = torch.empty(2 * N * splits, dtype=torch.float32, device=device)  # maxima, then sums
     part_keys = torch.empty(N * splits * keys, dtype=torch.int64, device=device)
-    counters = _row_counters(device, N)
-    try:
+    with row_counters(device, N) as counters:
         softmax_topk_kernel[(N, splits)](*args, part, part_keys, counters, BLOCK_V=block_v, KEYS=keys, SPLIT=True,
                                          SPLITS_P2=triton.next_power_of_2(splits), num_warps=4)
-    except BaseException:
-        # A launch that stopped part-way (an interpreted kernel interrupted) can leave counters above 0, and the
-        # next launch would never merge: the buffer is dropped and the next call makes a zeroed one.
-        for key in [k for k, v in _counters.items() if v is counters]:
-            del _counters[key]
-        raise
     return p, index
 
 

@@ -352,6 +352,11 @@ def check_renorm_prob_args(probs, param_name: str, param, integer: bool) -> tupl
     return N, V
 
 
+def check_argmax_finite_args(logits) -> tuple[int, int]:
+    """`argmax_finite`'s argument -> (N, V)."""
+    return check_rows("logits", logits, fp32_only=False)
+
+
 def check_softmax_topk_args(logits, topk) -> tuple[int, int]:
     """`softmax_topk`'s arguments -> (N, V)."""
     N, V = check_rows("logits", logits, fp32_only=False)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 #: Every op a worker reaches through its ops module (`reference` or `fast`): a module can run the
 #: workers only when it has all of them, with the reference's signatures.
 WORKER_OPS = (
+    "argmax_finite",
     "softmax_topk",
     "select_top_k_tokens",
     "organize_draft_results",

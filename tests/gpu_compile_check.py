@@ -86,6 +86,7 @@ def exercise_every_op(dtypes=None):
     import fast
     from fast.bandwidth import SHAPES as READ_SHAPES
     from fast.bandwidth import read_sum
+    from fast.argmax import argmax_finite_launch
     from fast.draft import SPLIT_KEYS_CAP, softmax_topk_launch
     from fast.logprobs import compute_spec_v2_logprobs_launch
     from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
@@ -109,6 +110,9 @@ def exercise_every_op(dtypes=None):
         for k in (1, 4):
             fast.softmax_topk(logits, k)  # one program per row at this vocabulary
             softmax_topk_launch(logits, k, split_len=1024)  # the vocabulary split over programs, and the merge
+        # the greedy pick: one program per row, and the vocabulary split with the merge
+        fast.argmax_finite(logits)
+        argmax_finite_launch(torch.randn(1, 64 * 1024).to(dtype), split_len=1024)
         # the largest merge the heuristic launches: 64 splits of SPLIT_KEYS_CAP keys
         softmax_topk_launch(torch.randn(1, 64 * 1024).to(dtype), SPLIT_KEYS_CAP, split_len=1024)
         # attention and RoPE + KV write

@@ -137,7 +137,8 @@ class DFlashDraftModel(DraftModelBase):
         return self.hidden_norm(self.fc(features.to(self.dtype)))
 
     def compute_logits(self, hidden):
-        """hidden: (..., H), the drafter's (normed) output -> logits (..., V) fp32 through the target's LM head."""
+        """hidden: (..., H), the drafter's (normed) output -> logits (..., V) through the target's LM head, in its
+        dtype."""
         return self.target.compute_logits(hidden)
 
     # ---- inference: a KV cache of the context, the block as in-flight slots -----------------------------

@@ -97,9 +97,9 @@ class DraftHeadBase(DraftModelBase):
     def forward(self, input_ids, hidden_states, positions, cache=None, meta: AttentionMetadata | None = None,
                 return_logits=True) -> ModelOutput:
         """input_ids, positions: (B, T) int64; hidden_states: (B, T, H) (an EAGLE-3 head also takes the target's
-        features, (B, T, F * H)) -> ModelOutput: logits (B, T, V) fp32 over the head's vocabulary (None when
-        not return_logits; `compute_logits` of chosen rows of hidden gives them), hidden (B, T, H) (what the
-        next draft step reads)."""
+        features, (B, T, F * H)) -> ModelOutput: logits (B, T, V) in the LM head's dtype over the head's
+        vocabulary (None when not return_logits; `compute_logits` of chosen rows of hidden gives them), hidden
+        (B, T, H) (what the next draft step reads)."""
         # The cached path is inference only: writing into the cache must not build a graph.
         with torch.set_grad_enabled(cache is None and torch.is_grad_enabled()):
             c = self.config
@@ -114,7 +114,8 @@ class DraftHeadBase(DraftModelBase):
         raise NotImplementedError
 
     def compute_logits(self, hidden) -> torch.Tensor:
-        """hidden: (..., H), the head's output -> logits (..., V) fp32 over the head's vocabulary."""
+        """hidden: (..., H), the head's output -> logits (..., V) over the head's vocabulary, in
+        its LM head's dtype (see `LlamaForCausalLM.compute_logits`)."""
         raise NotImplementedError
 
 

@@ -35,7 +35,7 @@ class EagleDraftHead(DraftHeadBase):
         return out if isinstance(self.norm, nn.Identity) else self.norm(out, None if meta is None else meta.ops)
 
     def compute_logits(self, hidden):
-        """hidden: (..., H), the head's output -> logits (..., V) fp32 (the target's LM head)."""
+        """hidden: (..., H), the head's output -> logits (..., V) in the target LM head's dtype."""
         return self.target.compute_logits(hidden)
 
     def get_output_embeddings(self):

@@ -163,8 +163,9 @@ class Eagle3DraftHead(DraftHeadBase):
         return self.norm(out) if self.config.norm_output else out
 
     def compute_logits(self, hidden):
-        """hidden: (..., H), the head's output -> logits (..., draft_vocab_size) fp32."""
-        return self.lm_head(hidden if self.config.norm_output else self.norm(hidden)).float()
+        """hidden: (..., H), the head's output -> logits (..., draft_vocab_size) in the LM head's dtype (read by
+        ops that upcast, as the target's `compute_logits`)."""
+        return self.lm_head(hidden if self.config.norm_output else self.norm(hidden))
 
     def draft_to_target(self, draft_ids):
         """Draft ids -> target ids (d + d2t[d])."""

@@ -184,7 +184,8 @@ def _is_mtp_key(key: str, num_hidden_layers: int) -> bool:
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama decoder; `forward` returns a `ModelOutput`: fp32 logits and the hidden states the LM head reads.
+    """Llama decoder; `forward` returns a `ModelOutput`: logits (in the LM head's dtype) and the hidden states the
+    LM head reads.
 
     State-dict keys are Hugging Face's (`model.embed_tokens.weight`, `model.layers.0.self_attn.q_proj.weight`,
     `model.norm.weight`, `lm_head.weight`), so a transformers-written Llama directory loads as it is.
@@ -213,13 +214,18 @@ class LlamaForCausalLM(nn.Module):
         return self.model.embed_tokens(input_ids)
 
     def compute_logits(self, hidden):
-        return self.lm_head(hidden).float()
+        """hidden: (..., H) -> logits (..., V) in the LM head's dtype. Not upcast here: a bf16 model's fp32 copy of
+        (tokens, V) would be written and read again by every consumer; each op that reads logits (argmax, the
+        sampling and logprob ops, penalties, grammar masks) upcasts as it reads, so its numbers are those of the
+        upcast logits."""
+        return self.lm_head(hidden)
 
     def forward(self, input_ids, positions, cache=None, meta: AttentionMetadata | None = None, return_logits=True,
                 features: tuple[int, ...] | None = None):
         """input_ids, positions: (B, T) int64; cache: KVCache or None (then causal over the T tokens,
-        no cache) -> ModelOutput: logits (B, T, V) fp32 (None when not return_logits: a caller that reads a
-        few rows applies `compute_logits` to those), hidden (B, T, H) (final-normed: what the LM head reads).
+        no cache) -> ModelOutput: logits (B, T, V) in the LM head's dtype (None when not return_logits: a caller
+        that reads a few rows applies `compute_logits` to those), hidden (B, T, H) (final-normed: what the LM head
+        reads).
 
         features: layer indices i whose input residual stream (i = num_hidden_layers: the last layer's
         output, before the final norm) is returned too, concatenated: (B, T, len(features) * H) as the

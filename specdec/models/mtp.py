@@ -62,7 +62,7 @@ class MTPDraftModel(DraftModelBase):
             return ModelOutput(self.layer_logits(k, x) if return_logits else None, x)
 
     def layer_logits(self, k: int, hidden):
-        """hidden: (..., H), layer k's output -> its logits (..., V) fp32 (shared head norm, target LM head)."""
+        """hidden: (..., H), layer k's output -> its logits (..., V) (shared head norm, target LM head, its dtype)."""
         return self.target.compute_logits(self.layers[k].shared_head.norm(hidden))
 
 

@@ -331,9 +331,19 @@ class WorkerBase(LogitShaping):
         st.output_counts = st.output_counts.scatter_add(1, tokens.long(), valid.to(torch.int32))
         st.output_lens = st.output_lens + num_emitted
 
-    def sample_tokens(self, logits, uniforms):
-        """logits: (B, V); uniforms: (B,) -> (B,) int64 (argmax for greedy requests)."""
-        greedy = logits.argmax(-1)
+    def greedy_and_finite(self, logits, raw_logits, num_requests: int):
+        """logits: (N, V) the rows decoding reads (shaped: penalties, grammar masks), raw_logits: (N, V) the
+        target's, N = num_requests * nodes per request -> (argmax of logits (N,) int64, finite (num_requests,) bool:
+        every raw value of the request's rows is finite). Nothing shaped the rows (logits is raw_logits): one
+        `argmax_finite` read of them, in their stored dtype."""
+        if logits is raw_logits:
+            greedy, finite = self.ops.argmax_finite(raw_logits)
+            return greedy, finite if finite.shape[0] == num_requests else finite.view(num_requests, -1).all(1)
+        return logits.argmax(-1), finite_rows(raw_logits.view(num_requests, -1))
+
+    def sample_tokens(self, logits, uniforms, greedy):
+        """logits: (B, V); uniforms: (B,); greedy: (B,) int64, the argmax of logits -> (B,) int64 (greedy for
+        greedy requests)."""
         if self.sampling.all_greedy:
             return greedy
         sampled = sample_from_probs(self.sampling.probs(logits, self.ops), uniforms)
@@ -352,14 +362,14 @@ class WorkerBase(LogitShaping):
         return self.ops.compute_spec_v2_logprobs(batch, logits_output, predict, accept_index, num_steps,
                                                  return_original_logprob=self.return_original_logprob)
 
-    def one_token_output(self, logits, tokens, raw_logits, empty) -> StepOutput:
+    def one_token_output(self, logits, tokens, finite, empty) -> StepOutput:
         """A one-node step (prefill, or target-only decode): logits (B, V) as sampled from (shaped),
-        tokens (B,), raw_logits (B, V) the target's (what `finite` judges), empty as `shape_target_logits`
-        gave it. Its logprob fields are empty: `prefill` fills them at once, `finish_decode` after a decode body."""
+        tokens (B,), finite (B,) bool (`greedy_and_finite`'s, of the target's raw logits), empty as
+        `shape_target_logits` gave it. Its logprob fields are empty: `prefill` fills them at once, `finish_decode` after a decode body."""
         B = tokens.shape[0]
         accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
         return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
-                          LogitsOutput(next_token_logits=logits), finite_rows(raw_logits), empty)
+                          LogitsOutput(next_token_logits=logits), finite, empty)
 
     def prefill(self, prompts, params, seed, grammars=None) -> StepOutput:
         """Target forward over the prompts, the first token sampled, then the draft's prefill extend.
@@ -368,11 +378,12 @@ class WorkerBase(LogitShaping):
         logits_last, hidden, ids, positions = self.prefill_target(prompts)
         raw_logits = logits_last
         logits_last, empty = self.shape_target_logits(raw_logits, ids[:, :1], None, self.grammar_bitmask_roots())
-        tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0])
+        greedy, finite = self.greedy_and_finite(logits_last, raw_logits, len(prompts))
+        tokens = self.sample_tokens(logits_last, self.rng.uniforms(1, self.device)[:, 0], greedy)
         self.state.last_tokens = tokens
         self.count_emitted(tokens[:, None], torch.ones_like(tokens))
         self.draft_extend_for_prefill(ids, hidden, positions, tokens)
-        step = self.one_token_output(logits_last, tokens, raw_logits, empty)
+        step = self.one_token_output(logits_last, tokens, finite, empty)
         step.logits_output = self.compute_logprobs(step.logits_output, tokens, step.accept_index, 0)
         return step
 
@@ -395,11 +406,12 @@ class TargetOnlyWorker(WorkerBase):
             with self.phase("grammar"):
                 bitmask = self.grammar_bitmask_roots()
             logits, empty = self.shape_target_logits(raw_logits, st.last_tokens[:, None], None, bitmask)
-            tokens = self.sample_tokens(logits, st.uniforms[:, 0])
+            greedy, finite = self.greedy_and_finite(logits, raw_logits, raw_logits.shape[0])
+            tokens = self.sample_tokens(logits, st.uniforms[:, 0], greedy)
         st.seq_lens = st.seq_lens + 1
         st.last_tokens = tokens
         self.count_emitted(tokens[:, None], torch.ones_like(tokens))
-        return self.one_token_output(logits, tokens, raw_logits, empty)
+        return self.one_token_output(logits, tokens, finite, empty)
 
 
 class SpeculativeWorkerBase(WorkerBase):
@@ -536,9 +548,11 @@ class SpeculativeWorkerBase(WorkerBase):
         retrieve_next_token, retrieve_next_sibling = tree.retrieve_next_token, tree.retrieve_next_sibling
         (B, W), S = candidates.shape, self.num_steps
         st = self.state
-        logits, empty = self.shape_target_logits(raw_logits.view(B * W, -1), candidates, tree_mask, bitmask)
+        node_logits = raw_logits.view(B * W, -1)
+        logits, empty = self.shape_target_logits(node_logits, candidates, tree_mask, bitmask)
+        target_predict, finite = self.greedy_and_finite(logits, node_logits, B)
+        target_predict = target_predict.view(B, W)
         logits = logits.view(B, W, -1)
-        target_predict = logits.argmax(-1)
         s = self.sampling
         if not s.all_greedy:
             uniforms = st.uniforms
@@ -561,6 +575,6 @@ class SpeculativeWorkerBase(WorkerBase):
         accept_lens = accept_length + 1
         st.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
         step = StepOutput(predict, accept_index, accept_lens, LogitsOutput(next_token_logits=logits.view(B * W, -1)),
-                          finite_rows(raw_logits), empty)
+                          finite, empty)
         self.count_emitted(step.emitted_tokens(), accept_lens)
         return step

@@ -35,8 +35,9 @@ class HotVocabDraft:
         return out._replace(logits=self.compute_logits(out.hidden)) if return_logits else out
 
     def compute_logits(self, hidden):
-        """hidden: (..., H), what the draft's LM head reads -> logits (..., n) fp32 over the hot ids."""
-        return self.lm_head(hidden).float()
+        """hidden: (..., H), what the draft's LM head reads -> logits (..., n) over the hot ids, in the
+        head's dtype (read by ops that upcast, as the target's `compute_logits`)."""
+        return self.lm_head(hidden)
 
     def draft_to_target(self, draft_ids):
         """Draft ids -> target ids (hot_ids[d])."""

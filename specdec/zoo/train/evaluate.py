@@ -25,7 +25,7 @@ def heldout_tensor(n: int, length: int, seed: int = 4321) -> torch.Tensor:
 def evaluate_target(target, windows: torch.Tensor) -> dict:
     """windows: (N, T+1) -> held-out next-token loss (nats/byte), bits/byte, top-1 accuracy."""
     x, y = windows[:, :-1], windows[:, 1:]
-    logits = target(x, position_grid(*x.shape)).logits
+    logits = target(x, position_grid(*x.shape)).logits.float()
     loss = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
     acc = float((logits.argmax(-1) == y).float().mean())
     return {"heldout_nats_per_byte": round(loss, 4), "heldout_bits_per_byte": round(loss / math.log(2), 4),
@@ -47,7 +47,7 @@ def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5, *, seq_
     x = windows[:, :-1]
     B, T = x.shape
     out = target(x, position_grid(B, T), features=getattr(head, "feature_layers", None))
-    z, h = out.logits, out.hidden if out.features is None else out.features
+    z, h = out.logits.float(), out.hidden if out.features is None else out.features
     outs = eagle_unrolled(head, h, windows[:, 1:], depths)
     tgt_arg = z.argmax(-1)
     p, _ = draft_vocab_targets(head, z)
@@ -113,7 +113,7 @@ class _UnrolledPasses:
         mask = None if j == 0 else ttt_mask(T, j, ids.device)[None].expand(B, T, (j + 1) * T)
         meta = AttentionMetadata(self.slots, self.start, attn_len=(j + 1) * T, ops=reference, write_offset=j * T,
                                  tree_mask=mask)
-        return self.model(ids, position_grid(B, T, ids.device), self.cache, meta).logits
+        return self.model(ids, position_grid(B, T, ids.device), self.cache, meta).logits.float()
 
 
 @torch.no_grad()
@@ -179,7 +179,7 @@ def evaluate_dflash(target, model, windows: torch.Tensor, *, seq_len: int | None
         ids = w.gather(1, positions)
         ids.view(B, n, bs)[:, :, 1:] = model.mask_token_id
         lp = torch.log_softmax(model.compute_logits(model.forward_dense(out.features, position_grid(B, T), ids,
-                                                                        positions, mask)), -1)
+                                                                        positions, mask)).float(), -1)
         lp = lp.view(B, n, bs, -1)[:, :, 1:]
         z = out.logits.gather(1, (positions - 1).clamp_min(0)[:, :, None].expand(-1, -1, out.logits.shape[-1]))
         z = z.view(B, n, bs, -1)[:, :, 1:]

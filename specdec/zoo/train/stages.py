@@ -189,7 +189,7 @@ def eagle_unrolled(head, hidden: torch.Tensor, input_ids: torch.Tensor, passes: 
     outs = []
     for _ in range(passes):
         out_h = head.step(input_ids, h_in, cos, sin, kv, meta)
-        outs.append((head.compute_logits(out_h), out_h))
+        outs.append((head.compute_logits(out_h).float(), out_h))
         # position 0 of a later pass is never read by a query that counts (see ttt_mask): any filler will do
         h_in = torch.cat([out_h[:, :1], out_h[:, :-1]], dim=1)
     return outs
@@ -480,7 +480,7 @@ def draft_lm_loss(target, lm, batch: torch.Tensor, amp: bool):
     agrees with the target, not with the text); parts: that loss and the top-1 agreement."""
     z, _ = _target_features(target, batch, amp)
     with train_autocast(amp):
-        logits = lm(batch, position_grid(*batch.shape, batch.device)).logits
+        logits = lm(batch, position_grid(*batch.shape, batch.device)).logits.float()
     ce = soft_ce(logits, torch.softmax(z, dim=-1), torch.ones(batch.shape, dtype=torch.bool, device=batch.device))
     agree = (logits.detach().argmax(-1) == z.argmax(-1)).float().mean()
     return ce, {"ce": float(ce.detach()), "agree": float(agree)}
