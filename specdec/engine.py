@@ -74,6 +74,11 @@ class Engine:
     token_map (SGLang's `--speculative-token-map`): a path to a token map file in SGLang's format, or the ids
     themselves; an EAGLE or STANDALONE draft then proposes those target ids only, its LM head restricted to their
     rows (`specdec.token_map`). The output is unchanged; acceptance and the draft step's cost may change.
+    overlap (default: with cuda_graphs) enqueues each decode step before the host reads the one before it, as
+    SGLang's overlap scheduler, when nothing the next step needs comes from that read: no grammar, no tuned policy,
+    and room in every request's cache row for one more step. A request the read step ends has run one step too
+    many, whose results are dropped. The output is unchanged; the host's reading and emitting hides behind the
+    device's next step.
     tokenizer (a `specdec.tokenizer` one: the zoo's `ByteTokenizer` or a tokenizer.json `HFTokenizer`) gives the
     vocabulary that requests with a json_schema, regex or ebnf are compiled against (xgrammar, the `grammar`
     extra); a batch with a grammar decodes eagerly, outside the CUDA graphs.
@@ -81,7 +86,7 @@ class Engine:
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, impl: str = "auto",
                  max_batch: int = 16, max_seq_len: int | None = None, return_original_logprob: bool = False,
-                 cuda_graphs: bool | None = None, tokenizer=None, token_map=None):
+                 cuda_graphs: bool | None = None, tokenizer=None, token_map=None, overlap: bool | None = None):
         if impl not in ("auto", "reference", "fast"):
             raise ValueError(f"impl must be 'auto', 'reference' or 'fast', got {impl!r}")
         max_batch = check_int("max_batch", max_batch, 1)
@@ -118,6 +123,9 @@ class Engine:
             raise ValueError(f"cuda_graphs=True needs impl='fast' on a CUDA device, got impl={self.impl!r} on "
                              f"{target.device}")
         self.cuda_graphs = bool(cuda_graphs)
+        if overlap is not None and not isinstance(overlap, bool):
+            raise ValueError(f"overlap must be True, False or None, got {overlap!r}")
+        self.overlap = self.cuda_graphs if overlap is None else overlap
         if self.cuda_graphs:
             from .workers.graphs import DecodeGraphs
             self._decode = DecodeGraphs(self.worker, capture=True).decode_step
@@ -284,26 +292,39 @@ class Engine:
         policy = None if self.tuned is None else self.tuned.policy()
         shapes = None if policy is None else []
         t0 = time.perf_counter()
-        steps = 0
+        steps = 0  # decode steps read
+        finished: set[int] = set()
         try:
             if policy is not None:
                 policy.start(B)
             step = worker.prefill(prompts, params, seed, grammars)
             # a grammar batch fills masks on the host between drafting and verify: eager, outside the graphs
             decode = self._decode if grammars is None else worker.decode_step
+            # a grammar's masks and a tuned policy's next shape need the step read first
+            may_decode_ahead = self.overlap and grammars is None and policy is None and worker.decodes_ahead
+            pending = StepTransfer(step, active)  # the oldest step not yet read, and the request of each row
             while True:
-                host = HostStep.read(step)  # the one device-to-host transfer of the step
-                before = [len(outs[r].token_ids) for r in active] if stream is not None else None
-                done = self._emit(host, active, params, outs, step_index=steps)
+                ahead = None
+                # (+ 1: a target-only step writes its root's slot, which its zero margin leaves out)
+                if may_decode_ahead and worker.len_bound + worker.kv_margin + 1 <= self.max_seq_len:
+                    # The next step goes to the device before this one is read. Every row runs it, also one whose
+                    # request this step ends (its results are dropped); the bound keeps its writes in its cache row.
+                    ahead = StepTransfer(decode(), active)
+                host = pending.wait()
+                rows = pending.requests
+                before = [len(outs[r].token_ids) for r in rows] if stream is not None else None
+                finished |= self._emit(host, rows, params, outs, step_index=steps, finished=finished)
                 if stream is not None:
-                    for r, n in zip(active, before):
+                    for r, n in zip(rows, before):
                         if len(outs[r].token_ids) > n:
                             stream(r, outs[r].token_ids[n:])
                 if steps > 0:
-                    worker.sync_lengths(host.accept_lens)
+                    running = set(active)  # the worker's rows now: a step read after a filter ran before it
+                    accept_lens = [n for r, n in zip(rows, host.accept_lens) if r in running]
+                    worker.sync_lengths(accept_lens)
                     if policy is not None:
-                        policy.observe(host.accept_lens)
-                keep = [i for i, r in enumerate(active) if r not in done]
+                        policy.observe(accept_lens)
+                keep = [i for i, r in enumerate(active) if r not in finished]
                 if not keep:
                     break
                 if len(keep) < len(active):
@@ -311,10 +332,12 @@ class Engine:
                     if policy is not None:
                         policy.filter(keep)
                     active = [active[i] for i in keep]
-                if policy is not None:
-                    shapes.append(policy.choose(len(active)))
-                    worker.use_shape(shapes[-1])
-                step = decode()
+                if ahead is None:
+                    if policy is not None:
+                        shapes.append(policy.choose(len(active)))
+                        worker.use_shape(shapes[-1])
+                    ahead = StepTransfer(decode(), active)
+                pending = ahead
                 steps += 1
         finally:
             worker.finish()
@@ -327,12 +350,15 @@ class Engine:
         return outs
 
     @staticmethod
-    def _emit(host: "HostStep", active, params, outs, step_index: int) -> set[int]:
-        """Append each active request's accepted tokens (cut at a stop token / max_new_tokens) and its
-        logprobs; return the request indices that finished. step_index 0 is the prefill."""
+    def _emit(host: "HostStep", rows, params, outs, step_index: int, finished=frozenset()) -> set[int]:
+        """Append the accepted tokens (cut at a stop token / max_new_tokens) and logprobs of each row's request
+        (`rows`: the request of each row of the step), skipping those already `finished`; return the requests
+        that finished. step_index 0 is the prefill."""
         done = set()
         is_decode = step_index > 0
-        for b, r in enumerate(active):
+        for b, r in enumerate(rows):
+            if r in finished:
+                continue
             o, sp = outs[r], params[r]
             if not host.finite[b]:
                 where = f"decode step {step_index}" if is_decode else "prefill"
@@ -405,16 +431,26 @@ class HostStep:
 
     @classmethod
     def read(cls, step) -> "HostStep":
-        """Pack every field the engine emits into one float64 buffer (token ids < 2^53 are exact) and copy
-        it to the host once; slice it there."""
+        """The step on the host, read now (`StepTransfer` reads it later)."""
+        return StepTransfer(step, []).wait()
+
+    @staticmethod
+    def pack(step) -> torch.Tensor:
+        """Every field the engine emits, in one float64 buffer on the step's device (token ids < 2^53 are exact)."""
         lo = step.logits_output
-        B, T = step.accept_index.shape
         empty = step.emitted_empty()
         parts = [step.accept_lens, step.finite, step.emitted_tokens()] + ([] if empty is None else [empty])
         fields = [lo.next_token_logprobs, lo.top_logprobs_val_rows, lo.top_logprobs_idx_rows,
                   lo.token_ids_logprobs_val_rows]
         parts += [f for f in fields if f is not None]
-        flat = torch.cat([p.reshape(-1).to(torch.float64) for p in parts]).tolist()
+        return torch.cat([p.reshape(-1).to(torch.float64) for p in parts])
+
+    @classmethod
+    def unpack(cls, step, flat: list[float]) -> "HostStep":
+        """`pack`'s buffer, as a list on the host, sliced by the step's shapes (read on the host, not the device)."""
+        lo = step.logits_output
+        B, T = step.accept_index.shape
+        empty = step.empty
         pos = 0
 
         def take(rows, cols, as_int=False):
@@ -449,3 +485,28 @@ class HostStep:
         ids = self.token_ids_idx[row]
         return list(zip(self.token_ids_val[row][:len(ids)], list(ids)))
 
+
+
+class StepTransfer:
+    """A step's outputs on their way to the host: `HostStep.pack`ed on the device when made, copied without
+    blocking into pinned memory from a CUDA device (an event marks the copy's end), read by `wait`. Packing when
+    the step is enqueued is what lets the engine enqueue the next one before reading this one: the pack is
+    ordered before the next step on the stream, which may overwrite the step's tensors (a CUDA graph's outputs).
+    requests: the request of each row of the step."""
+
+    def __init__(self, step, requests: list[int]):
+        self.step, self.requests = step, list(requests)
+        flat = HostStep.pack(step)
+        self.copied = None
+        if flat.is_cuda:
+            self.buffer = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self.buffer.copy_(flat, non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+        else:
+            self.buffer = flat
+
+    def wait(self) -> HostStep:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return HostStep.unpack(self.step, self.buffer.tolist())

@@ -130,6 +130,10 @@ class WorkerBase(LogitShaping):
 
     #: the per-request state's type: `RequestState`, or a subclass declaring the worker's own fields
     state_type = RequestState
+    #: whether the engine may enqueue a decode step before it reads the one before (`Engine(overlap=)`): the step's
+    #: prologue reads nothing of the last step on the host, and a step run for a request the last one ended changes
+    #: nothing another request reads
+    decodes_ahead = True
 
     def __init__(self, target, ops, max_batch: int, max_seq_len: int, return_original_logprob: bool = False):
         self.target = target

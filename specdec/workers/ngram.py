@@ -41,6 +41,10 @@ class NgramWorker(SpeculativeWorkerBase):
     The body (verify, commit) reads only those, so it has fixed shapes (W nodes per request, proposals padded with
     nodes no link reaches) and replays as a CUDA graph like the other workers'."""
 
+    #: The prologue reads the last step's tokens on the host, so a step enqueued before the engine reads the last
+    #: one gains nothing, and a request that step ends would feed the trie the tokens of a step that is dropped.
+    decodes_ahead = False
+
     state_type = NgramState
 
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
