@@ -369,7 +369,8 @@ class WorkerBase(LogitShaping):
     def one_token_output(self, logits, tokens, finite, empty) -> StepOutput:
         """A one-node step (prefill, or target-only decode): logits (B, V) as sampled from (shaped),
         tokens (B,), finite (B,) bool (`greedy_and_finite`'s, of the target's raw logits), empty as
-        `shape_target_logits` gave it. Its logprob fields are empty: `prefill` fills them at once, `finish_decode` after a decode body."""
+        `shape_target_logits` gave it. Its logprob fields are empty: `prefill` fills them at once, `finish_decode`
+        after a decode body."""
         B = tokens.shape[0]
         accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
         return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
