@@ -18,8 +18,9 @@ def fast_kernels() -> set[str]:
     import fast.bandwidth  # gpu-check's read-bandwidth probe: not an op, so `fast` does not import it
 
     names = set()
-    for module in (fast.activation, fast.argmax, fast.attention, fast.bandwidth, fast.draft, fast.grammar, fast.kv, fast.logprobs,
-                   fast.norm, fast.penalties, fast.rejection, fast.sampling, fast.traversal, fast.tree, fast.verify):
+    for module in (fast.activation, fast.argmax, fast.attention, fast.bandwidth, fast.draft, fast.grammar, fast.kv,
+                   fast.logprobs, fast.norm, fast.penalties, fast.rejection, fast.sampling, fast.traversal, fast.tree,
+                   fast.verify):
         for name, _ in inspect.getmembers(module):
             if name.endswith("_kernel") and not name.startswith("_"):
                 names.add(name)
