@@ -379,8 +379,9 @@ def run_inductor(out: Path, B: int, smoke: bool) -> None:
     ran = {}
 
     def build(graphs: bool):
+        # decoding ahead as the fast rows' engines do by default on CUDA (with their graphs)
         engine = Engine(s.target, impl="reference", max_batch=B, max_seq_len=s.prompt_len + s.lengths[1] + 8,
-                        cuda_graphs=False)
+                        cuda_graphs=False, overlap=graphs)
         worker = engine.worker
         capacity = worker.cache.max_seq_len
         worker.attn_len = lambda extra: capacity
