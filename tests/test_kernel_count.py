@@ -1,6 +1,7 @@
 """The kernel counter (`specdec.bench.kernel_count`): it counts what its rule says on functions whose launches are
 known by hand, it sees the fast ops' Triton launches, and every budgeted worker's decode step stays within its
-budget (`KERNEL_BUDGETS`): the test that fails when a change adds kernels to a step."""
+budget (`KERNEL_BUDGETS`), and issues at most `EAGER_OPS_GOAL` of them outside its CUDA graph: the tests that fail
+when a change adds kernels to a step."""
 from __future__ import annotations
 
 import pytest
@@ -113,3 +114,7 @@ def test_decode_step_stays_within_its_kernel_budget(label):
     assert c["total_kernels"] <= budget, (
         f"{label}: one decode step issues {c['total_kernels']} kernels, over its budget of {budget}; most issued: "
         f"{kc.top_ops(c['by_op'])}")
+    assert "aten.clone" not in c["eager_by_op"], "the step is read from the graph's outputs, not copied out"
+    assert c["eager_ops"] <= kc.EAGER_OPS_GOAL, (
+        f"{label}: one decode step issues {c['eager_ops']} eager ops outside its CUDA graph, over the goal of "
+        f"{kc.EAGER_OPS_GOAL}: {kc.top_ops(c['eager_by_op'])}")

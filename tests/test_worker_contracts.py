@@ -172,8 +172,9 @@ def test_stop_token_inside_an_accepted_window(kind):
 @pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp"])
 def test_padded_static_buffer_steps_equal_eager_steps(kind):
     """The CUDA-graph plumbing without a GPU: every step runs through a bucket's static buffers (batch
-    padded with copies of request 0 on the scratch cache row, state copied in and out), as a replay
-    would; requests leave mid-way so buckets change; tokens and logprobs equal plain eager steps."""
+    padded with copies of request 0 on the scratch cache row, state kept there between steps and copied
+    in after a filter or a change of bucket), as a replay would; requests leave mid-way so buckets change;
+    tokens and logprobs equal plain eager steps."""
     from specdec.workers.graphs import DecodeGraphs, batch_buckets
 
     assert batch_buckets(6) == [1, 2, 4, 6] and batch_buckets(1) == [1] and batch_buckets(8) == [1, 2, 4, 8]

@@ -430,7 +430,10 @@ def run_profile(out: Path, B: int, smoke: bool) -> None:
     from .common import dtype_name, quantile, time_calls
     s = _setup(out, B, smoke)
     cuda = s.device.type == "cuda"
-    engine = Engine(s.target, impl="fast", max_batch=B, max_seq_len=s.prompt_len + 16, cuda_graphs=cuda)
+    # Each replay advances the state in the graph's buffers (its last nodes copy the new state back): the cache
+    # rows hold the generate's tokens and one position per replay (the first, the timed and the profiled ones).
+    max_seq_len = s.prompt_len + 16 + 1 + TIMED_REPLAYS + PROFILED_REPLAYS
+    engine = Engine(s.target, impl="fast", max_batch=B, max_seq_len=max_seq_len, cuda_graphs=cuda)
     graphs = engine._decode.__self__ if cuda else DecodeGraphs(engine.worker, capture=False)
     engine._decode = graphs.decode_step
     engine.generate(s.prompts, SamplingParams(max_new_tokens=4))  # compiles the kernels, captures the bucket's graph

@@ -38,6 +38,8 @@ class StepOutput:
     empty: (B*W,) int8 like predict, or None when nothing shaped the logits: per node, `EMPTY_BY_PENALTIES`
     or `EMPTY_BY_GRAMMAR` where that stage left no token with a finite logit (the row is then decoded as if
     uniform, and the engine stops the request at that node), else 0.
+    emitted: (B, S+1) `emitted_tokens()`, when the step made them already (a decode body does, inside a CUDA
+    graph, so the engine's read of the step does not gather them eagerly), else None.
     """
 
     predict: torch.Tensor
@@ -46,9 +48,12 @@ class StepOutput:
     logits_output: LogitsOutput
     finite: torch.Tensor
     empty: torch.Tensor | None = None
+    emitted: torch.Tensor | None = None
 
     def emitted_tokens(self) -> torch.Tensor:
         """(B, S+1) tokens of the accepted path, slot j valid for j < accept_lens[b]."""
+        if self.emitted is not None:
+            return self.emitted
         return self.predict[self.accept_index.clamp_min(0).long()]
 
     def emitted_empty(self) -> torch.Tensor | None:
@@ -152,6 +157,7 @@ class WorkerBase(LogitShaping):
         self.target_features: tuple[int, ...] | None = None
         #: the requests' grammar matchers (`specdec.grammar.GrammarBatch`), None when no request has a grammar
         self.grammar = None
+        self._one_token_paths: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         #: the `step_kind`s whose decode body has run with the ops' argument checks on
         self._checked_step_kinds: set[tuple] = set()
 
@@ -239,8 +245,9 @@ class WorkerBase(LogitShaping):
 
     @property
     def uniforms_per_step(self) -> int:
-        """Uniform samples a decode step consumes per request."""
-        return 1
+        """Uniform samples a decode step consumes per request (a target-only step: one, drawn only when some
+        request samples)."""
+        return 0 if self.sampling.all_greedy else 1
 
     @property
     def logprob_steps(self) -> int:
@@ -346,8 +353,8 @@ class WorkerBase(LogitShaping):
         return logits.argmax(-1), finite_rows(raw_logits.view(num_requests, -1))
 
     def sample_tokens(self, logits, uniforms, greedy):
-        """logits: (B, V); uniforms: (B,); greedy: (B,) int64, the argmax of logits -> (B,) int64 (greedy for
-        greedy requests)."""
+        """logits: (B, V); uniforms: (B,), or None for an all-greedy batch; greedy: (B,) int64, the argmax of
+        logits -> (B,) int64 (greedy for greedy requests)."""
         if self.sampling.all_greedy:
             return greedy
         sampled = sample_from_probs(self.sampling.probs(logits, self.ops), uniforms)
@@ -371,10 +378,19 @@ class WorkerBase(LogitShaping):
         tokens (B,), finite (B,) bool (`greedy_and_finite`'s, of the target's raw logits), empty as
         `shape_target_logits` gave it. Its logprob fields are empty: `prefill` fills them at once, `finish_decode`
         after a decode body."""
-        B = tokens.shape[0]
-        accept_index = torch.arange(B, dtype=torch.int32, device=self.device)[:, None]
-        return StepOutput(tokens, accept_index, torch.ones(B, dtype=torch.int32, device=self.device),
-                          LogitsOutput(next_token_logits=logits), finite, empty)
+        accept_index, accept_lens = self._one_token_path(tokens.shape[0])
+        return StepOutput(tokens, accept_index, accept_lens, LogitsOutput(next_token_logits=logits), finite, empty,
+                          emitted=tokens[:, None])
+
+    def _one_token_path(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A one-node step's accept index ((B, 1) int32, row b) and accepted lengths ((B,) int32 ones): constants of
+        the batch size, made once (two launches fewer per step), read and never written. A size's pair is made
+        eagerly, before a CUDA graph of that size is captured: by the prefill, or by the graph runner's warm-up."""
+        pair = self._one_token_paths.get(B)
+        if pair is None:
+            pair = self._one_token_paths[B] = (torch.arange(B, dtype=torch.int32, device=self.device)[:, None],
+                                               torch.ones(B, dtype=torch.int32, device=self.device))
+        return pair
 
     def prefill(self, prompts, params, seed, grammars=None) -> StepOutput:
         """Target forward over the prompts, the first token sampled, then the draft's prefill extend.
@@ -412,11 +428,12 @@ class TargetOnlyWorker(WorkerBase):
                 bitmask = self.grammar_bitmask_roots()
             logits, empty = self.shape_target_logits(raw_logits, st.last_tokens[:, None], None, bitmask)
             greedy, finite = self.greedy_and_finite(logits, raw_logits, raw_logits.shape[0])
-            tokens = self.sample_tokens(logits, st.uniforms[:, 0], greedy)
+            tokens = self.sample_tokens(logits, None if st.uniforms is None else st.uniforms[:, 0], greedy)
         st.seq_lens = st.seq_lens + 1
         st.last_tokens = tokens
-        self.count_emitted(tokens[:, None], torch.ones_like(tokens))
-        return self.one_token_output(logits, tokens, finite, empty)
+        step = self.one_token_output(logits, tokens, finite, empty)
+        self.count_emitted(step.emitted, step.accept_lens)
+        return step
 
 
 class SpeculativeWorkerBase(WorkerBase):
@@ -578,8 +595,9 @@ class SpeculativeWorkerBase(WorkerBase):
         if not self.accepts_in_place:
             self.cache.commit(self.ops, st.slots, st.seq_lens, accept_index, W)
         accept_lens = accept_length + 1
-        st.last_tokens = predict.long().gather(0, accept_index.gather(1, accept_length[:, None].long())[:, 0].long())
         step = StepOutput(predict, accept_index, accept_lens, LogitsOutput(next_token_logits=logits.view(B * W, -1)),
                           finite, empty)
-        self.count_emitted(step.emitted_tokens(), accept_lens)
+        step.emitted = step.emitted_tokens()
+        st.last_tokens = step.emitted.gather(1, accept_length[:, None].long())[:, 0].long()  # the bonus token
+        self.count_emitted(step.emitted, accept_lens)
         return step
