@@ -199,3 +199,16 @@ def test_the_summary_holds_decode_against_the_read_ceiling_and_the_profiled_repl
     rows = [x for x in lines if x.startswith("| ")][1:]
     assert len(rows) == 32 and rows[0].startswith("| 1 | `kernel_0` | 16 | 100.0 |")
     assert rows[30].startswith("|  | 3 more | 48 | 207.0 |") and rows[31].startswith("|  | **total** | 528 |")
+
+
+def test_the_e2e_part_measures_target_only_reading_each_step_first_beside_decoding_ahead():
+    """The pair the decoding-ahead figure comes from: target-only fast + graphs with and without it, at B = 1 and
+    32, and the engine built for the read-first row does not decode ahead."""
+    from specdec.bench.gpu_decode import e2e_plan
+    plan = e2e_plan(smoke=False)
+    first = [(B, impl, graphs) for B, case, impl, graphs in plan if not case.decode_ahead]
+    ahead = [(B, impl, graphs) for B, case, impl, graphs in plan if case.spec is None and case.decode_ahead]
+    assert first == [(32, "fast", True), (1, "fast", True)]
+    assert set(first) <= set(ahead)
+    labels = {c.label for _, c, _, _ in plan if c.spec is None}
+    assert labels == {"target-only", "target-only read first"}

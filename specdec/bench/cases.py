@@ -22,7 +22,9 @@ class WorkerCase:
     e2e: whether the e2e suite runs it. draft_options: (field, value) pairs that replace the kind's draft's own
     (`dataclasses.replace`; a dataclass draft: `NgramDraft`), named in the label ("NGRAM indexing=sequence tree
     S5 K4 W16"). token_map_size: n > 0 runs the draft with a token map of n ids (`Engine(token_map=)`: a
-    hot-vocabulary LM head; `token_map_for` picks them), named in the label ("EAGLE tree S5 K4 W16 hot 32768")."""
+    hot-vocabulary LM head; `token_map_for` picks them), named in the label ("EAGLE tree S5 K4 W16 hot 32768").
+    decode_ahead: False runs the engine without decoding ahead (`Engine(overlap=False)`, "target-only read
+    first"), to measure what decoding ahead brings beside the same case with it."""
 
     kind: str
     spec: SpecConfig | None  # or a `specdec.tuning.TunedSpec`: the shapes `specdec tune` chose, tuned or adaptive
@@ -30,6 +32,7 @@ class WorkerCase:
     e2e: bool = True
     draft_options: tuple = ()
     token_map_size: int = 0
+    decode_ahead: bool = True
 
     def token_map_for(self, target):
         """The token map this case runs with (None without one): the first `token_map_size` ids, as a speed case
@@ -76,6 +79,7 @@ class WorkerCase:
         if self.shape_policy != "static":  # "EAGLE tuned", "EAGLE adaptive": the shape moves with the batch
             return " ".join(filter(None, (draft_kind(self.kind).label, options, self.shape_policy)))
         hot = f" hot {self.token_map_size}" if self.token_map_size else ""
+        hot += "" if self.decode_ahead else " read first"
         if options:
             kind = draft_kind(self.kind)
             return f"{kind.label} {options} {kind.shape_label(self.spec)}{hot}"

@@ -86,7 +86,7 @@ PARTS = [
          gpu_summary.environment_headline),
     Part("logprob_kernels", 45, 25, 40, 30, (KERNELS,), ("triton",), True, gpu_parts.run_logprob_kernels,
          gpu_summary.logprob_headline),
-    Part("e2e", 235, 30, 60, 40, (E2E,), ("triton",), True, gpu_decode.run_e2e, gpu_summary.e2e_headline),
+    Part("e2e", 245, 30, 60, 40, (E2E,), ("triton",), True, gpu_decode.run_e2e, gpu_summary.e2e_headline),
     Part("graph_replay", 40, 20, 30, 20, (E2E,), ("triton",), True, gpu_decode.run_graph_replay,
          gpu_summary.graph_headline),
     Part("decode_ops", 30, 25, 30, 30, (KERNELS,), ("triton",), True, gpu_ops.run_decode_ops,

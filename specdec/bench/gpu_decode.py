@@ -216,6 +216,12 @@ def e2e_cases() -> list:
     return cases + [dataclasses.replace(tree, token_map_size=HOT_VOCAB)]
 
 
+def read_first_case():
+    """target-only with each step read before the next is enqueued: beside the default (decoding ahead) at B = 1
+    and 32 with graphs, it measures what decoding ahead brings."""
+    return dataclasses.replace(next(c for c in e2e_cases() if c.spec is None), decode_ahead=False)
+
+
 def e2e_plan(smoke: bool) -> list[tuple]:
     """(B, case, impl, graphs) in the order measured: per batch size (the goal sizes first), per worker, the
     reference, fast eager and fast + graphs. Smoke: the reference at two sizes, fast target-only at B = 1."""
@@ -231,6 +237,10 @@ def e2e_plan(smoke: bool) -> list[tuple]:
                     plan.append((B, case, "fast", False))
                 continue
             plan += [(B, case, "fast", False), (B, case, "fast", True)]
+        if not smoke and B != 8:
+            plan.append((B, read_first_case(), "fast", True))
+        elif smoke and B == 1:  # the plumbing of the case, on the reference (which reads first on a CPU anyway)
+            plan.append((B, read_first_case(), "reference", False))
     return plan
 
 
@@ -268,7 +278,7 @@ def _e2e_case(B, case, impl, graphs, smoke, device, models, state, run, w) -> No
             token_map = token_map[:target.config.vocab_size // 2]
         state["engines"][key] = Engine(target, drafts.get(case.kind), case.spec, impl=impl, max_batch=max_batch,
                                        max_seq_len=prompt_len + new_tokens + 32, cuda_graphs=graphs,
-                                       token_map=token_map)
+                                       token_map=token_map, overlap=graphs and case.decode_ahead)
     engine = state["engines"][key]
     gen = torch.Generator().manual_seed(1)
     prompts = torch.randint(target.config.vocab_size, (B, prompt_len), generator=gen).tolist()
