@@ -14,7 +14,8 @@ import torch
 
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
-from .base import EagleVerifyInput, SpeculativeWorkerBase, StepOutput
+from .base import SpeculativeWorkerBase
+from .step import EagleVerifyInput, StepOutput
 from .verification import DraftProposer, chain_draft_probs
 
 

@@ -7,7 +7,8 @@ from ..config import SpecConfig
 from ..contract import NO_DRAFT
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
-from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
+from .base import RequestState, SpeculativeWorkerBase
+from .step import EagleVerifyInput, StepOutput
 from .hot_vocab import HotVocabDraft
 from .verification import DraftProposer, tree_draft_probs
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..logprob_types import LogitsOutput
-from .base import StepOutput
+from .step import StepOutput
 
 
 @functools.cache

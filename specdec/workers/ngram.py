@@ -8,7 +8,8 @@ from ..config import SpecConfig
 from ..contract import NO_DRAFT
 from ..kv_cache import KVCache
 from ..ngram import MatchState, NgramDraft, NgramTrie, build_tree, verify_input
-from .base import EagleVerifyInput, RequestState, SpeculativeWorkerBase, StepOutput
+from .base import RequestState, SpeculativeWorkerBase
+from .step import EagleVerifyInput, StepOutput
 from .graphs import batch_buckets
 
 #: the state tensors of a step's verify input, built on the host by `prepare_decode`
