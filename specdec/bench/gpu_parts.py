@@ -169,7 +169,8 @@ def _read_ceiling(out: Path, run, smoke: bool) -> GpuKernelRow:
     best = max(shapes, key=lambda s: s["gbps"])
     err = max(abs(s["total"] - n) for s in shapes)
     copy = copy_ceiling(out, device, smoke)
-    sm = _sm_count(device)
+    from fast.logprobs import device_sm_count
+    sm = device_sm_count(device) if device.type == "cuda" else 0  # no programs per SM on a CPU
     row = _ceiling_row(run, timer, "device_read", "bfloat16", best["times"], n * 2, rows=best["programs"],
                        copy_gbps=copy, frac_of_copy=best["gbps"] / copy, max_abs_err_vs_float64=err, finite=True,
                        within_tolerance=err == 0, programs_per_sm=best["programs"] / sm if sm else "")
@@ -177,11 +178,6 @@ def _read_ceiling(out: Path, run, smoke: bool) -> GpuKernelRow:
           f"launch; by (block, iters, warps): " + ", ".join(f"{s['shape']} {s['gbps']:.4g}" for s in shapes),
           flush=True)
     return row
-
-
-def _sm_count(device) -> int:
-    import torch
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
 def measure_read(device, smoke: bool) -> tuple[list[dict], int, str]:
