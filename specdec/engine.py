@@ -429,11 +429,6 @@ class HostStep:
     token_ids_idx: list[list[int]] | None
     width: int
 
-    @classmethod
-    def read(cls, step) -> "HostStep":
-        """The step on the host, read now (`StepTransfer` reads it later)."""
-        return StepTransfer(step, []).wait()
-
     @staticmethod
     def pack(step) -> torch.Tensor:
         """Every field the engine emits, in one float64 buffer on the step's device (token ids < 2^53 are exact)."""

@@ -19,9 +19,10 @@ bound stay outside the graph (`finish_decode`).
 A returned step's tensors are views of the graph's static outputs, the first B requests' rows (predict and
 empty (B*W,), accept_index (B, S+1), accept_lens and finite (B,), `logits_output.next_token_logits` (B*W, V),
 request b's node i at row b*W + i, as `worker.decode_step` returns them), valid until the next `decode_step`,
-whose replay overwrites them: read a step before asking for the next (`Engine` reads each with `HostStep.read`
-first). The logprob helper reads them as they are: it takes the accept index into B*W rows, so no row of the
-logits is copied out of the graph; its own outputs are new tensors.
+whose replay overwrites them: pack or read a step before asking for the next (`Engine` packs each into its
+`StepTransfer` as it returns, so it may enqueue the next step before it reads the last). The logprob helper
+reads them as they are: it takes the accept index into B*W rows, so no row of the logits is copied out of the
+graph; its own outputs are new tensors.
 """
 from __future__ import annotations
 
