@@ -305,8 +305,8 @@ class Engine:
             pending = StepTransfer(step, active)  # the oldest step not yet read, and the request of each row
             while True:
                 ahead = None
-                # (+ 1: a target-only step writes its root's slot, which its zero margin leaves out)
-                if may_decode_ahead and worker.len_bound + worker.kv_margin + 1 <= self.max_seq_len:
+                # every step writes at least its root's slot, which target-only's margin of 0 does not count
+                if may_decode_ahead and worker.len_bound + max(worker.kv_margin, 1) <= self.max_seq_len:
                     # The next step goes to the device before this one is read. Every row runs it, also one whose
                     # request this step ends (its results are dropped); the bound keeps its writes in its cache row.
                     ahead = StepTransfer(decode(), active)

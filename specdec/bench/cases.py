@@ -78,12 +78,12 @@ class WorkerCase:
         options = " ".join(name if value is True else f"{name}={value}" for name, value in self.draft_options)
         if self.shape_policy != "static":  # "EAGLE tuned", "EAGLE adaptive": the shape moves with the batch
             return " ".join(filter(None, (draft_kind(self.kind).label, options, self.shape_policy)))
-        hot = f" hot {self.token_map_size}" if self.token_map_size else ""
-        hot += "" if self.decode_ahead else " read first"
+        suffix = (f" hot {self.token_map_size}" if self.token_map_size else "") + (
+            "" if self.decode_ahead else " read first")
         if options:
             kind = draft_kind(self.kind)
-            return f"{kind.label} {options} {kind.shape_label(self.spec)}{hot}"
-        return worker_label(self.kind, self.spec) + hot
+            return f"{kind.label} {options} {kind.shape_label(self.spec)}{suffix}"
+        return worker_label(self.kind, self.spec) + suffix
 
 
 def peer_label(kind: str, prompt_lookup: int) -> str:
