@@ -32,10 +32,11 @@ from .. import target_fingerprint
 
 class _RecordingTarget:
     """Wraps a target for the engine: every forward also returns the recorded layers' streams, which are kept
-    (tokens, positions and features on the host) while the engine sees the target's usual output."""
+    (tokens, positions, features and, with topk > 0, the target's top-k next-token ids and probabilities, on the
+    host) while the engine sees the target's usual output."""
 
-    def __init__(self, target, layers):
-        self._target, self.layers, self.calls = target, tuple(layers), []
+    def __init__(self, target, layers, topk: int = 0):
+        self._target, self.layers, self.topk, self.calls = target, tuple(layers), topk, []
 
     def __getattr__(self, name):
         return getattr(self._target, name)
@@ -44,29 +45,75 @@ class _RecordingTarget:
         if features is not None:
             raise ValueError("a recording target serves the target-only path, which asks for no features")
         out = self._target(input_ids, positions, cache, meta, return_logits=return_logits, features=self.layers)
-        self.calls.append((input_ids.cpu(), positions.cpu(), out.features.to(torch.float16).cpu()))
+        arrays = [out.features.to(torch.float16).cpu()]
+        if self.topk and out.logits is not None:  # a decode step: one row a request
+            arrays += self._topk(out.logits)
+        elif self.topk:  # the prefill: only each prompt's last row is read (`compute_logits`), the others stay -1
+            B, T = input_ids.shape
+            arrays += [torch.full((B, T, self.topk), -1, dtype=torch.int32),
+                       torch.zeros(B, T, self.topk, dtype=torch.float16)]
+        self.calls.append((input_ids.cpu(), positions.cpu(), arrays))
         return ModelOutput(out.logits, out.hidden, None)
 
+    def compute_logits(self, hidden):
+        """The prefill's last rows (B, H) -> logits; their top-k kept for `_assemble` to place at each prompt's
+        last token."""
+        logits = self._target.compute_logits(hidden)
+        if self.topk:
+            self.prefill_last = self._topk(logits)
+        return logits
 
-def _assemble(calls, prompts, outputs):
-    """The engine's forwards -> per conversation (tokens (n,), features (n - 1, F)): the prefill is call 0 (row b =
-    request b); decode step s feeds request r its token s - 1, for the requests still running (len(output) > s), in
-    request order (the engine drops finished rows and keeps the order)."""
-    ids0, _, f0 = calls[0]
+    def _topk(self, logits):
+        probs, ids = torch.softmax(logits.float(), dim=-1).topk(self.topk, dim=-1)
+        return [ids.to(torch.int32).cpu(), probs.to(torch.float16).cpu()]
+
+
+def _assemble(calls, prompts, outputs, prefill_last=None):
+    """The engine's forwards -> per conversation (tokens (n,), [features (n - 1, F), ...]): the prefill is call 0
+    (row b = request b); decode step s feeds request r its token s - 1, for the requests still running
+    (len(output) > s), in request order (the engine drops finished rows and keeps the order). prefill_last: the
+    arrays of each prompt's last row, placed there in the prefill's arrays 1, 2, ..."""
+    ids0, _, a0 = calls[0]
+    for k, rows in enumerate(prefill_last or (), start=1):
+        a0[k] = a0[k].clone()  # made in inference mode, which forbids writing outside it
+        for r, p in enumerate(prompts):
+            a0[k][r, len(p) - 1] = rows[r]
     seqs = []
     for r, (p, o) in enumerate(zip(prompts, outputs)):
         if not torch.equal(ids0[r, :len(p)], torch.tensor(p)):
             raise RuntimeError("recording: the prefill rows are not the prompts in order")
-        seqs.append((list(p) + list(o), [f0[r, :len(p)]]))
-    for s, (ids, pos, f) in enumerate(calls[1:], start=1):
+        seqs.append((list(p) + list(o), [[a[r, :len(p)]] for a in a0]))
+    for s, (ids, pos, arrays) in enumerate(calls[1:], start=1):
         active = [r for r, o in enumerate(outputs) if len(o) > s]
         if ids.shape[0] != len(active):
             raise RuntimeError(f"recording: decode step {s} has {ids.shape[0]} rows for {len(active)} requests")
         for b, r in enumerate(active):
             if int(ids[b, 0]) != outputs[r][s - 1] or int(pos[b, 0]) != len(prompts[r]) + s - 1:
                 raise RuntimeError(f"recording: decode step {s} row {b} is not request {r}'s token {s - 1}")
-            seqs[r][1].append(f[b, :1])
-    return [(np.asarray(t[:-1], dtype=np.int32), torch.cat(fs).numpy()) for t, fs in seqs]
+            for k, a in enumerate(arrays):
+                seqs[r][1][k].append(a[b, :1])
+    return [(np.asarray(t[:-1], dtype=np.int32), [torch.cat(parts).numpy() for parts in per_array])
+            for t, per_array in seqs]
+
+
+def record_conversations(target, prompts, layers, max_new_tokens: int, temperatures, batch_size: int = 16,
+                         seed: int = 0, stop_token_ids=(), topk: int = 0):
+    """prompts: token id lists (at most batch_size); temperatures: one per prompt (0: greedy) -> (per conversation
+    (tokens (n,) int32, [features (n, F*H) float16, and with topk: top-k ids (n, topk) int32, probabilities
+    (n, topk) float16]), the answers' token ids): each conversation is its prompt and the target's answer (up to
+    max_new_tokens, ending at a stop id) without its last token, with the streams entering `layers` at every token
+    and the target's next-token distribution after it."""
+    from ... import Engine, SamplingParams  # the engine imports the zoo's package: import it when called
+
+    if len(temperatures) != len(prompts):
+        raise ValueError(f"got {len(temperatures)} temperatures for {len(prompts)} prompts")
+    rec = _RecordingTarget(target, layers, topk)
+    engine = Engine(rec, max_batch=batch_size, max_seq_len=max(len(p) for p in prompts) + max_new_tokens + 1)
+    params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=t, stop_token_ids=list(stop_token_ids))
+              for t in temperatures]
+    outs = engine.generate(prompts, params, seed=seed)
+    answers = [o.token_ids for o in outs]
+    return _assemble(rec.calls, prompts, answers, getattr(rec, "prefill_last", None)), answers
 
 
 def record_responses(target, prompts, layers, max_new_tokens: int, temperatures, batch_size: int = 16,
@@ -75,21 +122,15 @@ def record_responses(target, prompts, layers, max_new_tokens: int, temperatures,
     float16, starts (len(prompts),) int64): each conversation is its prompt and the target's answer (up to
     max_new_tokens, ending at a stop id) without its last token, and the streams entering `layers` at every
     token."""
-    from ... import Engine, SamplingParams  # the engine imports the zoo's package: import it when called
-
     if len(temperatures) != len(prompts):
         raise ValueError(f"got {len(temperatures)} temperatures for {len(prompts)} prompts")
-    rec = _RecordingTarget(target, layers)
-    engine = Engine(rec, max_batch=batch_size, max_seq_len=max(len(p) for p in prompts) + max_new_tokens + 1)
     toks, feats, starts, n = [], [], [], 0
     t0 = time.time()
     for lo in range(0, len(prompts), batch_size):
         batch = prompts[lo:lo + batch_size]
-        params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=t, stop_token_ids=list(stop_token_ids))
-                  for t in temperatures[lo:lo + batch_size]]
-        rec.calls = []
-        outs = engine.generate(batch, params, seed=seed + lo)
-        for t, f in _assemble(rec.calls, batch, [o.token_ids for o in outs]):
+        convs, _ = record_conversations(target, batch, layers, max_new_tokens, temperatures[lo:lo + batch_size],
+                                        batch_size, seed + lo, stop_token_ids)
+        for t, (f,) in convs:
             starts.append(n)
             toks.append(t)
             feats.append(f)
@@ -203,6 +244,40 @@ class RecordedData:
                          "record_cpu_seconds": round(sum(x["cpu_seconds"] for x in m), 1)}}
 
 
+def _file_main(a, p) -> int:
+    """`--prompts FILE`: the sharded, resumable recording (`shards`)."""
+    from ...prompt_files import read_prompts
+    from ...models.eagle3 import default_feature_layers
+    from .. import target_fingerprint
+    from .for_target import load_target
+    from .shards import RecordPlan, record_shards, sha256_of, summary
+
+    i, k = _shard_arg(a.shard, p)
+    prompts = read_prompts(a.prompts, a.categories.split(",") if a.categories else None)
+    if a.limit:
+        prompts = prompts[:a.limit]
+    target, tok, _ = load_target(a.model)
+    L = target.config.num_hidden_layers
+    plan = RecordPlan(str(a.prompts), sha256_of(Path(a.prompts)), len(prompts), a.model, target_fingerprint(target),
+                      tuple(sorted(set(default_feature_layers(L)) | {L})), a.topk, a.max_new_tokens,
+                      a.sampled_every, a.temperature, a.seed, a.shard_size, a.batch_size)
+    out = Path(a.out)
+    record_shards(target, tok, plan, prompts, out, range(i, plan.num_shards, k),
+                  log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(json.dumps(summary(out)))
+    return 0
+
+
+def _shard_arg(text, p):
+    try:
+        i, k = (int(x) for x in text.split("/"))
+        if not 0 <= i < k:
+            raise ValueError
+    except ValueError:
+        p.error(f"--shard must be I/K with 0 <= I < K, got {text!r}")
+    return i, k
+
+
 def main(argv=None) -> int:
     from ... import zoo
     from ..chat_prompts import chat_prompt_ids
@@ -210,11 +285,23 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m specdec.zoo.train.record", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m-instruct", help="zoo target (default: %(default)s)")
-    p.add_argument("--prompts", type=int, required=True, help="chat prompts of --split, all shards together")
+    p.add_argument("--model", default="smollm2-135m-instruct",
+                   help="the target: a zoo real target, a .gguf file or a Hugging Face directory (default: "
+                        "%(default)s)")
+    p.add_argument("--prompts", required=True,
+                   help="a prompt file (`specdec.prompt_files`; recorded in resumable shards), or a number N: the "
+                        "first N chat prompts of --split (`specdec.zoo.chat_prompts`), all --shard parts together")
+    p.add_argument("--categories", default="", help="with a prompt file: only these categories (comma-separated)")
+    p.add_argument("--limit", type=int, default=0, help="with a prompt file: its first N prompts only")
     p.add_argument("--split", default="train", choices=("train", "heldout"),
                    help="the chat prompts' split (`specdec.zoo.chat_prompts`; default: %(default)s)")
-    p.add_argument("--shard", default="0/1", help="I/K: record every K-th prompt from the I-th (default: %(default)s)")
+    p.add_argument("--shard", default="0/1",
+                   help="I/K: record every K-th prompt (with a prompt file: every K-th shard) from the I-th "
+                        "(default: %(default)s)")
+    p.add_argument("--shard-size", type=int, default=256, help="with a prompt file: prompts a shard")
+    p.add_argument("--topk", type=int, default=32,
+                   help="with a prompt file: the target's top-k next-token probabilities kept at every token "
+                        "(default: %(default)s; 0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=192)
     p.add_argument("--sampled-every", type=int, default=4,
@@ -225,12 +312,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="directory to write")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    try:
-        i, k = (int(x) for x in a.shard.split("/"))
-        if not 0 <= i < k:
-            raise ValueError
-    except ValueError:
-        p.error(f"--shard must be I/K with 0 <= I < K, got {a.shard!r}")
+    if not a.prompts.isdigit():
+        return _file_main(a, p)
+    a.prompts = int(a.prompts)
+    i, k = _shard_arg(a.shard, p)
     bundle = zoo.load(a.model)
     target, tok = bundle.target, bundle.tokenizer
     L = target.config.num_hidden_layers
