@@ -63,3 +63,14 @@ def test_split_is_by_source_and_files_are_prompt_files(tmp_path, monkeypatch):
     card = build.card(records, {"train": path})
     assert sum(card["splits"]["train"]["by_category"].values()) == len(got)
     assert json.loads(json.dumps(card)) == card
+
+
+def test_magpie_header_is_the_template_up_to_the_users_message():
+    from specdec.tokenizer import ByteTokenizer
+    from specdec.zoo.prompts.magpie import user_header_ids
+
+    tok = ByteTokenizer()
+    header = user_header_ids(tok)
+    assert tok.decode(header) == "user: "
+    full = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
+    assert full[:len(header)] == header and tok.decode(full[len(header):]).startswith("hello")

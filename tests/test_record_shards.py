@@ -133,3 +133,21 @@ def test_a_changed_byte_and_other_settings_are_refused(small, prompts, whole, tm
     other = type(other)(**{**other.__dict__, "max_new_tokens": 13})
     with pytest.raises(ValueError, match="max_new_tokens: 12, now 13"):
         record_shards(small.target, small.tokenizer, other, ps, whole, log=lambda s: None)
+
+
+def test_a_sharded_recording_reads_as_one_without_loading_it(small, whole):
+    from specdec.zoo.train.record import RecordedData, SegmentedRows
+
+    rec = load_recordings(str(whole))
+    assert isinstance(rec.features, SegmentedRows) and len(rec.meta) == 2
+    flat = np.concatenate([np.load(shard_dir(whole, k) / "features.npy") for k in (0, 1)])
+    assert rec.features.shape == flat.shape and len(rec.tokens) == len(flat)
+    rng = np.random.default_rng(0)
+    for lo, hi in [(0, len(flat)), (0, 1), (len(flat) - 1, len(flat))] + [sorted(rng.integers(0, len(flat), 2))
+                                                                           for _ in range(20)]:
+        assert np.array_equal(rec.features[lo:hi], flat[lo:hi]), (lo, hi)
+    data = RecordedData(small.target, str(whole))
+    assert data.stats()["data"]["answer_tokens"] == summary(whole)["answer_tokens"]
+    assert data.stats()["data"]["prompt_files"] == ["p.jsonl"]
+    ids = data.windows(3, 9, seed=1).next()
+    assert ids.shape == (3, 9)

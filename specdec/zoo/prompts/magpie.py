@@ -55,8 +55,8 @@ def sample_requests(target, tokenizer, n: int, seed: int = 0, temperature: float
 
 
 def main(argv=None) -> int:
-    from ..model_arg import load_target_and_tokenizer
-    from ...zoo import target_fingerprint
+    from .. import target_fingerprint
+    from ..train.for_target import load_target
 
     p = argparse.ArgumentParser(prog="python -m specdec.zoo.prompts.magpie", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="JSON-lines file to write")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    target, tokenizer = load_target_and_tokenizer(a.model)
+    target, tokenizer, _ = load_target(a.model)
     reqs = sample_requests(target, tokenizer, a.n, a.seed, a.temperature, batch_size=a.batch_size,
                            log=lambda s: print(s, file=sys.stderr))
     out = Path(a.out)

@@ -139,33 +139,76 @@ def record_responses(target, prompts, layers, max_new_tokens: int, temperatures,
     return np.concatenate(toks), np.concatenate(feats), np.asarray(starts, dtype=np.int64)
 
 
+class SegmentedRows:
+    """Row-aligned arrays (memory-mapped, one per recording or shard) read as one: `rows[a:b]` reads only the
+    segments the slice touches, so recordings larger than memory can be sampled."""
+
+    def __init__(self, parts):
+        self.parts = list(parts)
+        self.offsets = np.concatenate([[0], np.cumsum([len(x) for x in self.parts])]).astype(np.int64)
+        self.shape = (int(self.offsets[-1]),) + tuple(self.parts[0].shape[1:])
+        self.dtype = self.parts[0].dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("SegmentedRows reads contiguous row slices only")
+        lo, hi, _ = index.indices(len(self))
+        first = int(np.searchsorted(self.offsets, lo, side="right")) - 1
+        pieces = []
+        for k in range(max(first, 0), len(self.parts)):
+            a, b = self.offsets[k], self.offsets[k + 1]
+            if a >= hi:
+                break
+            pieces.append(np.asarray(self.parts[k][max(lo, a) - a:min(hi, b) - a]))
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else self.parts[0][:0]
+
+
 @dataclass
 class Recording:
-    """Recordings read together: tokens (N,) int64, features (N, F) float16 (memory-mapped), layers, meta."""
+    """Recordings read together: tokens (N,) int64, features (N, F) float16 (memory-mapped, `SegmentedRows` over
+    several), layers, meta (one per recording or shard)."""
 
     tokens: np.ndarray
-    features: np.ndarray
+    features: np.ndarray | SegmentedRows
     layers: tuple
     meta: list
 
 
-def load_recordings(dirs) -> Recording:
-    """Comma-separated recording directories (or a list) -> one `Recording`; they must record the same layers of
-    the same target."""
-    dirs = [Path(d) for d in (dirs.split(",") if isinstance(dirs, str) else dirs) if str(d)]
-    if not dirs:
+def recording_dirs(dirs) -> list[Path]:
+    """Comma-separated directories (or a list) -> the recordings they hold: a directory `record` wrote, or the
+    sealed shards of one a prompt file was recorded into (`shards`; its unsealed shards are left out)."""
+    out = []
+    for d in (Path(x) for x in (dirs.split(",") if isinstance(dirs, str) else dirs) if str(x)):
+        if (d / "manifest.json").is_file():
+            sealed = sorted(x for x in d.glob("shard-?????") if (x / "meta.json").is_file())
+            if not sealed:
+                raise ValueError(f"recording {str(d)!r} has no sealed shard yet")
+            out += sealed
+        elif (d / "meta.json").is_file():
+            out.append(d)
+        else:
+            raise ValueError(f"recording {str(d)!r}: no meta.json (not a directory `record` wrote)")
+    if not out:
         raise ValueError("recordings: no directory given")
+    return out
+
+
+def load_recordings(dirs) -> Recording:
+    """Comma-separated recording directories (or a list; `recording_dirs`) -> one `Recording`; they must record
+    the same layers of the same target."""
+    dirs = recording_dirs(dirs)
     metas, toks, feats = [], [], []
     for d in dirs:
-        if not (d / "meta.json").is_file():
-            raise ValueError(f"recording {str(d)!r}: no meta.json (not a directory `record` wrote)")
         metas.append(json.loads((d / "meta.json").read_text()))
         toks.append(np.load(d / "tokens.npy").astype(np.int64))
         feats.append(np.load(d / "features.npy", mmap_mode="r"))
     for m in metas[1:]:
         if m["layers"] != metas[0]["layers"] or m["target"] != metas[0]["target"]:
             raise ValueError(f"recordings {[str(d) for d in dirs]} record different layers or targets")
-    features = feats[0] if len(feats) == 1 else np.concatenate(feats)
+    features = feats[0] if len(feats) == 1 else SegmentedRows(feats)
     return Recording(np.concatenate(toks), features, tuple(metas[0]["layers"]), metas)
 
 
@@ -237,11 +280,14 @@ class RecordedData:
 
     def stats(self) -> dict:
         m = self.rec.meta
-        return {"data": {"recordings": len(m), "conversations": sum(x["conversations"] for x in m),
-                         "tokens": int(len(self.rec.tokens)), "split": m[0]["split"], "layers": list(self.rec.layers),
-                         "max_new_tokens": m[0]["max_new_tokens"], "sampled_every": m[0]["sampled_every"],
-                         "temperature": m[0]["temperature"],
-                         "record_cpu_seconds": round(sum(x["cpu_seconds"] for x in m), 1)}}
+        data = {"recordings": len(m), "conversations": sum(x["conversations"] for x in m),
+                "tokens": int(len(self.rec.tokens)), "split": m[0]["split"], "layers": list(self.rec.layers),
+                "max_new_tokens": m[0]["max_new_tokens"], "sampled_every": m[0]["sampled_every"],
+                "temperature": m[0]["temperature"], "record_cpu_seconds": round(sum(x["cpu_seconds"] for x in m), 1)}
+        if all("answer_tokens" in x for x in m):  # shards of prompt files (`shards`)
+            data["answer_tokens"] = sum(x["answer_tokens"] for x in m)
+            data["prompt_files"] = sorted({Path(x["prompts_file"]).name for x in m})
+        return {"data": data}
 
 
 def _file_main(a, p) -> int:
