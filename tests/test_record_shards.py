@@ -97,7 +97,7 @@ def test_topk_and_features_are_the_targets_own(small, whole):
         x = torch.from_numpy(tokens.astype(np.int64))[None]
         with torch.no_grad():
             out = small.target(x, torch.arange(x.shape[1])[None], features=LAYERS)
-        torch.testing.assert_close(torch.from_numpy(np.asarray(feats)).float(), out.features[0], rtol=2e-3,
+        torch.testing.assert_close(torch.from_numpy(np.array(feats)).float(), out.features[0], rtol=2e-3,
                                    atol=2e-3)
         ref_p, ref_i = torch.softmax(out.logits[0].float(), -1).topk(TOPK, -1)
         text = tok.decode(tokens.tolist())
