@@ -174,3 +174,35 @@ def test_a_trained_eagle3_head_reslices_to_the_most_frequent_ids(small, recordin
     assert head.draft_to_target(torch.arange(50)).tolist() == top.tolist()
     torch.testing.assert_close(head.lm_head.weight, small.target.lm_head.weight[torch.from_numpy(top)].half().float())
     assert json.loads((tmp_path / "card.json").read_text())["drafts"]["eagle3"]["reslice"]["draft_vocab_size"] == 50
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_weights(small, recording, tmp_path):
+    import time
+
+    from safetensors.torch import load_file
+
+    data = RecordedData(small.target, str(recording[0]))
+
+    def opts(**kw):
+        o = target_draft_opts(small.target, unused_token_id(small.tokenizer, data.stream))["eagle"]
+        o.steps, o.warmup, o.batch_size, o.seq_len = 5, 1, 2, 16
+        for k, v in kw.items():
+            setattr(o, k, v)
+        return o
+
+    quiet = lambda s: None  # noqa: E731
+    train_target_draft(small.target, "eagle", data, opts(), tmp_path / "whole", None, log=quiet)
+    ckpt = str(tmp_path / "eagle.pt")
+    row = train_target_draft(small.target, "eagle", data, opts(checkpoint=ckpt, deadline=time.time()),
+                             tmp_path / "parts", None, log=quiet)
+    assert row["training"]["complete"] is False and row["training"]["steps_done"] == 1
+    assert not (tmp_path / "parts" / "eagle").exists()
+    with pytest.raises(ValueError, match="remove it or train with its settings"):
+        train_target_draft(small.target, "eagle", data, opts(checkpoint=ckpt, resume=True, steps=6),
+                           tmp_path / "parts", None, log=quiet)
+    row = train_target_draft(small.target, "eagle", data, opts(checkpoint=ckpt, resume=True), tmp_path / "parts",
+                             None, log=quiet)
+    assert row["training"]["steps"] == 5 and row["training"]["train_cpu_seconds"] > 0
+    a = load_file(tmp_path / "whole" / "eagle" / "model.safetensors")
+    b = load_file(tmp_path / "parts" / "eagle" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -47,6 +47,13 @@ class StageOpts:
     eval_every: int = 0  # 0: only at the end
     eval_windows: int = 16
     extra: dict = field(default_factory=dict)
+    #: a file the loop saves its whole state to every checkpoint_every_s seconds and when it stops ("": none)
+    checkpoint: str = ""
+    checkpoint_every_s: float = 300.0
+    #: continue from `checkpoint` where it exists (the same stage and settings)
+    resume: bool = False
+    #: time.time() at which the loop saves a checkpoint and stops, its stats saying so (0: none; `--minutes`)
+    deadline: float = 0.0
 
 
 #: the drafts the zoo trains, in `DRAFT_KINDS`' order; each is a stage of its own, trained after the target
