@@ -42,11 +42,12 @@ def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5, *, seq_
     An EAGLE-3 head is scored over its draft vocabulary: the target's distribution restricted to it and
     renormalised, the true byte where it is in it; agreement compares its mapped argmax with the target's
     over every position (a target argmax it cannot propose counts as a miss)."""
+    windows = windows.to(next(target.parameters()).device)
     if seq_len is not None:
         windows = windows[:, :seq_len + 1]
     x = windows[:, :-1]
     B, T = x.shape
-    out = target(x, position_grid(B, T), features=getattr(head, "feature_layers", None))
+    out = target(x, position_grid(B, T, windows.device), features=getattr(head, "feature_layers", None))
     z, h = out.logits.float(), out.hidden if out.features is None else out.features
     outs = eagle_unrolled(head, h, windows[:, 1:], depths)
     tgt_arg = z.argmax(-1)
@@ -58,7 +59,7 @@ def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5, *, seq_
         true_in_vocab, true_draft = torch.ones_like(windows[:, 2:], dtype=torch.bool), windows[:, 2:]
     to_target = getattr(head, "draft_to_target", lambda ids: ids)
     res = {}
-    t = torch.arange(T)[None, :]
+    t = torch.arange(T, device=windows.device)[None, :]
     for j, (logits, _) in enumerate(outs):
         mask = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1]
         lp = torch.log_softmax(logits[:, :-1], -1)
@@ -76,6 +77,7 @@ def evaluate_eagle(target, head, windows: torch.Tensor, depths: int = 5, *, seq_
 def evaluate_mtp(target, model, windows: torch.Tensor, *, seq_len: int | None = None) -> dict:
     """windows: (N, T + S) (with seq_len: their first seq_len + S bytes) -> per layer k: cross-entropy against
     the true byte x_{t+k+2}, against the target's distribution, and top-1 agreement with the target's argmax."""
+    windows = windows.to(next(target.parameters()).device)
     S = model.num_layers
     if seq_len is not None:
         windows = windows[:, :seq_len + S]
@@ -128,16 +130,18 @@ def evaluate_draft_lm(target, lm, windows: torch.Tensor, depths: int = 5, *, seq
     accepted when it drafts at depth d; the target is scored on that same path (depth 1 is teacher forcing).
     The cross-entropy against the true byte counts the positions where that path is still the held-out text.
     Windows are run `chunk` at a time (the passes' attention masks grow with depth)."""
+    windows = windows.to(next(target.parameters()).device)
     if seq_len is not None:
         windows = windows[:, :seq_len + 1]
     T = windows.shape[1] - 1
-    totals = [torch.zeros(5, dtype=torch.float64) for _ in range(depths)]  # ce_true, n_true, ce_tgt, agree, n
-    t = torch.arange(T)[None, :]
+    # per depth: ce_true, n_true, ce_tgt, agree, n
+    totals = [torch.zeros(5, dtype=torch.float64, device=windows.device) for _ in range(depths)]
+    t = torch.arange(T, device=windows.device)[None, :]
     for w in windows.split(chunk):
         x, y = w[:, :-1], w[:, 1:]
         B = x.shape[0]
         target_passes, lm_passes = _UnrolledPasses(target, B, T, depths), _UnrolledPasses(lm, B, T, depths)
-        ids, on_text = x, torch.ones(B, T, dtype=torch.bool)
+        ids, on_text = x, torch.ones(B, T, dtype=torch.bool, device=x.device)
         for j in range(depths):
             z, q = target_passes(ids, j), lm_passes(ids, j)
             valid = (t >= j).expand(B, T)
@@ -165,21 +169,23 @@ def evaluate_dflash(target, model, windows: torch.Tensor, *, seq_len: int | None
     on the held-out text): cross-entropy against the true byte x_{p+j}, against the target's distribution, top-1
     agreement with the target's argmax, and `accept_prefix`, the fraction of blocks whose positions 1..j all agree
     (what a chain verify would accept on that text)."""
+    windows = windows.to(next(target.parameters()).device)
     if seq_len is not None:
         windows = windows[:, :seq_len]
     T, bs = windows.shape[1], model.block_size
     anchors = torch.arange(1, T - bs + 1, stride)
     n = len(anchors)
-    sums = torch.zeros(4, bs - 1, dtype=torch.float64)
+    sums = torch.zeros(4, bs - 1, dtype=torch.float64, device=windows.device)
     count = 0
     for w in windows.split(chunk):
         B = w.shape[0]
-        out = target(w, position_grid(B, T), features=model.feature_layers)
-        positions, mask = dflash_blocks(T, anchors[None].expand(B, n), bs)
+        grid = position_grid(B, T, w.device)
+        out = target(w, grid, features=model.feature_layers)
+        positions, mask = dflash_blocks(T, anchors[None].expand(B, n).to(w.device), bs, w.device)
         ids = w.gather(1, positions)
         ids.view(B, n, bs)[:, :, 1:] = model.mask_token_id
-        lp = torch.log_softmax(model.compute_logits(model.forward_dense(out.features, position_grid(B, T), ids,
-                                                                        positions, mask)).float(), -1)
+        lp = torch.log_softmax(model.compute_logits(model.forward_dense(out.features, grid, ids, positions,
+                                                                        mask)).float(), -1)
         lp = lp.view(B, n, bs, -1)[:, :, 1:]
         z = out.logits.gather(1, (positions - 1).clamp_min(0)[:, :, None].expand(-1, -1, out.logits.shape[-1]))
         z = z.view(B, n, bs, -1)[:, :, 1:]

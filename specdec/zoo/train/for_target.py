@@ -74,7 +74,7 @@ def save_target_draft(model, path: Path, fingerprint: str) -> int:
     cfg, sd = model.checkpoint()
     cfg["torch_dtype"] = "float16"
     cfg["specdec_target_fingerprint"] = fingerprint
-    save_dir(path, cfg, {k: v.detach().to(TARGET_DRAFT_DTYPE) if v.is_floating_point() else v.detach()
+    save_dir(path, cfg, {k: (v.detach().to(TARGET_DRAFT_DTYPE) if v.is_floating_point() else v.detach()).cpu()
                          for k, v in sd.items()})
     for f in Path(path).iterdir():
         f.chmod(0o644)
@@ -113,7 +113,10 @@ def train_target_draft(target, kind: str, data, opts: StageOpts, out: Path, held
     stats["train_cpu_seconds"] = stats["loop_cpu_seconds"]  # the optimisation loop's, over every run it resumed
     fp = target_fingerprint(target)
     stats["bytes_on_disk"] = save_target_draft(model, out / kind, fp)
-    stored = draft_kind(kind).load(out / kind, target, device="cpu", dtype=torch.float32)
+    if opts.checkpoint:  # written: a later --resume must not continue this run's mid-way state
+        Path(opts.checkpoint).unlink(missing_ok=True)
+    stored = draft_kind(kind).load(out / kind, target, device=next(target.parameters()).device,
+                                   dtype=torch.float32)
     row = {"training": stats, "parameters": num_params(model), "config": shape_summary(stored.config),
            "command": command, "seed": seed, "torch_threads": torch.get_num_threads(),
            "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
@@ -209,14 +212,17 @@ def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):
     if spec in zoo.REAL_TARGETS:
         b = zoo.load_real_target(spec, device=device, dtype=dtype)
         return b.target, b.tokenizer, zoo.WEIGHTS_DIR / spec
+    if spec in zoo.names():  # a byte-level pair: its target (its drafts directory is the zoo's own, not written to)
+        b = zoo.load(spec, device=device, dtype=dtype)
+        return b.target, b.tokenizer, None
     path = Path(spec)
     if path.is_file() and path.suffix == ".gguf":
         return load_gguf(path, device=device, dtype=dtype), load_gguf_tokenizer(path), None
     if path.is_dir() and (path / "config.json").is_file():
         from ...tokenizer import load_tokenizer
         return LlamaForCausalLM.from_pretrained(path, device=device, dtype=dtype), load_tokenizer(path), None
-    raise ValueError(f"--target {spec!r} is neither a zoo real target ({sorted(zoo.REAL_TARGETS)}), a .gguf file nor a "
-                     f"Hugging Face directory with a config.json")
+    raise ValueError(f"--target {spec!r} is neither a zoo target ({sorted(zoo.REAL_TARGETS) + zoo.names()}), a .gguf "
+                     f"file nor a Hugging Face directory with a config.json")
 
 
 def main(argv=None) -> int:
@@ -253,6 +259,7 @@ def main(argv=None) -> int:
     p.add_argument("--eval-windows", type=int, default=16, help="held-out windows for the card")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--device", default="cpu", help="where the target and the draft train (cpu, cuda, ...)")
     p.add_argument("--minutes", type=float, default=0,
                    help="a time budget: when it runs out the run saves a checkpoint and stops (0: none)")
     p.add_argument("--resume", action="store_true", help="continue each kind from its checkpoint, where there is one")
@@ -263,7 +270,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     deadline = time.time() + 60 * a.minutes if a.minutes > 0 else 0.0
     torch.set_num_threads(a.threads)
-    target, tokenizer, default_out = load_target(a.target)
+    target, tokenizer, default_out = load_target(a.target, device=a.device)
     ckpt_dir = Path(a.checkpoint_dir) if a.checkpoint_dir else (
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec" / "train"
         / target_fingerprint(target))
@@ -296,8 +303,8 @@ def main(argv=None) -> int:
         o.batch_size = a.batch_size or o.batch_size
         o.seq_len = a.seq_len or o.seq_len
         o.warmup = min(o.warmup, max(1, o.steps // 10))
-        if kind == "eagle3" and a.draft_vocab:
-            o.extra["draft_vocab_size"] = a.draft_vocab
+        if kind == "eagle3":  # a small vocabulary (a byte-level target) is its own draft vocabulary
+            o.extra["draft_vocab_size"] = a.draft_vocab or min(o.extra.get("draft_vocab_size") or V, V)
         o.checkpoint, o.checkpoint_every_s = str(ckpt_dir / f"{kind}.pt"), a.checkpoint_every
         o.resume, o.deadline = a.resume, deadline
         row = train_target_draft(target, kind, data, o, out, heldout, a.seed, command.strip(),

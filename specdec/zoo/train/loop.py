@@ -48,8 +48,13 @@ def make_optimizer(params_named, opts: StageOpts) -> torch.optim.Optimizer:
                               {"params": no_decay, "weight_decay": 0.0}], lr=opts.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+#: the device type the running stage trains on (`run_stage_loop` sets it from its parameters), for the losses'
+#: autocast regions
+_autocast_device = "cpu"
+
+
 def train_autocast(enabled: bool):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
+    return torch.autocast(_autocast_device, dtype=torch.bfloat16, enabled=enabled)
 
 
 def position_grid(B: int, T: int, device="cpu") -> torch.Tensor:
@@ -103,9 +108,12 @@ def run_stage_loop(name: str, opts: StageOpts, params_named, loss_fn, windows: W
     """The shared training loop. loss_fn(batch) -> (loss, dict of floats for the progress bar). With
     opts.checkpoint, the state is saved every opts.checkpoint_every_s seconds, resumed from with opts.resume, and
     saved when opts.deadline passes; the stats then say `complete: False` and the steps done."""
+    global _autocast_device
     torch.manual_seed(seed)
     params_named = list(params_named)
     params = [p for _, p in params_named if p.requires_grad]
+    device = params[0].device
+    _autocast_device = device.type
     opt = make_optimizer(params_named, opts)
     tokens_per_step = opts.batch_size * opts.seq_len
     ema, history, start, before, cpu_before = None, [], 0, 0.0, 0.0
@@ -122,7 +130,7 @@ def run_stage_loop(name: str, opts: StageOpts, params_named, loss_fn, windows: W
         lr = lr_at(step, opts)
         for g in opt.param_groups:
             g["lr"] = lr
-        batch = windows.next()
+        batch = windows.next().to(device)
         loss, parts = loss_fn(batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()

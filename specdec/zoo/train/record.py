@@ -226,11 +226,12 @@ class RecordedTarget(torch.nn.Module):
 
     def forward(self, input_ids, positions=None, cache=None, meta=None, return_logits=True, features=None):
         ids, feats = self.current
+        ids = ids.to(input_ids.device)
         T = input_ids.shape[1]
         if T > ids.shape[1] or not torch.equal(input_ids, ids[:, :T]):
             raise ValueError("RecordedTarget: the ids are not (a prefix of) the batch last drawn from the recording")
         H = self.target.config.hidden_size
-        f = feats[:, :T].float()
+        f = feats[:, :T].to(input_ids.device).float()
         part = {i: f[..., k * H:(k + 1) * H] for k, i in enumerate(self.layers)}
         hidden = self.target.model.norm(part[self.target.config.num_hidden_layers])
         logits = self.target.compute_logits(hidden) if return_logits else None
@@ -302,7 +303,7 @@ def _file_main(a, p) -> int:
     prompts = read_prompts(a.prompts, a.categories.split(",") if a.categories else None)
     if a.limit:
         prompts = prompts[:a.limit]
-    target, tok, _ = load_target(a.model)
+    target, tok, _ = load_target(a.model, device=a.device)
     L = target.config.num_hidden_layers
     plan = RecordPlan(str(a.prompts), sha256_of(Path(a.prompts)), len(prompts), a.model, target_fingerprint(target),
                       tuple(sorted(set(default_feature_layers(L)) | {L})), a.topk, a.max_new_tokens,
@@ -355,6 +356,7 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="with a prompt file: where the target runs (cpu, cuda, ...)")
     p.add_argument("--out", required=True, help="directory to write")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)

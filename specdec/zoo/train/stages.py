@@ -20,6 +20,11 @@ from .regenerate import SegmentWindows, load_segments
 from .loop import train_autocast, freeze, position_grid, run_stage_loop, init_weights_
 
 
+def on_target_device(module: torch.nn.Module, target) -> torch.nn.Module:
+    """A draft built (and initialised, from CPU generators) beside `target`, moved to the device the target is on."""
+    return module.to(next(target.parameters()).device)
+
+
 def soft_ce(logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """logits, target_probs: (B, T, V); mask: (B, T) bool -> mean over masked positions of
     -sum_v p(v) log q(v) (cross-entropy against the target's distribution)."""
@@ -212,7 +217,7 @@ def eagle_loss(target, head, batch: torch.Tensor, passes: int, w_reg: float, w_c
     p = torch.softmax(z, dim=-1)
     with train_autocast(amp):
         outs = eagle_unrolled(head, h, batch[:, 1:], passes)
-    t = torch.arange(T)[None, :]
+    t = torch.arange(T, device=x.device)[None, :]
     total, parts = 0.0, {}
     for j, (logits, out_h) in enumerate(outs):
         mask = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1]
@@ -234,7 +239,7 @@ def train_eagle(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     torch.manual_seed(seed)
     head = EagleDraftHead(draft_config_like(target, 1), target)
     init_weights_(head, 1, seed + 10)
-    head.train()
+    head = on_target_device(head, target).train()
     teacher, windows = stage_batches(target, data, opts, opts.seq_len + 1, seed + 11, head_windows)
     stats = run_stage_loop("eagle", opts, head.named_parameters(),
                       lambda b: eagle_loss(teacher, head, b, passes, w_reg, w_cls, opts.amp), windows, seed + 12,
@@ -321,7 +326,7 @@ def eagle3_loss(target, head, batch: torch.Tensor, passes: int, amp: bool, decay
     p, in_vocab = draft_vocab_targets(head, z)
     with train_autocast(amp):
         outs = eagle_unrolled(head, feats, batch[:, 1:], passes)
-    t = torch.arange(T)[None, :]
+    t = torch.arange(T, device=x.device)[None, :]
     total, parts = 0.0, {}
     for j, ((logits, out_h), w) in enumerate(zip(outs, pass_weights(passes, decay))):
         window = ((t >= j) & (t <= T - 2)).expand(B, T)[:, :-1]
@@ -358,7 +363,7 @@ def train_eagle3(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     norms = {k: bool(opts.extra.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
     freeze(target)
     torch.manual_seed(seed)
-    head = new_eagle3_head(target, vocab, layers, seed + 40, **norms)
+    head = on_target_device(new_eagle3_head(target, vocab, layers, seed + 40, **norms), target)
     freeze_lm_head = bool(opts.extra.get("freeze_lm_head", False))
     if freeze_lm_head:  # its rows stay the target's: the same head then runs with any draft vocabulary
         head.lm_head.weight.requires_grad_(False)
@@ -406,7 +411,7 @@ def mtp_loss(target, model, batch: torch.Tensor, amp: bool):
     total, parts = 0.0, {}
     for k, (logits, _) in enumerate(outs):
         n = T - k - 1  # positions t = 0 .. T-k-2
-        mask = torch.ones(batch.shape[0], n, dtype=torch.bool)
+        mask = torch.ones(batch.shape[0], n, dtype=torch.bool, device=batch.device)
         ce = soft_ce(logits[:, :n], p[:, k + 1:k + 1 + n], mask)
         total = total + ce / S
         parts[f"ce{k + 1}"] = float(ce.detach())
@@ -422,7 +427,7 @@ def train_mtp(target, opts: StageOpts, chain_hidden_states: bool = False, seed: 
     torch.manual_seed(seed + off)
     model = MTPDraftModel(draft_config_like(target, S, chain_hidden_states), target)
     init_weights_(model, S, seed + off)
-    model.train()
+    model = on_target_device(model, target).train()
     windows = Windows(corpus.token_stream("train"), opts.batch_size, opts.seq_len + S, seed + off + 1)
     name = "mtp_chain" if chain_hidden_states else "mtp"
     stats = run_stage_loop(name, opts, model.named_parameters(), lambda b: mtp_loss(target, model, b, opts.amp),
@@ -492,8 +497,7 @@ def train_draft_lm(target, opts: StageOpts, seed: int = 0, log=print, data=None)
     (`specdec.bench.draft_cost`)."""
     freeze(target)
     torch.manual_seed(seed + 50)
-    lm = new_draft_lm(target, opts.extra, seed + 50)
-    lm.train()
+    lm = on_target_device(new_draft_lm(target, opts.extra, seed + 50), target).train()
     teacher, windows = stage_batches(target, data, opts, opts.seq_len, seed + 51, corpus_windows)
     stats = run_stage_loop("draft_lm", opts, lm.named_parameters(), lambda b: draft_lm_loss(teacher, lm, b, opts.amp),
                       windows, seed + 52, None, log)
@@ -534,17 +538,17 @@ def dflash_loss(target, model, batch: torch.Tensor, blocks: int, gamma: float, a
     blocks = min(blocks, T - bs)
     z, feats = _target_features(target, batch, amp, model.feature_layers)
     anchors = torch.stack([torch.randperm(T - bs, generator=gen)[:blocks] + 1 for _ in range(B)]).sort(1).values
-    positions, mask = dflash_blocks(T, anchors, bs)
+    positions, mask = dflash_blocks(T, anchors.to(batch.device), bs, batch.device)
     ids = batch.gather(1, positions)
     ids.view(B, blocks, bs)[:, :, 1:] = model.mask_token_id
     with train_autocast(amp):
-        hidden = model.forward_dense(feats, position_grid(B, T), ids, positions, mask)
+        hidden = model.forward_dense(feats, position_grid(B, T, batch.device), ids, positions, mask)
         logits = model.compute_logits(hidden).view(B, blocks, bs, -1)[:, :, 1:]
     label_pos = (positions.view(B, blocks, bs)[:, :, 1:] - 1).reshape(B, -1)
     zl = z.gather(1, label_pos[:, :, None].expand(-1, -1, z.shape[-1])).view(B, blocks, bs - 1, -1)
     lp = torch.log_softmax(logits.float(), -1)
     ce = -(torch.softmax(zl, -1) * lp).sum(-1)  # (B, blocks, bs - 1)
-    w = torch.exp(-torch.arange(bs - 1, dtype=torch.float32) / gamma)
+    w = torch.exp(-torch.arange(bs - 1, dtype=torch.float32, device=batch.device) / gamma)
     loss = (ce.mean((0, 1)) * w).sum() / w.sum()
     agree = (logits.detach().argmax(-1) == zl.argmax(-1)).float().mean((0, 1))
     return loss, {"ce": float(loss.detach()), "agree1": float(agree[0]), f"agree{bs - 1}": float(agree[-1])}
@@ -577,7 +581,7 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     if ex.get("norm_from_target", False):  # the output norm starts as the target's, whose LM head reads it
         with torch.no_grad():
             model.norm.weight.copy_(target.model.norm.weight)
-    model.train()
+    model = on_target_device(model, target).train()
     cpu0 = time.process_time()
     teacher, windows = stage_batches(target, data, opts, opts.seq_len, seed + 61, corpus_windows)
     gen = torch.Generator().manual_seed(seed + 63)
