@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from specdec.checks import check_attention_call, check_plan_args, check_rope_kv_call
-from specdec.contract import TreeAttentionPlan
+from specdec.ops.contract import TreeAttentionPlan
 
 from .interpreter import INTERPRETED
 

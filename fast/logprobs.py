@@ -2,7 +2,7 @@
 
 ``reference.logprobs.compute_spec_v2_logprobs`` is the definition; this file computes the same outputs
 without materialising a [rows, V] log-softmax. The checks and the packing into SGLang's per-row lists are
-shared with the reference (``specdec.checks``, ``specdec.logprob_packing``); the slot -> row mapping and the
+shared with the reference (``specdec.checks``, ``specdec.ops.logprob_packing``); the slot -> row mapping and the
 temperature rule, which the reference runs as tensor ops (``accepted_rows``, ``request_temperatures``), run
 inside the kernels here, so that the op's host work is little more than its launches.
 """
@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.contract import GREEDY_TEMPERATURE_BELOW, PADDED_LOGPROB, PADDED_TOP_LOGPROB_IDX
-from specdec.logprob_packing import (
+from specdec.ops.contract import GREEDY_TEMPERATURE_BELOW, PADDED_LOGPROB, PADDED_TOP_LOGPROB_IDX
+from specdec.ops.logprob_packing import (
     accepted_rows,
     request_temperatures,
     requested_token_ids,
@@ -187,7 +187,7 @@ def _finish_row(r, row_ptr, valid, m, s, top, temp, tok, ids_ptr, num_ids, lp_pt
 @triton.jit
 def _accepted_row(accept_ptr, r, slots_per_req, num_nodes):
     """Output row r -> (its request, the logits row it reads (int64), whether its slot is accepted), by
-    ``specdec.logprob_packing.accepted_rows``'s rule: a padded slot (-1) reads its own request's slot-0 row,
+    ``specdec.ops.logprob_packing.accepted_rows``'s rule: a padded slot (-1) reads its own request's slot-0 row,
     or the request's first node's row when that is padded too, so every load stays in bounds."""
     req = r // slots_per_req  # the request owns the temperature, whatever row it accepted
     acc = tl.load(accept_ptr + r).to(tl.int64)
@@ -198,7 +198,7 @@ def _accepted_row(accept_ptr, r, slots_per_req, num_nodes):
 
 @triton.jit
 def _request_temperature(temp_ptr, req):
-    """Request ``req``'s temperature in fp32, by ``specdec.logprob_packing.request_temperatures``'s rule: one
+    """Request ``req``'s temperature in fp32, by ``specdec.ops.logprob_packing.request_temperatures``'s rule: one
     below ``GREEDY_TEMPERATURE_BELOW`` or NaN (greedy, ``contract.greedy_temperature``) is 1.0."""
     t = tl.load(temp_ptr + req).to(tl.float32)
     return tl.where(t >= _GREEDY_BELOW, t, 1.0)

@@ -2,7 +2,7 @@
 
 ``build_tree_kernel_efficient`` is one kernel launch with one program per request; it writes every
 output itself (no fill or arange launches beside it) and reads nothing back to the host.
-``select_top_k_tokens`` and ``organize_draft_results`` are the torch ops of `specdec.draft_tree`, shared
+``select_top_k_tokens`` and ``organize_draft_results`` are the torch ops of `specdec.ops.draft_tree`, shared
 with `reference`: O(B*K^2) sorts of a few hundred elements, one small launch each, and the decode step is
 replayed as a CUDA graph, where launch overhead vanishes.
 
@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.draft_tree import organize_draft_results, select_top_k_tokens
+from specdec.ops.draft_tree import organize_draft_results, select_top_k_tokens
 from specdec.checks import check_build_tree_args
-from specdec.contract import max_num_draft_tokens
+from specdec.ops.contract import max_num_draft_tokens
 
 __all__ = [
     "build_tree_kernel_efficient",

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.checks import check_attention_call, check_plan_args, check_rope_kv_call
-from specdec.contract import TreeAttentionPlan
+from specdec.ops.contract import TreeAttentionPlan
 
 _IMPL = "reference"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.contract import PADDED_LOGPROB, PADDED_TOP_LOGPROB_IDX
-from specdec.logprob_packing import (
+from specdec.ops.contract import PADDED_LOGPROB, PADDED_TOP_LOGPROB_IDX
+from specdec.ops.logprob_packing import (
     accepted_rows,
     request_temperatures,
     requested_token_ids,

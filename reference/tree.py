@@ -3,7 +3,7 @@
 The functions mirror SGLang's ``select_top_k_tokens``, ``organize_draft_results`` and
 ``build_tree_kernel_efficient`` (names, argument names and tensor contracts), so a result
 obtained here transfers to the serving engine. The first two are torch ops that `fast` exports too,
-so they live in the leaf module `specdec.draft_tree` (its docstring has the candidate index space and
+so they live in the leaf module `specdec.ops.draft_tree` (its docstring has the candidate index space and
 the tie rule). Here the tree mask is returned over the in-flight nodes only (``[B, W, W]``), the
 committed prefix being handled by the attention's causal part.
 
@@ -21,9 +21,9 @@ import math
 
 import torch
 
-from specdec.draft_tree import organize_draft_results, select_top_k_tokens
+from specdec.ops.draft_tree import organize_draft_results, select_top_k_tokens
 from specdec.checks import check_build_tree_args
-from specdec.contract import NO_NODE, max_num_draft_tokens
+from specdec.ops.contract import NO_NODE, max_num_draft_tokens
 
 __all__ = [
     "build_tree_kernel_efficient",

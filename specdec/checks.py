@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from .contract import TreeAttentionPlan, max_num_draft_tokens
+from .ops.contract import TreeAttentionPlan, max_num_draft_tokens
 
 
 class ArgumentTypeError(TypeError, ValueError):

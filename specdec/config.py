@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from .checks import check_int, check_real
-from .contract import greedy_temperature, max_num_draft_tokens
+from .ops.contract import greedy_temperature, max_num_draft_tokens
 
 @dataclass
 class SamplingParams:

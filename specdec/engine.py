@@ -11,7 +11,7 @@ import torch
 
 from .checks import check_int
 from .config import SamplingParams, SpecConfig
-from .contract import NO_DRAFT
+from .ops.contract import NO_DRAFT
 from .draft_kinds import DRAFT_KINDS, kind_of
 from .token_map import load_token_map
 from .tuning import TunedSpec, parse_spec, shape_name, shape_spec

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from .config import SpecConfig
-from .contract import NO_DRAFT
+from .ops.contract import NO_DRAFT
 
 FORMAT = "specdec-tuned/1"
 Shape = tuple[int, int, int]

@@ -89,7 +89,7 @@ def exercise_every_op(dtypes=None):
     from fast.argmax import argmax_finite_launch
     from fast.draft import SPLIT_KEYS_CAP, softmax_topk_launch
     from fast.logprobs import compute_spec_v2_logprobs_launch
-    from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+    from specdec.ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
     from specdec.models.layers import rope_cos_sin
 
     gen = torch.Generator().manual_seed(0)

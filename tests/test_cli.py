@@ -113,7 +113,7 @@ def test_the_design_document_covers_every_op():
     """docs/design.md (linked from the README) names every op a worker calls: a new op cannot land undocumented."""
     from pathlib import Path
 
-    from specdec.contract import WORKER_OPS
+    from specdec.ops.contract import WORKER_OPS
     design = Path("docs/design.md").read_text()
     assert "docs/design.md" in Path("README.md").read_text()
     assert [op for op in WORKER_OPS if f"`{op}(" not in design] == []

@@ -8,8 +8,8 @@ import dataclasses
 import torch
 
 import reference
-from specdec.logprob_types import LogitsOutput
-from specdec.contract import TreeAttentionPlan
+from specdec.ops.logprob_types import LogitsOutput
+from specdec.ops.contract import TreeAttentionPlan
 from tests.conftest import _back, _map_tensors, _to
 
 

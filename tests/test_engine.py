@@ -7,7 +7,7 @@ from torch.overrides import TorchFunctionMode
 
 import reference
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from specdec.ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from specdec.models import random_llama
 from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, chi_square_pvalue
 from tests.oracles import softmax_filtered

@@ -22,7 +22,7 @@ import torch
 
 import fast.logprobs as fast_logprobs
 from reference.logprobs import compute_spec_v2_logprobs as reference_op
-from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from specdec.ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from tests.equivalence import assert_equivalent, no_host_sync, tolerance
 from tests.oracles import random_logprob_case
 

@@ -12,7 +12,7 @@ import torch
 
 import fast
 import reference
-from specdec.contract import WORKER_OPS
+from specdec.ops.contract import WORKER_OPS
 from tests.equivalence import NO_LAUNCH, TorchCalls, record_triton_launches
 
 WORKER_CLASSES = {"EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"}
@@ -87,7 +87,7 @@ def test_the_logprob_op_is_one_launch_split_or_not(monkeypatch, splits):
     import functools
 
     import fast.logprobs as fast_logprobs
-    from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+    from specdec.ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 
     launches = record_triton_launches(monkeypatch)
     monkeypatch.setattr(fast_logprobs, "compute_spec_v2_logprobs_launch",

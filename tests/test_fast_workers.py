@@ -71,7 +71,7 @@ def test_fast_shape_switching_through_no_draft_steps_equals_target_only():
     """Adaptive speculation's contract on the fast path: steps switch among a tree, a chain and no draft, whose runs
     the draft catches up on in one extend (the fast attention over the skipped positions); ragged prompts, tokens and
     logprobs are target-only's."""
-    from specdec.contract import NO_DRAFT
+    from specdec.ops.contract import NO_DRAFT
     from specdec.tuning import Bucket, Candidate, TunedSpec, fingerprint
     target = near_bigram_target(seed=11, mix=0.35, num_key_value_heads=2)
     draft = perfect_eagle(target, seed=1)

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from fast.logprobs import compute_spec_v2_logprobs as fast_compute
 from reference.logprobs import compute_spec_v2_logprobs as reference_compute
-from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from specdec.ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from tests.equivalence import no_host_sync
 from tests.oracles import random_logprob_case
 

@@ -279,7 +279,7 @@ def test_a_tuned_file_for_the_older_parameters_is_refused_by_name(small):
 def test_every_option_is_lossless_as_the_shape_switches(small, prompts, baseline, option):
     """Each toolkit option (and PROB) under an adaptive tuned spec whose policy runs a tree, no draft, a chain and
     a narrow tree in turn: the output stays target-only's (SGLang's rules: tests/test_tuning.py)."""
-    from specdec.contract import NO_DRAFT
+    from specdec.ops.contract import NO_DRAFT
     from specdec.tuning import Bucket, Candidate, TunedSpec, fingerprint, parameters_entry
     draft = NgramDraft(**OPTIONS[option])
     cycle = [(5, 4, 16), NO_DRAFT, (3, 1, 4), (8, 2, 8)]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_mtp
-from specdec.contract import max_num_draft_tokens
+from specdec.ops.contract import max_num_draft_tokens
 from tests.helpers import PROPERTY_CI, PROPERTY_SLOW, near_bigram_target, perfect_eagle, perfect_mtp
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec import Engine, SamplingParams, SpecConfig, zoo
-from specdec.contract import NO_DRAFT
+from specdec.ops.contract import NO_DRAFT
 from specdec.models.bigram import near_bigram_target
 from specdec.models.eagle import random_eagle_head
 from specdec.tuning import AdaptiveShapes, Bucket, Candidate, TunedSpec, fingerprint, parameters_entry

@@ -310,7 +310,7 @@ def _measure_logprobs(shape: LogprobShape, device, run, copy, w, repeats: int) -
     import reference
     from fast.logprobs import device_sm_count, num_vocab_splits
 
-    from ..logprob_types import LogitsOutput
+    from ..ops.logprob_types import LogitsOutput
     from .common import DTYPES, time_calls
     from .kernels import logprob_case, rotation_copies, time_rotated
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from ..logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from ..ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from .common import Run, RunRow, dtype_name, quantile, time_calls, time_in_turn
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 from .. import Engine, SamplingParams, SpecConfig
-from ..contract import NO_DRAFT, max_num_draft_tokens
+from ..ops.contract import NO_DRAFT, max_num_draft_tokens
 from ..tuning import Bucket, Candidate, TunedSpec, fingerprint, parameters_entry, shape_name
 from .common import Run, RunRow, cpu_model, dtype_name, median_of
 

@@ -13,11 +13,11 @@ import contextlib
 import torch
 
 from ..config import SamplingParams, SpecConfig
-from ..contract import NO_DRAFT
+from ..ops.contract import NO_DRAFT
 from ..checks import trusted_calls
 from ..draft_kinds import kind_of
 from ..kv_cache import KVCache
-from ..logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from ..ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from ..models.layers import AttentionMetadata
 from ..sampling import RequestRNG, SamplingTensors, sample_from_probs
 from .shaping import LogitShaping

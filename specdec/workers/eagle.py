@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SpecConfig
-from ..contract import NO_DRAFT
+from ..ops.contract import NO_DRAFT
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
 from .base import RequestState, SpeculativeWorkerBase

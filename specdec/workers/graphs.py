@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..logprob_types import LogitsOutput
+from ..ops.logprob_types import LogitsOutput
 from .step import StepOutput
 
 

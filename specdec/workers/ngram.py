@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SpecConfig
-from ..contract import NO_DRAFT
+from ..ops.contract import NO_DRAFT
 from ..kv_cache import KVCache
 from ..ngram import MatchState, NgramDraft, NgramTrie, build_tree, verify_input
 from .base import RequestState, SpeculativeWorkerBase

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..logprob_types import LogitsOutput
+from ..ops.logprob_types import LogitsOutput
 
 
 @dataclass

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from specdec.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from specdec.ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 
 from .distributions import NEG_INF
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import strategies as st
 
 from reference.tree import build_tree_kernel_efficient, organize_draft_results, select_top_k_tokens
-from specdec.contract import max_num_draft_tokens
+from specdec.ops.contract import max_num_draft_tokens
 
 
 def _draft_probs(gen: torch.Generator, rows: int, V: int, mode: str) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 
 from specdec import zoo
 from specdec.bench.tune import Measurer, batches_of, fit_cost_model, held_out_ratio, mixed_prompts, predict_step_ms
-from specdec.contract import NO_DRAFT
+from specdec.ops.contract import NO_DRAFT
 from specdec.tuning import Bucket, TunedSpec, shape_name
 from specdec.zoo.corpus import heldout_prompts, prose_prompts
 

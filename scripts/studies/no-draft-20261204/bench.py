@@ -9,7 +9,7 @@ import torch
 
 from specdec import zoo
 from specdec.bench.tune import Measurer
-from specdec.contract import NO_DRAFT
+from specdec.ops.contract import NO_DRAFT
 from specdec.zoo.corpus import heldout_prompts
 
 torch.set_num_threads(1)

@@ -9,7 +9,7 @@ import torch
 
 from specdec import zoo
 from specdec.bench.tune import Measurer, batches_of
-from specdec.contract import NO_DRAFT
+from specdec.ops.contract import NO_DRAFT
 from specdec.workers.eagle import EagleWorkerV2
 from specdec.zoo.corpus import heldout_prompts
 
