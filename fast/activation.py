@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_silu_and_mul_args
+from specdec.ops.op_checks import check_silu_and_mul_args
 
 from .norm import _round_to, _to_fp32
 

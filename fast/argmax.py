@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_argmax_finite_args
+from specdec.ops.op_checks import check_argmax_finite_args
 
 from .draft import row_counters
 from .logprobs import device_sm_count, num_vocab_splits

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_attention_call, check_plan_args, check_rope_kv_call
+from specdec.ops.op_checks import check_attention_call, check_plan_args, check_rope_kv_call
 from specdec.ops.contract import TreeAttentionPlan
 
 from .interpreter import INTERPRETED

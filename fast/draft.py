@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_softmax_topk_args
+from specdec.ops.op_checks import check_softmax_topk_args
 
 from .logprobs import _KEY_NONE, _merge_partials, device_sm_count, num_vocab_splits, scan_vocab, values_ids_of
 

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_bitmask_args
+from specdec.ops.op_checks import check_bitmask_args
 
 __all__ = ["apply_token_bitmask"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from specdec.checks import check_commit_kv_args
+from specdec.ops.op_checks import check_commit_kv_args
 
 #: Elements of one (head, dim) row block copied per program and iteration.
 BLOCK_ROW = 1024

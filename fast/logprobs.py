@@ -2,7 +2,7 @@
 
 ``reference.logprobs.compute_spec_v2_logprobs`` is the definition; this file computes the same outputs
 without materialising a [rows, V] log-softmax. The checks and the packing into SGLang's per-row lists are
-shared with the reference (``specdec.checks``, ``specdec.ops.logprob_packing``); the slot -> row mapping and the
+shared with the reference (``specdec.ops.op_checks``, ``specdec.ops.logprob_packing``); the slot -> row mapping and the
 temperature rule, which the reference runs as tensor ops (``accepted_rows``, ``request_temperatures``), run
 inside the kernels here, so that the op's host work is little more than its launches.
 """
@@ -22,7 +22,7 @@ from specdec.ops.logprob_packing import (
     requested_token_ids,
     set_logprob_outputs,
 )
-from specdec.checks import check_logprob_args
+from specdec.ops.op_checks import check_logprob_args
 
 __all__ = ["PADDED_LOGPROB", "PADDED_TOP_LOGPROB_IDX", "TOP_K_CAP", "compute_spec_v2_logprobs"]
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_rms_norm_args
+from specdec.ops.op_checks import check_rms_norm_args
 
 __all__ = ["fused_add_rms_norm", "rms_norm"]
 

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_penalty_args
+from specdec.ops.op_checks import check_penalty_args
 
 __all__ = ["apply_penalties_tree"]
 

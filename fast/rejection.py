@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_draft_probs_args, check_sample_without_replacement_args, check_tree_args
+from specdec.ops.op_checks import check_draft_probs_args, check_sample_without_replacement_args, check_tree_args
 
 from .verify import _verify_outputs
 

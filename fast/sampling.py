@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_renorm_prob_args, check_softmax_with_temperature_args
+from specdec.ops.op_checks import check_renorm_prob_args, check_softmax_with_temperature_args
 
 __all__ = ["softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob"]
 

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_draft_probs_args, check_tree_args
+from specdec.ops.op_checks import check_draft_probs_args, check_tree_args
 
 from .rejection import BLOCK_V, _inverse_cdf, _launch_tree_sampler, _normalised_block, _row_total, _row_totals
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.checks import check_sampling_args, check_tree_args, check_verify_greedy_args
+from specdec.ops.op_checks import check_sampling_args, check_tree_args, check_verify_greedy_args
 
 __all__ = [
     "BONUS_CDF_EPSILON",

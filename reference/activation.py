@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from specdec.checks import check_silu_and_mul_args
+from specdec.ops.op_checks import check_silu_and_mul_args
 
 __all__ = ["silu_and_mul"]
 

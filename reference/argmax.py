@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_argmax_finite_args
+from specdec.ops.op_checks import check_argmax_finite_args
 
 __all__ = ["argmax_finite"]
 

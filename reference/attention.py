@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.checks import check_attention_call, check_plan_args, check_rope_kv_call
+from specdec.ops.op_checks import check_attention_call, check_plan_args, check_rope_kv_call
 from specdec.ops.contract import TreeAttentionPlan
 
 _IMPL = "reference"

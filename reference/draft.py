@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_softmax_topk_args
+from specdec.ops.op_checks import check_softmax_topk_args
 
 
 def softmax_topk(logits, topk):

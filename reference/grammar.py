@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_bitmask_args
+from specdec.ops.op_checks import check_bitmask_args
 
 __all__ = ["apply_token_bitmask", "unpack_token_bitmask"]
 

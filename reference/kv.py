@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_commit_kv_args
+from specdec.ops.op_checks import check_commit_kv_args
 
 
 def commit_kv_cache(kv, slots, seq_lens, accept_index, num_draft_tokens):

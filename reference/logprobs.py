@@ -16,7 +16,7 @@ from specdec.ops.logprob_packing import (
     requested_token_ids,
     set_logprob_outputs,
 )
-from specdec.checks import check_logprob_args
+from specdec.ops.op_checks import check_logprob_args
 
 __all__ = ["PADDED_LOGPROB", "PADDED_TOP_LOGPROB_IDX", "compute_spec_v2_logprobs"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import (check_bitmask_args, check_build_tree_args, check_penalty_args, check_sampling_args,
-                            check_tree_args, check_verify_greedy_args)
+from specdec.ops.op_checks import (check_bitmask_args, check_build_tree_args, check_penalty_args,
+                                   check_sampling_args, check_tree_args, check_verify_greedy_args)
 
 __all__ = ["apply_penalties_tree_naive", "apply_token_bitmask_naive", "build_tree_naive", "sample_residual_naive",
            "tree_speculative_sampling_target_only_naive", "verify_tree_greedy_naive"]

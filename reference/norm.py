@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_rms_norm_args
+from specdec.ops.op_checks import check_rms_norm_args
 
 __all__ = ["fused_add_rms_norm", "rms_norm"]
 

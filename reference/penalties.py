@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_penalty_args
+from specdec.ops.op_checks import check_penalty_args
 
 __all__ = ["apply_penalties_tree", "path_token_counts"]
 

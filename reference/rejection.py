@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_draft_probs_args, check_sample_without_replacement_args, check_tree_args
+from specdec.ops.op_checks import check_draft_probs_args, check_sample_without_replacement_args, check_tree_args
 from specdec.ops.contract import NO_NODE
 
 from .verify import _sample_residual

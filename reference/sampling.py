@@ -5,14 +5,14 @@ A sampled request verifies against softmax(logits / T), then top-k, then top-p o
 *renormalised* top-k probabilities (the order of SGLang's verify and of Hugging Face's warpers).
 Both filters decide by value, so tied tokens share one decision: a tie at the boundary is kept
 whole. Values inside the tensors are trusted (reading them would be a host sync); shapes, dtypes
-and devices are checked by ``specdec.checks``.
+and devices are checked by ``specdec.ops.op_checks``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_renorm_prob_args, check_softmax_with_temperature_args
+from specdec.ops.op_checks import check_renorm_prob_args, check_softmax_with_temperature_args
 
 __all__ = ["softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_draft_probs_args, check_tree_args
+from specdec.ops.op_checks import check_draft_probs_args, check_tree_args
 from specdec.ops.contract import NO_NODE
 
 from .rejection import _normalised

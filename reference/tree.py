@@ -22,7 +22,7 @@ import math
 import torch
 
 from specdec.ops.draft_tree import organize_draft_results, select_top_k_tokens
-from specdec.checks import check_build_tree_args
+from specdec.ops.op_checks import check_build_tree_args
 from specdec.ops.contract import NO_NODE, max_num_draft_tokens
 
 __all__ = [

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from specdec.ops.contract import NO_NODE
-from specdec.checks import check_sampling_args, check_tree_args, check_verify_greedy_args
+from specdec.ops.op_checks import check_sampling_args, check_tree_args, check_verify_greedy_args
 
 __all__ = ["tree_speculative_sampling_target_only", "verify_tree_greedy"]
 

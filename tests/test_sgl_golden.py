@@ -64,8 +64,8 @@ def test_sglang_golden_tree_sampling(impl, thresholds, seed):
 
 
 def test_thresholds_below_one_warn_that_they_are_lossy():
-    import specdec.checks as checks
-    checks._warned_lossy_thresholds = False
+    import specdec.ops.op_checks as op_checks
+    op_checks._warned_lossy_thresholds = False
     with pytest.warns(UserWarning, match="no longer distributed as the target"):
         reference.tree_speculative_sampling_target_only(*_golden_case(0), 3, threshold_single=0.0, threshold_acc=0.0)
     with warnings.catch_warnings():

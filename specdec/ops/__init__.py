@@ -2,7 +2,8 @@
 
 `contract` names the ops a worker calls (`WORKER_OPS`) and holds the attention plan, the tree arithmetic, the
 padding values and the greedy rule; `draft_tree` the tree selection both op packages export; `logprob_types` and
-`logprob_packing` the logprob helper's containers and host packing.
+`logprob_packing` the logprob helper's containers and host packing; `op_checks` the ops' argument checks, built
+from the check vocabulary in `specdec.checks`.
 
 This package imports nothing of specdec but `specdec.checks`: never the engine, the workers, the models, the
 benchmarks or the zoo, so `reference` and `fast` can import it without pulling them in.

@@ -4,7 +4,7 @@ greedy rule.
 
 A leaf module: it imports the standard library's dataclasses only, never `reference`, `fast`, the models or the
 workers. The logprob helper's duck types (`logprob_types`) and its host packing (`logprob_packing`) sit
-beside it; the argument checks are in `checks`.
+beside it; the argument checks are in `op_checks`.
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class TreeAttentionPlan:
     tensors: dict
     #: op name -> (the arguments its checks passed with this plan, what they returned): each layer of a
     #: forward passes arguments of the same shapes, so the checks run once per forward
-    #: (`checks.check_rope_kv_call`, `checks.check_attention_call`)
+    #: (`op_checks.check_rope_kv_call`, `op_checks.check_attention_call`)
     checked: dict = field(default_factory=dict, compare=False, repr=False)
 
 

@@ -19,7 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.checks import check_int, check_tensor, check_tree_size
+from specdec.checks import check_int, check_tensor
+
+from .op_checks import check_tree_size
 
 __all__ = ["organize_draft_results", "select_top_k_tokens"]
 
