@@ -406,7 +406,7 @@ def test_a_shared_ngram_case_starts_every_pass_from_an_empty_index(small, tmp_pa
     prompts in order. An option's row is labelled by it."""
     from specdec import Engine, SamplingParams
     from specdec.bench.cases import NGRAM_OPTION_CASES
-    from specdec.ngram import NgramDraft
+    from specdec.models.ngram import NgramDraft
     from specdec.zoo import corpus
     prompts = [[int(t) for t in w] for w in corpus.heldout_windows(3, 96, seed=5)]
     option = next(c for c in NGRAM_OPTION_CASES if c.spec.topk == 1 and c.draft_options == (("indexing", "sequence"),))

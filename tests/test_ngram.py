@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.ngram import NgramDraft, NgramTrie, verify_input
+from specdec.models.ngram import NgramDraft, NgramTrie, verify_input
 from specdec.zoo import corpus
 from tests.helpers import (FALSE_FAILURE_RATE, CyclingSpec, assert_same_as_baseline, chi_square_pvalue,
                            logprob_params, near_bigram_target)

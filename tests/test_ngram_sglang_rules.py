@@ -4,7 +4,7 @@ order SGLang's result lists nodes in. Each test fails when its rule is reverted 
 import pytest
 
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.ngram import MatchState, NgramDraft, NgramTrie, _unordered_map_order, build_tree
+from specdec.models.ngram import MatchState, NgramDraft, NgramTrie, _unordered_map_order, build_tree
 
 
 def trie_of(*sequences, depth=4):

@@ -21,7 +21,7 @@ from specdec.models.bigram import near_bigram_target, perfect_eagle, perfect_mtp
 from specdec.models.dflash import random_dflash
 from specdec.models.eagle3 import random_eagle3_head
 from specdec.models.llama import random_llama
-from specdec.ngram import NgramDraft
+from specdec.models.ngram import NgramDraft
 from specdec.workers.graphs import DecodeGraphs
 from tests.equivalence import no_host_sync
 from tests.helpers import FALSE_FAILURE_RATE, chi_square_pvalue

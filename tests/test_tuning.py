@@ -148,7 +148,7 @@ def test_after_no_draft_steps_the_draft_is_where_a_prefill_of_the_whole_text_put
 def test_every_switch_between_ngram_shapes_is_lossless(pair):
     """NgramWorker switches shapes as EagleWorkerV2 does: chains, trees of two match types and no draft at all in
     turn, each step a request's tokens and logprobs stay target-only's."""
-    from specdec.ngram import NgramDraft
+    from specdec.models.ngram import NgramDraft
     b, prompts = pair
     params = logprob_params(max_new=24)
     base = Engine(b.target).generate(prompts, params)
@@ -176,7 +176,7 @@ def test_the_tuner_tunes_an_ngram_draft(pair):
     """`tune` on NGRAM (no model: the trie's host work is the draft step) chooses among measured shapes, and decoding
     with what it chose repeats target-only."""
     from specdec.bench.tune import tune
-    from specdec.ngram import NgramDraft
+    from specdec.models.ngram import NgramDraft
     b, prompts = pair
     draft = NgramDraft()
     tuned, rows, _ = tune(b.target, draft, prompts, [1, 2], max_new_tokens=8, shapes=[(2, 1, 3), (4, 1, 5), (3, 2, 6)],
@@ -479,7 +479,7 @@ def test_the_check_grid_measures_every_shape_in_turn_with_the_outputs_of_target_
     and every output target-only's."""
     from specdec.bench.common import Run
     from specdec.bench.tune import CHECK_GRID, FIXED_TREE, Measurer, check_grid
-    from specdec.ngram import NgramDraft
+    from specdec.models.ngram import NgramDraft
     b, prompts = pair
     draft = NgramDraft()
     tuned = tuned_for(b.target, draft, {1: ((3, 1, 4), CANDIDATES[1:3]), 2: ((2, 2, 4), CANDIDATES[1:3])}, kind="ngram")

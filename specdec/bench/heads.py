@@ -22,7 +22,7 @@ import torch
 
 from .. import Engine, SamplingParams, SpecConfig, zoo
 from ..draft_kinds import draft_kind
-from ..ngram import NgramDraft
+from ..models.ngram import NgramDraft
 from ..zoo.corpus import heldout_prompts
 
 DEFAULT_SHAPES = ("3", "7", "5,4,16")

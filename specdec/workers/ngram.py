@@ -7,7 +7,7 @@ import torch
 from ..config import SpecConfig
 from ..ops.contract import NO_DRAFT
 from ..kv_cache import KVCache
-from ..ngram import MatchState, NgramDraft, NgramTrie, build_tree, verify_input
+from ..models.ngram import MatchState, NgramDraft, NgramTrie, build_tree, verify_input
 from .base import RequestState, SpeculativeWorkerBase
 from .step import EagleVerifyInput, StepOutput
 from .graphs import batch_buckets

@@ -39,7 +39,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from .checks import check_int
+from ..checks import check_int
 
 #: SGLang's speculative_ngram_match_type values (`NgramDraft.match_type`)
 MATCH_TYPES = ("BFS", "PROB")
