@@ -2,10 +2,12 @@
 and the engine refuses a fast path that lacks an op the workers call."""
 from __future__ import annotations
 
+import ast
 import inspect
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,6 +45,59 @@ def test_both_packages_export_every_worker_op(ops):
 def test_reference_never_imports_triton():
     code = "import sys, reference, specdec, specdec.workers; assert 'triton' not in sys.modules, 'triton imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+#: the only parts of specdec that the op packages (and the ops' contract itself) may import: the ground floor
+OPS_MAY_IMPORT = ("specdec.ops", "specdec.checks")
+#: a GPU probe, not an op, on its way out of `fast` into its own package; until then it is not held to the rule
+NOT_AN_OP = {Path("fast/bandwidth.py")}
+
+
+def _imported_modules(source: str, package: str) -> set[str]:
+    """Every module `source` imports, anywhere in it (function-local imports included), as absolute names:
+    `from X import y` yields X.y as well as X, since y may be a module; `from specdec import y` only specdec.y."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found |= {f"{base}.{alias.name}" for alias in node.names} | ({base} - {"specdec"})
+    return found
+
+
+def _is_forbidden(name: str) -> bool:
+    return (name == "specdec" or name.startswith("specdec.")) and \
+        not any(name == a or name.startswith(a + ".") for a in OPS_MAY_IMPORT)
+
+
+def test_the_import_rule_sees_function_local_and_relative_imports():
+    source = ("import specdec\ndef f():\n    from specdec.engine import Engine\nfrom .. import workers, checks\n"
+              "from ..checks import check_int\nfrom .contract import NO_NODE\n")
+    names = _imported_modules(source, "specdec.ops")
+    assert {n for n in names if _is_forbidden(n)} == {"specdec", "specdec.engine", "specdec.engine.Engine",
+                                                       "specdec.workers"}
+    assert _is_forbidden("specdec.models.ngram") and not _is_forbidden("specdec.ops.op_checks")
+
+
+def test_reference_and_fast_import_from_specdec_only_the_ops_and_the_checks():
+    """`reference`, `fast` and `specdec.ops` import nothing of specdec but `specdec.ops` and `specdec.checks`: no
+    arrow runs from the ops up to the engine, the workers, the models, the benchmarks or the zoo."""
+    bad = []
+    for folder, package in (("reference", "reference"), ("fast", "fast"), ("specdec/ops", "specdec.ops")):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            if rel in NOT_AN_OP:
+                continue
+            sub = ".".join(rel.with_suffix("").parts[len(Path(folder).parts):-1])
+            module_package = f"{package}.{sub}" if sub else package
+            bad += [f"{rel}: {name}" for name in sorted(_imported_modules(path.read_text(), module_package))
+                    if _is_forbidden(name)]
+    assert not bad, "imports outside specdec.ops and specdec.checks:\n" + "\n".join(bad)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

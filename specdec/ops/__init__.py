@@ -6,5 +6,6 @@ padding values and the greedy rule; `draft_tree` the tree selection both op pack
 from the check vocabulary in `specdec.checks`.
 
 This package imports nothing of specdec but `specdec.checks`: never the engine, the workers, the models, the
-benchmarks or the zoo, so `reference` and `fast` can import it without pulling them in.
+benchmarks or the zoo. `reference` and `fast` import from specdec only this package and `specdec.checks`
+(`tests/test_fast_parity.py` holds all three to it).
 """
