@@ -63,6 +63,10 @@ def test_split_is_by_source_and_files_are_prompt_files(tmp_path, monkeypatch):
     card = build.card(records, {"train": path})
     assert sum(card["splits"]["train"]["by_category"].values()) == len(got)
     assert json.loads(json.dumps(card)) == card
+    card["command"] = "build"
+    page = build.card_markdown(card)
+    for category, n in card["splits"]["train"]["by_category"].items():
+        assert f"| {category} | {n:,} |" in page
 
 
 def test_magpie_header_is_the_template_up_to_the_users_message():

@@ -119,6 +119,29 @@ def card(records: list[dict], files: dict[str, Path]) -> dict:
                       for k, p in files.items()}}
 
 
+def card_markdown(card: dict) -> str:
+    """The card as a page: prompts per task type and split, prompts per source family and split."""
+    sp = card["splits"]
+    cats = sorted(set(sp["train"]["by_category"]) | set(sp["heldout"]["by_category"]))
+    fams = sorted(set(sp["train"]["by_family"]) | set(sp["heldout"]["by_family"]))
+    lines = ["# The training prompt set", "",
+             f"Built by `{card['command']}` (`specdec.zoo.prompts.build`); the held-out split is by source "
+             f"({card['heldout_rule']}). Files: " + ", ".join(f"`{f['name']}` (sha256 {f['sha256'][:16]})"
+                                                           for f in card["files"].values()) + ".", "",
+             "| task type | train | held out |", "|---|---|---|"]
+    lines += [f"| {c} | {sp['train']['by_category'].get(c, 0):,} | {sp['heldout']['by_category'].get(c, 0):,} |"
+              for c in cats]
+    lines += [f"| all | {sp['train']['prompts']:,} | {sp['heldout']['prompts']:,} |", "",
+              "| source family | train | held out |", "|---|---|---|"]
+    lines += [f"| {f} | {sp['train']['by_family'].get(f, 0):,} | {sp['heldout']['by_family'].get(f, 0):,} |"
+              for f in fams]
+    lines += ["", f"Multi-turn prompts: {sp['train']['multi_turn']:,} train, {sp['heldout']['multi_turn']:,} held "
+                  f"out; sources: {sp['train']['sources']:,} train, {sp['heldout']['sources']:,} held out.",
+              "Families: `man` manual pages (`man-<lang>` in other languages), `stdlib` the standard library's "
+              "docstrings, `doc` /usr/share/doc, `gen` drawn tasks, `magpie` the target's own requests."]
+    return "\n".join(lines) + "\n"
+
+
 def write_jsonl(path: Path, records: list[dict]) -> None:
     keys = ("question_id", "category", "turns", "source")
     path.write_text("".join(json.dumps({k: r[k] for k in keys}, ensure_ascii=False) + "\n" for r in records),
@@ -143,6 +166,7 @@ def main(argv=None) -> int:
     c = card(records, files)
     c["command"] = "python -m specdec.zoo.prompts.build " + " ".join(argv if argv is not None else sys.argv[1:])
     (out / "card.json").write_text(json.dumps(c, indent=1) + "\n")
+    (out / "README.md").write_text(card_markdown(c))
     print(json.dumps(c["splits"], indent=1))
     return 0
 
