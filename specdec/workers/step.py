@@ -1,5 +1,6 @@
-"""A decode step's types: what `draft()` hands `verify()` (`EagleVerifyInput`) and what a step returns
-(`StepOutput`), and the finiteness of the target's rows."""
+"""A decode step's types: what `draft()` hands `verify()` (`EagleVerifyInput`), what a step returns
+(`StepOutput`), the finiteness of the target's rows, and how the engine reads a step on the host (`StepTransfer`
+brings a `StepOutput` over in one packed copy, `HostStep` is what it unpacks to)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,3 +64,101 @@ class EagleVerifyInput:
     retrieve_next_token: torch.Tensor  # (B, W): each node's first child, -1 if none
     retrieve_next_sibling: torch.Tensor  # (B, W): each node's next sibling, -1 if none
     draft_probs: torch.Tensor | None = None  # (B, W, V): the law each node's children were drawn from (sampled)
+
+
+@dataclass
+class HostStep:
+    """One step's output on the host, read from the device in a single transfer.
+
+    accept_lens: B ints; finite: B bools (every target logit the step read is finite); tokens: B lists of
+    T = S+1 ints (slot j valid for j < accept_lens[b]); empty: B lists of T ints, slot j's code when the logits
+    its token was chosen from had nothing left to decode (`StepOutput.empty`), or None when nothing shaped them;
+    logprobs: B lists of T floats (None when nobody asked); the top-k and token-id logprobs as dense
+    rows (row b*T + j), sliced per request by `top_logprobs` / `token_ids_logprobs`."""
+
+    accept_lens: list[int]
+    finite: list[bool]
+    tokens: list[list[int]]
+    empty: list[list[int]] | None
+    logprobs: list[list[float]] | None
+    top_val: list[list[float]] | None
+    top_idx: list[list[int]] | None
+    token_ids_val: list[list[float]] | None
+    token_ids_idx: list[list[int]] | None
+    width: int
+
+    @staticmethod
+    def pack(step) -> torch.Tensor:
+        """Every field the engine emits, in one float64 buffer on the step's device (token ids < 2^53 are exact)."""
+        lo = step.logits_output
+        empty = step.emitted_empty()
+        parts = [step.accept_lens, step.finite, step.emitted_tokens()] + ([] if empty is None else [empty])
+        fields = [lo.next_token_logprobs, lo.top_logprobs_val_rows, lo.top_logprobs_idx_rows,
+                  lo.token_ids_logprobs_val_rows]
+        parts += [f for f in fields if f is not None]
+        return torch.cat([p.reshape(-1).to(torch.float64) for p in parts])
+
+    @classmethod
+    def unpack(cls, step, flat: list[float]) -> "HostStep":
+        """`pack`'s buffer, as a list on the host, sliced by the step's shapes (read on the host, not the device)."""
+        lo = step.logits_output
+        B, T = step.accept_index.shape
+        empty = step.empty
+        pos = 0
+
+        def take(rows, cols, as_int=False):
+            nonlocal pos
+            out = [flat[pos + i * cols: pos + (i + 1) * cols] for i in range(rows)]
+            pos += rows * cols
+            return [[int(x) for x in row] for row in out] if as_int else out
+
+        accept_lens = take(1, B, as_int=True)[0]
+        finite = [bool(x) for x in take(1, B)[0]]
+        tokens = take(B, T, as_int=True)
+        empty = None if empty is None else take(B, T, as_int=True)
+        logprobs = take(B, T) if lo.next_token_logprobs is not None else None
+        top_val = take(*lo.top_logprobs_val_rows.shape) if lo.top_logprobs_val_rows is not None else None
+        top_idx = (take(*lo.top_logprobs_idx_rows.shape, as_int=True) if lo.top_logprobs_idx_rows is not None
+                   else None)
+        tid = lo.token_ids_logprobs_val_rows
+        token_ids_val = take(*tid.shape) if tid is not None else None
+        return cls(accept_lens, finite, tokens, empty, logprobs, top_val, top_idx, token_ids_val,
+                   lo.next_token_token_ids_logprobs_idx, T)
+
+    def top_logprobs(self, b: int, j: int, k: int) -> list[tuple[float, int]]:
+        if self.top_val is None:
+            return []
+        row = b * self.width + j
+        return list(zip(self.top_val[row][:k], self.top_idx[row][:k]))
+
+    def token_ids_logprobs(self, b: int, j: int) -> list[tuple[float, int]]:
+        if self.token_ids_val is None:
+            return []
+        row = b * self.width + j
+        ids = self.token_ids_idx[row]
+        return list(zip(self.token_ids_val[row][:len(ids)], list(ids)))
+
+
+class StepTransfer:
+    """A step's outputs on their way to the host: `HostStep.pack`ed on the device when made, copied without
+    blocking into pinned memory from a CUDA device (an event marks the copy's end), read by `wait`. Packing when
+    the step is enqueued is what lets the engine enqueue the next one before reading this one: the pack is
+    ordered before the next step on the stream, which may overwrite the step's tensors (a CUDA graph's outputs).
+    requests: the request of each row of the step."""
+
+    def __init__(self, step, requests: list[int]):
+        self.step, self.requests = step, list(requests)
+        flat = HostStep.pack(step)
+        self.copied = None
+        if flat.is_cuda:
+            self.buffer = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self.buffer.copy_(flat, non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+        else:
+            self.buffer = flat
+
+    def wait(self) -> HostStep:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return HostStep.unpack(self.step, self.buffer.tolist())
