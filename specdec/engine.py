@@ -5,6 +5,7 @@ import dataclasses
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +55,25 @@ class GenerateStats:
     @property
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+@dataclass
+class _Run:
+    """One `generate` call's state between its stages: its requests' params and outputs, the request of each of the
+    worker's rows (`active`), the requests that finished, the decode steps read so far, each decode step's shape
+    (with a tuned policy), and how it decodes (`decode`, and whether the next step may be enqueued before the last
+    one is read)."""
+
+    params: list[SamplingParams]
+    outs: list[GenerateOutput]
+    stream: Callable[[int, list[int]], object] | None
+    policy: object | None  # the tuned spec's shape policy (`TunedSpec.policy()`), or None
+    decode: Callable[[], object]  # enqueues one decode step of the worker's rows -> its StepOutput
+    may_decode_ahead: bool
+    active: list[int]
+    finished: set[int] = field(default_factory=set)
+    steps: int = 0  # decode steps read
+    shapes: list[tuple[int, int, int]] | None = None
 
 
 class Engine:
@@ -283,71 +303,101 @@ class Engine:
     def _generate(self, prompts, params, seed, stream=None) -> list[GenerateOutput]:
         prompts, params, grammars = self._validate(prompts, params)
         seed = check_int("seed", seed)
-        B = len(prompts)
+        run = self._start_run(params, grammars, stream)
+        t0 = time.perf_counter()
+        try:
+            pending = self._prefill(run, prompts, seed, grammars)  # the oldest step not yet read
+            while True:
+                ahead = self._decode_ahead(run)
+                host, rows = pending.wait(), pending.requests
+                self._emit_and_stream(run, host, rows)
+                self._sync_accepted(run, host, rows)
+                if not self._drop_finished(run):
+                    break
+                pending = ahead if ahead is not None else self._decode_next(run)
+                run.steps += 1
+        finally:
+            self.worker.finish()
+        return self._finish_run(run, t0)
+
+    def _start_run(self, params, grammars, stream) -> _Run:
+        """A call's state before its prefill: empty outputs, every request active, and how it decodes."""
         outs = [GenerateOutput([], "length") for _ in params]
         for o, sp in zip(outs, params):
             if sp.return_logprob:
                 o.logprobs, o.top_logprobs, o.token_ids_logprobs = [], [], []
-        active = list(range(B))  # request index of each batch position
-        worker = self.worker
         policy = None if self.tuned is None else self.tuned.policy()
-        shapes = None if policy is None else []
-        t0 = time.perf_counter()
-        steps = 0  # decode steps read
-        finished: set[int] = set()
-        try:
-            if policy is not None:
-                policy.start(B)
-            step = worker.prefill(prompts, params, seed, grammars)
-            # a grammar batch fills masks on the host between drafting and verify: eager, outside the graphs
-            decode = self._decode if grammars is None else worker.decode_step
-            # a grammar's masks and a tuned policy's next shape need the step read first
-            may_decode_ahead = self.overlap and grammars is None and policy is None and worker.decodes_ahead
-            pending = StepTransfer(step, active)  # the oldest step not yet read, and the request of each row
-            while True:
-                ahead = None
-                # every step writes at least its root's slot, which target-only's margin of 0 does not count
-                if may_decode_ahead and worker.len_bound + max(worker.kv_margin, 1) <= self.max_seq_len:
-                    # The next step goes to the device before this one is read. Every row runs it, also one whose
-                    # request this step ends (its results are dropped); the bound keeps its writes in its cache row.
-                    ahead = StepTransfer(decode(), active)
-                host = pending.wait()
-                rows = pending.requests
-                before = [len(outs[r].token_ids) for r in rows] if stream is not None else None
-                finished |= self._emit(host, rows, params, outs, step_index=steps, finished=finished)
-                if stream is not None:
-                    for r, n in zip(rows, before):
-                        if len(outs[r].token_ids) > n:
-                            stream(r, outs[r].token_ids[n:])
-                if steps > 0:
-                    running = set(active)  # the worker's rows now: a step read after a filter ran before it
-                    accept_lens = [n for r, n in zip(rows, host.accept_lens) if r in running]
-                    worker.sync_lengths(accept_lens)
-                    if policy is not None:
-                        policy.observe(accept_lens)
-                keep = [i for i, r in enumerate(active) if r not in finished]
-                if not keep:
-                    break
-                if len(keep) < len(active):
-                    worker.filter(keep)
-                    if policy is not None:
-                        policy.filter(keep)
-                    active = [active[i] for i in keep]
-                if ahead is None:
-                    if policy is not None:
-                        shapes.append(policy.choose(len(active)))
-                        worker.use_shape(shapes[-1])
-                    ahead = StepTransfer(decode(), active)
-                pending = ahead
-                steps += 1
-        finally:
-            worker.finish()
+        # a grammar batch fills masks on the host between drafting and verify: eager, outside the graphs
+        decode = self._decode if grammars is None else self.worker.decode_step
+        # a grammar's masks and a tuned policy's next shape need the step read first
+        may_decode_ahead = self.overlap and grammars is None and policy is None and self.worker.decodes_ahead
+        return _Run(params, outs, stream, policy, decode, may_decode_ahead, active=list(range(len(params))),
+                    shapes=None if policy is None else [])
+
+    def _prefill(self, run: _Run, prompts, seed: int, grammars) -> StepTransfer:
+        """Start the policy and prefill the batch: -> the prefill's step on its way to the host."""
+        if run.policy is not None:
+            run.policy.start(len(prompts))
+        return StepTransfer(self.worker.prefill(prompts, run.params, seed, grammars), run.active)
+
+    def _decode_ahead(self, run: _Run) -> StepTransfer | None:
+        """The next step, enqueued before the last one is read where it may be (`overlap`), else None. Every row runs
+        it, also one whose request the last step ends (its results are dropped); the bound keeps its writes in its
+        cache row."""
+        worker = self.worker
+        # every step writes at least its root's slot, which target-only's margin of 0 does not count
+        if run.may_decode_ahead and worker.len_bound + max(worker.kv_margin, 1) <= self.max_seq_len:
+            return StepTransfer(run.decode(), run.active)
+        return None
+
+    def _emit_and_stream(self, run: _Run, host: HostStep, rows: list[int]) -> None:
+        """Append a read step's tokens to its requests' outputs (`_emit`), and stream each request's new ones."""
+        outs, stream = run.outs, run.stream
+        before = [len(outs[r].token_ids) for r in rows] if stream is not None else None
+        run.finished |= self._emit(host, rows, run.params, outs, step_index=run.steps, finished=run.finished)
+        if stream is not None:
+            for r, n in zip(rows, before):
+                if len(outs[r].token_ids) > n:
+                    stream(r, outs[r].token_ids[n:])
+
+    def _sync_accepted(self, run: _Run, host: HostStep, rows: list[int]) -> None:
+        """After a decode step, tell the worker (and the policy) the accepted lengths of the rows it still runs."""
+        if run.steps == 0:
+            return
+        running = set(run.active)  # the worker's rows now: a step read after a filter ran before it
+        accept_lens = [n for r, n in zip(rows, host.accept_lens) if r in running]
+        self.worker.sync_lengths(accept_lens)
+        if run.policy is not None:
+            run.policy.observe(accept_lens)
+
+    def _drop_finished(self, run: _Run) -> bool:
+        """Drop the finished requests' rows from the worker and the policy; False when no request is left."""
+        keep = [i for i, r in enumerate(run.active) if r not in run.finished]
+        if not keep:
+            return False
+        if len(keep) < len(run.active):
+            self.worker.filter(keep)
+            if run.policy is not None:
+                run.policy.filter(keep)
+            run.active = [run.active[i] for i in keep]
+        return True
+
+    def _decode_next(self, run: _Run) -> StepTransfer:
+        """The next step, enqueued after the last one was read: at the policy's shape for the batch when tuned."""
+        if run.policy is not None:
+            run.shapes.append(run.policy.choose(len(run.active)))
+            self.worker.use_shape(run.shapes[-1])
+        return StepTransfer(run.decode(), run.active)
+
+    def _finish_run(self, run: _Run, t0: float) -> list[GenerateOutput]:
+        """Record the call's `last_stats` (wall time from `t0`, after the device is done); -> its outputs."""
         if torch.device(self.target.device).type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+        outs = run.outs
         n_acc = [a for o in outs for a in o.accept_lens]
-        self.last_stats = GenerateStats(B, steps, sum(len(o.token_ids) for o in outs), wall,
-                                        sum(n_acc) / len(n_acc) if n_acc else float("nan"), shapes)
+        self.last_stats = GenerateStats(len(outs), run.steps, sum(len(o.token_ids) for o in outs), wall,
+                                        sum(n_acc) / len(n_acc) if n_acc else float("nan"), run.shapes)
         return outs
 
     @staticmethod
