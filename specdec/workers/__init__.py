@@ -2,7 +2,8 @@
 `specdec.Engine(..., impl=...)` do it)."""
 from __future__ import annotations
 
-from .base import SpeculativeWorkerBase, TargetOnlyWorker, WorkerBase
+from .base import TargetOnlyWorker, WorkerBase
+from .speculative import SpeculativeWorkerBase
 from .step import StepOutput
 from .eagle import EagleWorkerV2
 from .multi_layer_eagle import MultiLayerEagleWorkerV2

@@ -14,7 +14,7 @@ import torch
 
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
-from .base import SpeculativeWorkerBase
+from .speculative import SpeculativeWorkerBase
 from .step import EagleVerifyInput, StepOutput
 from .verification import DraftProposer, chain_draft_probs
 

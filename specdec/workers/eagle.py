@@ -7,7 +7,8 @@ from ..config import SpecConfig
 from ..ops.contract import NO_DRAFT
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
-from .base import RequestState, SpeculativeWorkerBase
+from .base import RequestState
+from .speculative import SpeculativeWorkerBase
 from .step import EagleVerifyInput, StepOutput
 from .hot_vocab import HotVocabDraft
 from .verification import DraftProposer, tree_draft_probs

@@ -5,7 +5,8 @@ import torch
 
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
-from .base import RequestState, SpeculativeWorkerBase
+from .base import RequestState
+from .speculative import SpeculativeWorkerBase
 from .step import EagleVerifyInput, StepOutput
 from .verification import DraftProposer, chain_draft_probs
 

@@ -8,7 +8,8 @@ from ..config import SpecConfig
 from ..ops.contract import NO_DRAFT
 from ..kv_cache import KVCache
 from ..models.ngram import MatchState, NgramDraft, NgramTrie, build_tree, verify_input
-from .base import RequestState, SpeculativeWorkerBase
+from .base import RequestState
+from .speculative import SpeculativeWorkerBase
 from .step import EagleVerifyInput, StepOutput
 from .graphs import batch_buckets
 
