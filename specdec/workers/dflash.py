@@ -14,6 +14,7 @@ import torch
 
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
+from .chain import chain_verify_input
 from .speculative import SpeculativeWorkerBase
 from .step import EagleVerifyInput, StepOutput
 from .verification import DraftProposer, chain_draft_probs
@@ -39,7 +40,7 @@ class DFlashWorker(SpeculativeWorkerBase):
                                              draft.dtype, self.device)
         self.target_features = draft.feature_layers
         W = S + 1
-        self._chain = self.chain_verify_input(max_batch, W)
+        self._chain = chain_verify_input(max_batch, W, self.device)
         self._block_mask = torch.ones(max_batch, W, W, dtype=torch.bool, device=self.device)
         self._mask_tokens = torch.full((max_batch, S), draft.mask_token_id, dtype=torch.int64, device=self.device)
         self.proposer = DraftProposer(self, self.sampled_verify.samples)

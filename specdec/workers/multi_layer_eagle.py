@@ -6,6 +6,7 @@ import torch
 from ..kv_cache import KVCache
 from ..models.layers import AttentionMetadata
 from .base import RequestState
+from .chain import chain_verify_input
 from .speculative import SpeculativeWorkerBase
 from .step import EagleVerifyInput, StepOutput
 from .verification import DraftProposer, chain_draft_probs
@@ -46,7 +47,7 @@ class MultiLayerEagleWorkerV2(SpeculativeWorkerBase):
         W = S + 1
         # The chain's tree is the same every step: built once for the largest batch, sliced to B.
         (chain_mask, self._chain_retrieve_index, self._chain_next_token,
-         self._chain_next_sibling) = self.chain_verify_input(max_batch, W)
+         self._chain_next_sibling) = chain_verify_input(max_batch, W, self.device)
         self._chain_mask = chain_mask[0]
         self.proposer = DraftProposer(self, self.sampled_verify.samples)
 

@@ -63,15 +63,6 @@ class SpeculativeWorkerBase(WorkerBase):
             if t != d:
                 raise ValueError(f"draft {name}={d} does not match the target's {name}={t}")
 
-    def chain_verify_input(self, max_batch: int, W: int):
-        """A chain's verify tree of W nodes, the same every step, built once for the largest batch (slice each
-        to B): (tree_mask (max_batch, W, W) bool, retrieve_index, retrieve_next_token, retrieve_next_sibling)."""
-        mask = torch.ones(W, W, dtype=torch.bool, device=self.device).tril().expand(max_batch, W, W)
-        retrieve_index = torch.arange(max_batch * W, device=self.device).view(max_batch, W)
-        next_token = torch.cat([torch.arange(1, W), torch.tensor([-1])]).to(self.device)
-        next_sibling = torch.full((max_batch, W), -1, dtype=torch.int64, device=self.device)
-        return mask, retrieve_index, next_token.expand(max_batch, W).contiguous(), next_sibling
-
     @property
     def kv_margin(self) -> int:
         """The draft kind's rule (`DraftKind.kv_margin`)."""
