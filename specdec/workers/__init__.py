@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from .base import TargetOnlyWorker, WorkerBase
-from .speculative import SpeculativeWorkerBase
-from .step import StepOutput
+from .dflash import DFlashWorker
 from .eagle import EagleWorkerV2
 from .multi_layer_eagle import MultiLayerEagleWorkerV2
+from .ngram import NgramWorker
+from .speculative import SpeculativeWorkerBase
+from .standalone import StandaloneWorker
+from .step import StepOutput
 
-__all__ = ["EagleWorkerV2", "MultiLayerEagleWorkerV2", "SpeculativeWorkerBase", "StepOutput", "TargetOnlyWorker",
-           "WorkerBase"]
+__all__ = ["DFlashWorker", "EagleWorkerV2", "MultiLayerEagleWorkerV2", "NgramWorker", "SpeculativeWorkerBase",
+           "StandaloneWorker", "StepOutput", "TargetOnlyWorker", "WorkerBase"]

@@ -1,7 +1,11 @@
-"""What every worker shares: request state, target forward, sampling, verify, commit and logprobs.
+"""What every worker shares: request state, target forward, sampling and logprobs (`WorkerBase`), and the
+target-only worker.
 
-A worker binds an ops module (`reference` or `fast`); the algorithms are written once here and in
-the two speculative workers. One decode step has fixed shapes and makes no host sync. Correctness
+`WorkerBase` has two subclasses: `TargetOnlyWorker` (here) and `SpeculativeWorkerBase` (`speculative.py`: draft,
+verify, commit), whose four subclasses draft: `EagleWorkerV2` (`eagle.py`; `StandaloneWorker`, `standalone.py`,
+derives from it), `MultiLayerEagleWorkerV2` (`multi_layer_eagle.py`), `NgramWorker` (`ngram.py`) and `DFlashWorker`
+(`dflash.py`). A worker binds an ops module (`reference` or `fast`); the algorithms are written once here and in
+`SpeculativeWorkerBase`. One decode step has fixed shapes and makes no host sync. Correctness
 never depends on the host's copy of the lengths: the device holds the exact lengths, the worker keeps
 a host upper bound that grows by the most a step can add, and a caller that has read a step's
 `accept_lens` may tighten it (`sync_lengths`); a stale bound costs attention compute only.

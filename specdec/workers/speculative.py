@@ -16,7 +16,8 @@ from .verification import SampledVerify
 
 
 class SpeculativeWorkerBase(WorkerBase):
-    """Verify, commit and logprobs: the part EagleWorkerV2 and MultiLayerEagleWorkerV2 share."""
+    """Verify, commit and logprobs: the part every drafting worker shares: EagleWorkerV2 (and StandaloneWorker,
+    its subclass), MultiLayerEagleWorkerV2, NgramWorker and DFlashWorker."""
 
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, ops, max_batch, max_seq_len, return_original_logprob)
