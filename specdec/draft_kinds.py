@@ -96,6 +96,22 @@ def one_step_per_layer(draft) -> SpecConfig:
     return SpecConfig(draft.num_layers)
 
 
+def forward_per_step(num_steps: int) -> int:
+    """EAGLE, EAGLE-3, STANDALONE: num_steps - 1 drafting forwards and the extend over the accepted path; MTP: each of
+    the num_steps layers once."""
+    return num_steps
+
+
+def one_forward(num_steps: int) -> int:
+    """DFlash: one forward over the block (its context write reads the K/V projections again: left out)."""
+    return 1
+
+
+def no_forward(num_steps: int) -> int:
+    """NGRAM: a host trie, no forward."""
+    return 0
+
+
 @dataclass(frozen=True, eq=False)
 class ZooStage:
     """How the zoo trains, evaluates and describes a kind's draft (`specdec.zoo.train`).
@@ -145,7 +161,13 @@ class DraftKind:
     (`SpecConfig.draft_sampling`, `SpecConfig.verify`); NGRAM's has none;
     token_map: whether its worker takes a token map (`Engine(token_map=)`, a hot-vocabulary LM head: the worker's
     `token_map` argument): drafts whose LM head covers the target's vocabulary (an EAGLE-3 head has its own
-    reduced one, `Eagle3DraftHead.with_draft_vocabulary`)."""
+    reduced one, `Eagle3DraftHead.with_draft_vocabulary`);
+    forwards_per_step: num_steps -> the draft forwards one decode step runs (the GPU roofline's bytes per step,
+    `specdec.bench.gpu_roofline.step_reads`), None when the kind states no rule;
+    layers_per_forward: whether one of those forwards runs every draft layer ("all") or one of them ("one": MTP layer
+    k drafts token k);
+    gpu_e2e_specs: the shapes the GPU one-shot's e2e part runs (`specdec.bench.gpu_decode.e2e_cases`; one per kind:
+    the EAGLE tree as the headline, the other kinds' chain or block), among its demo_specs."""
 
     name: str
     label: str
@@ -164,6 +186,9 @@ class DraftKind:
     zoo: ZooStage | None = None
     samples_drafts: bool = True
     token_map: bool = False
+    forwards_per_step: Callable[[int], int] | None = None
+    layers_per_forward: str = "all"
+    gpu_e2e_specs: tuple[SpecConfig, ...] = ()
 
     def model_class(self) -> type:
         return self._resolve("model", self.model)
@@ -241,8 +266,12 @@ def register(kind: DraftKind) -> DraftKind:
         if (other.model, dict(other.model_config)) == (kind.model, dict(kind.model_config)):
             raise ValueError(f"draft kind {kind.name!r} claims the models of {other.name!r} ({kind.model} with "
                              f"{dict(kind.model_config)}): give it its own model class or model_config")
-    if any(spec not in kind.demo_specs for spec in kind.e2e_specs):
-        raise ValueError(f"draft kind {kind.name!r}: e2e_specs must be among its demo_specs")
+    for what in ("e2e_specs", "gpu_e2e_specs"):
+        if any(spec not in kind.demo_specs for spec in getattr(kind, what)):
+            raise ValueError(f"draft kind {kind.name!r}: {what} must be among its demo_specs")
+    if kind.layers_per_forward not in ("all", "one"):
+        raise ValueError(f"draft kind {kind.name!r}: layers_per_forward must be 'all' or 'one', got "
+                         f"{kind.layers_per_forward!r}")
     DRAFT_KINDS[kind.name] = kind
     return kind
 
@@ -285,14 +314,14 @@ register(DraftKind(
     name="eagle", label="EAGLE", model="specdec.models.eagle:EagleDraftHead",
     worker="specdec.workers.eagle:EagleWorkerV2", kv_margin=tree_kv_margin, shape_label=tree_shape_label,
     demo_specs=(TREE, CHAIN), e2e_specs=(TREE, CHAIN), random_draft="specdec.models.eagle:random_eagle_head",
-    token_map=True,
+    token_map=True, forwards_per_step=forward_per_step, gpu_e2e_specs=(TREE,),
     zoo=ZooStage(f"{_TRAIN}:train_eagle", f"{_EVALUATE}:evaluate_eagle",
                  dict(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "w_reg": 1.0, "w_cls": 1.0}),
                  "EAGLE head (1 decoder layer, shared embedding/LM head)")))
 register(DraftKind(
     name="eagle3", label="EAGLE-3", model="specdec.models.eagle3:Eagle3DraftHead",
     worker="specdec.workers.eagle:EagleWorkerV2", kv_margin=tree_kv_margin, shape_label=tree_shape_label,
-    demo_specs=(TREE, CHAIN), e2e_specs=(TREE,),
+    demo_specs=(TREE, CHAIN), e2e_specs=(TREE,), forwards_per_step=forward_per_step,
     # random: the 32k draft vocabulary of the public Llama-3 EAGLE-3 heads (the whole vocabulary when smaller)
     random_draft="specdec.models.eagle3:random_eagle3_head", random_draft_config={"draft_vocab_size": 32000},
     # the EAGLE head's budget (steps, tokens per step, unrolled passes), so that the two heads compare fairly; the
@@ -308,13 +337,15 @@ _MTP = register(DraftKind(
     model_config={"chain_hidden_states": False}, worker="specdec.workers.multi_layer_eagle:MultiLayerEagleWorkerV2",
     kv_margin=chain_window_kv_margin, shape_label=steps_shape_label, demo_specs=(SpecConfig(3),),
     e2e_specs=(SpecConfig(3),), spec_of_model=one_step_per_layer, random_draft="specdec.models.mtp:random_mtp",
-    random_draft_config={"num_layers": 3},
+    random_draft_config={"num_layers": 3}, forwards_per_step=forward_per_step, layers_per_forward="one",
+    gpu_e2e_specs=(SpecConfig(3),),
     zoo=ZooStage(f"{_TRAIN}:train_mtp", f"{_EVALUATE}:evaluate_mtp",
                  dict(steps=750, warmup=50, lr=2e-3, extra={"num_layers": 3}),
                  "{num_hidden_layers} MTP layers, MiMo style")))
 # the same layers in Step-3.5 style: layer k reads layer k-1's output hidden
 register(dataclasses.replace(
     _MTP, name="mtp_chain", label="MTP Step-3.5", model_config={"chain_hidden_states": True}, e2e_specs=(),
+    gpu_e2e_specs=(),
     random_draft_config={"num_layers": 3, "chain_hidden_states": True},
     zoo=dataclasses.replace(_MTP.zoo, trainer=f"{_TRAIN}:train_mtp_chain",
                             card_text="{num_hidden_layers} MTP layers, Step-3.5 style (chained hidden)")))
@@ -323,13 +354,14 @@ register(DraftKind(
     name="ngram", label="NGRAM", model="specdec.models.ngram:NgramDraft", worker="specdec.workers.ngram:NgramWorker",
     kv_margin=verify_only_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
     untrained="specdec.models.ngram:NgramDraft", random_draft="specdec.models.ngram:ngram_draft_for",
-    samples_drafts=False))
+    samples_drafts=False, forwards_per_step=no_forward, gpu_e2e_specs=(CHAIN,)))
 # a small causal LM of the target's vocabulary drafting from its own tokens and KV cache (SGLang's STANDALONE)
 register(DraftKind(
     name="draft_lm", label="STANDALONE", model="specdec.models.llama:LlamaForCausalLM",
     loader="specdec.models.llama:load_draft_lm", worker="specdec.workers.standalone:StandaloneWorker",
     kv_margin=draft_lm_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
-    random_draft="specdec.models.llama:random_draft_lm", token_map=True,
+    random_draft="specdec.models.llama:random_draft_lm", token_map=True, forwards_per_step=forward_per_step,
+    gpu_e2e_specs=(CHAIN,),
     # one decoder layer at hidden 64: on the deep pair a draft step then costs under a tenth of a target step
     # (`specdec.bench.draft_step_cost`: 0.094-0.099; two layers measured 0.14). A forward's fixed cost dominates at
     # these widths, so on the small pair no 1-2-layer LM fits a tenth (one layer: 0.21; its EAGLE head: 0.29).
@@ -347,6 +379,7 @@ register(DraftKind(
     name="dflash", label="DFlash", model="specdec.models.dflash:DFlashDraftModel",
     worker="specdec.workers.dflash:DFlashWorker", kv_margin=block_kv_margin, shape_label=block_shape_label,
     demo_specs=(SpecConfig(7),), e2e_specs=(SpecConfig(7),), spec_of_model=trained_block,
+    forwards_per_step=one_forward, gpu_e2e_specs=(SpecConfig(7),),
     # random: two layers at the target's width, block 8 (its cost, not its acceptance)
     random_draft="specdec.models.dflash:random_dflash", random_draft_config={"num_layers": 2, "block_size": 8},
     zoo=ZooStage(f"{_TRAIN}:train_dflash", f"{_EVALUATE}:evaluate_dflash",

@@ -18,6 +18,7 @@ import functools
 import time
 from pathlib import Path
 
+from ..draft_kinds import DRAFT_KINDS
 from .gpu_parts import gpu_device, gpu_run, error_writer
 from .gpu_rows import E2E, DecodeRow, writer
 from .gpu_runner import Config, lazy, run_configs
@@ -185,7 +186,6 @@ def e2e_target(device, smoke: bool):
 
 
 def _e2e_models(device, smoke: bool):
-    from ..draft_kinds import DRAFT_KINDS
     t0 = time.perf_counter()
     label, target = e2e_target(device, smoke)
     drafts = {kind: DRAFT_KINDS[kind].new_random_draft(target) for kind in E2E_KINDS}
@@ -194,8 +194,8 @@ def _e2e_models(device, smoke: bool):
     return label, target, drafts, params_m
 
 
-#: the draft kinds of the e2e part, each with a random draft (`DraftKind.random_draft`)
-E2E_KINDS = ("eagle", "mtp", "dflash", "ngram", "draft_lm")
+#: the draft kinds of the e2e part (`DraftKind.gpu_e2e_specs`), each with a random draft (`DraftKind.random_draft`)
+E2E_KINDS = tuple(k.name for k in DRAFT_KINDS.values() if k.gpu_e2e_specs)
 #: the token map size of the e2e part's hot-vocabulary EAGLE tree (FR-Spec's and EAGLE-3's 32k; smoke: the random
 #: tiny target's vocabulary is smaller, so its map is capped there)
 HOT_VOCAB = 32768
@@ -204,13 +204,7 @@ HOT_VOCAB = 32768
 def e2e_cases() -> list:
     """target-only, the EAGLE tree, MTP MiMo, the DFlash block, and the NGRAM and STANDALONE chains (one shape per
     kind: the tree is the EAGLE headline, the chain the kinds' `e2e_specs`)."""
-    def measured(case) -> bool:
-        if case.spec is None:
-            return True
-        if case.kind == "eagle":
-            return case.spec.topk > 1
-        return case.kind not in ("ngram", "draft_lm") or case.spec.topk == 1
-    cases = [c for c in _cases(set(E2E_KINDS)) if measured(c)]
+    cases = [c for c in _cases(set(E2E_KINDS)) if c.spec is None or c.spec in DRAFT_KINDS[c.kind].gpu_e2e_specs]
     # the EAGLE tree again with a hot-vocabulary head: its draft reads HOT_VOCAB rows of the LM head, not 128,256
     tree = next(c for c in cases if c.kind == "eagle")
     return cases + [dataclasses.replace(tree, token_map_size=HOT_VOCAB)]

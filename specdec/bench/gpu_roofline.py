@@ -68,15 +68,6 @@ class StepReads:
                               self.draft_weights, self.draft_forwards, self.draft_kv_per_token)
 
 
-#: Draft forwards per decode step, by draft kind, and whether one forward runs every draft layer ("all") or one of
-#: them ("one": MTP layer k drafts token k). EAGLE, EAGLE-3 and STANDALONE: num_steps - 1 drafting forwards and the
-#: extend over the accepted path; MTP: each of the num_steps layers once; DFlash: one forward over the block (its
-#: context write reads the K/V projections again: left out); NGRAM: a host trie, no forward.
-DRAFT_FORWARDS = {"eagle": ("num_steps", "all"), "eagle3": ("num_steps", "all"), "draft_lm": ("num_steps", "all"),
-                  "mtp": ("num_steps", "one"), "mtp_chain": ("num_steps", "one"), "dflash": (1, "all"),
-                  "ngram": (0, "all")}
-
-
 def target_reads(target) -> StepReads:
     """A target-only step of `target` (a specdec or a transformers Llama: their parameters are the same)."""
     c = target.config
@@ -87,18 +78,17 @@ def target_reads(target) -> StepReads:
 
 
 def step_reads(worker) -> StepReads:
-    """An engine's worker -> what its decode step reads (`min_step_bytes`), by its draft's kind (`DRAFT_FORWARDS`);
-    ValueError for a kind it has no rule for."""
+    """An engine's worker -> what its decode step reads (`min_step_bytes`), by its draft's kind
+    (`DraftKind.forwards_per_step`, `DraftKind.layers_per_forward`); ValueError for a kind that states no rule."""
     target = target_reads(worker.target)
-    kind = getattr(getattr(worker, "draft_kind", None), "name", None)
+    kind = getattr(worker, "draft_kind", None)
     if kind is None:
         return target
-    if kind not in DRAFT_FORWARDS:
-        raise ValueError(f"no bytes-per-step rule for draft kind {kind!r} (known: {sorted(DRAFT_FORWARDS)})")
-    forwards, layers = DRAFT_FORWARDS[kind]
+    if kind.forwards_per_step is None:
+        raise ValueError(f"no bytes-per-step rule for draft kind {kind.name!r} (its forwards_per_step is None)")
+    forwards, layers = kind.forwards_per_step(worker.num_steps), kind.layers_per_forward
     if forwards == 0:
         return target
-    forwards = worker.num_steps if forwards == "num_steps" else forwards
     from ..workers.hot_vocab import HotVocabDraft
     draft, hot_head = worker.draft_model, None
     if isinstance(draft, HotVocabDraft):  # a token map: its n rows replace whichever full head the logits read
