@@ -122,19 +122,30 @@ class ZooStage:
     opts: the stage's default settings, `StageOpts` fields;
     card_text: the model card's description of the draft, `{field}` read from its entry of card.json's models;
     card_cost: whether the card states what one of its draft steps costs against a target step (measured after
-    training by `specdec.bench.draft_cost.record_step_costs`, a bench step: it decodes through the engine)."""
+    training by `specdec.bench.draft_cost.record_step_costs`, a bench step: it decodes through the engine);
+    target_opts: "module:function" called (target, mask_token_id) -> the stage's default `StageOpts` for a draft
+    trained for a given target (`specdec zoo train-draft`, `for_target.target_draft_opts`), None when the zoo
+    trains none of this kind for a given target."""
 
     trainer: str
     evaluator: str
     opts: Mapping[str, object]
     card_text: str
     card_cost: bool = False
+    target_opts: str | None = None
 
     def train(self, target, opts, seed: int, log):
         return resolve(self.trainer)(target, opts, seed=seed, log=log)
 
     def evaluate(self, target, draft, windows, seq_len: int) -> dict:
         return resolve(self.evaluator)(target, draft, windows, seq_len=seq_len)
+
+    def opts_for_target(self, target, mask_token_id: int):
+        """The stage's default settings for a draft trained for `target` (`target_opts`); ValueError when it names
+        none."""
+        if self.target_opts is None:
+            raise ValueError(f"the zoo stage {self.trainer!r} trains no draft for a given target (no target_opts)")
+        return resolve(self.target_opts)(target, mask_token_id)
 
 
 @dataclass(frozen=True, eq=False)
@@ -258,6 +269,7 @@ def register(kind: DraftKind) -> DraftKind:
     paths += [(what, getattr(kind, what)) for what in ("loader", "untrained", "random_draft") if getattr(kind, what)]
     if kind.zoo is not None:
         paths += [("zoo.trainer", kind.zoo.trainer), ("zoo.evaluator", kind.zoo.evaluator)]
+        paths += [("zoo.target_opts", kind.zoo.target_opts)] if kind.zoo.target_opts else []
     for what, path in paths:
         module, colon, name = path.partition(":") if isinstance(path, str) else ("", "", "")
         if not (colon and name.isidentifier() and all(p.isidentifier() for p in module.split("."))):
@@ -309,6 +321,7 @@ def worker_label(kind: str, spec: SpecConfig | None) -> str:
 
 _TRAIN = "specdec.zoo.train.stages"
 _EVALUATE = "specdec.zoo.train.evaluate"
+_FOR_TARGET = "specdec.zoo.train.for_target"
 
 register(DraftKind(
     name="eagle", label="EAGLE", model="specdec.models.eagle:EagleDraftHead",
@@ -317,7 +330,8 @@ register(DraftKind(
     token_map=True, forwards_per_step=forward_per_step, gpu_e2e_specs=(TREE,),
     zoo=ZooStage(f"{_TRAIN}:train_eagle", f"{_EVALUATE}:evaluate_eagle",
                  dict(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "w_reg": 1.0, "w_cls": 1.0}),
-                 "EAGLE head (1 decoder layer, shared embedding/LM head)")))
+                 "EAGLE head (1 decoder layer, shared embedding/LM head)",
+                 target_opts=f"{_FOR_TARGET}:eagle_target_opts")))
 register(DraftKind(
     name="eagle3", label="EAGLE-3", model="specdec.models.eagle3:Eagle3DraftHead",
     worker="specdec.workers.eagle:EagleWorkerV2", kv_margin=tree_kv_margin, shape_label=tree_shape_label,
@@ -331,7 +345,8 @@ register(DraftKind(
     zoo=ZooStage(f"{_TRAIN}:train_eagle3", f"{_EVALUATE}:evaluate_eagle",
                  dict(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "pass_weight_decay": 0.8}),
                  "EAGLE-3 head (features at target layers {feature_layers}: a layer's input, the layer count "
-                 "the last layer's output; its own LM head over {draft_vocab_size} of the {vocab_size} ids)")))
+                 "the last layer's output; its own LM head over {draft_vocab_size} of the {vocab_size} ids)",
+                 target_opts=f"{_FOR_TARGET}:eagle3_target_opts")))
 _MTP = register(DraftKind(
     name="mtp", label="MTP MiMo", model="specdec.models.mtp:MTPDraftModel",
     model_config={"chain_hidden_states": False}, worker="specdec.workers.multi_layer_eagle:MultiLayerEagleWorkerV2",
@@ -371,7 +386,8 @@ register(DraftKind(
                  dict(steps=2400, batch_size=4, warmup=50, lr=3e-3,
                       extra={"num_layers": 1, "hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 2,
                              "num_key_value_heads": 1}),
-                 "STANDALONE draft LM (its own embedding and LM head, distilled from the target)", card_cost=True)))
+                 "STANDALONE draft LM (its own embedding and LM head, distilled from the target)", card_cost=True,
+                 target_opts=f"{_FOR_TARGET}:draft_lm_target_opts")))
 # a block drafter: one forward over [last verified token, mask tokens] attending to the target's features (z-lab's
 # DFlash), verified as a chain. Two decoder layers at the target's width, block 8: on the deep pair one block forward
 # costs about two EAGLE draft forwards (`specdec.bench.draft_step_cost`, see the model card)
@@ -387,4 +403,4 @@ register(DraftKind(
                       extra={"num_layers": 2, "num_context_layers": 3, "block_size": 8, "blocks_per_window": 128,
                              "gamma": 4.0, "norm_from_target": True}),
                  "DFlash block drafter ({num_hidden_layers} layers, block {block_size}, context from target layers "
-                 "{target_layer_ids})", card_cost=True)))
+                 "{target_layer_ids})", card_cost=True, target_opts=f"{_FOR_TARGET}:dflash_target_opts")))

@@ -35,27 +35,41 @@ TARGET_DRAFT_DTYPE = torch.float16
 
 
 def target_draft_opts(target, mask_token_id: int) -> dict[str, StageOpts]:
-    """Each kind's default settings for `target`: fp32 (bf16 autocast is slower on CPUs without AMX), windows of
-    256 tokens, 8 per step. The EAGLE-3 head reads the target's default features (SGLang's low, middle, high)
-    and proposes from the 8,192 most frequent ids, its LM head's rows kept the target's (so that the same head runs
-    with any draft vocabulary, `eagle3_with_vocabulary`); the DFlash drafter (one layer, blocks of 8) reads the same
-    layers, so one recording serves both; the draft LM is 2 layers at hidden 96 with a tied embedding that
-    starts as the target's principal directions. Steps: about 30 minutes of one core each (a 2-core x86 machine,
-    2026), within the 40 MB the four ship in."""
+    """Each kind's default settings for `target` (its `ZooStage.target_opts`): fp32 (bf16 autocast is slower on CPUs
+    without AMX), windows of 256 tokens, 8 per step. The EAGLE-3 head reads the target's default features (SGLang's
+    low, middle, high) and proposes from the 8,192 most frequent ids, its LM head's rows kept the target's (so that
+    the same head runs with any draft vocabulary, `eagle3_with_vocabulary`); the DFlash drafter (one layer, blocks of
+    8) reads the same layers, so one recording serves both; the draft LM is 2 layers at hidden 96 with a tied
+    embedding that starts as the target's principal directions. Steps: about 30 minutes of one core each (a 2-core
+    x86 machine, 2026), within the 40 MB the four ship in."""
+    return {kind: DRAFT_KINDS[kind].zoo.opts_for_target(target, mask_token_id) for kind in TARGET_DRAFT_KINDS}
+
+
+#: the settings every draft for a given target shares
+_COMMON = dict(batch_size=8, seq_len=256, lr=1e-3, warmup=50, amp=False, min_lr_ratio=0.1)
+
+
+def eagle3_target_opts(target, mask_token_id: int) -> StageOpts:
     feats = default_feature_layers(target.config.num_hidden_layers)
-    common = dict(batch_size=8, seq_len=256, lr=1e-3, warmup=50, amp=False, min_lr_ratio=0.1)
-    return {
-        "eagle3": StageOpts(steps=330, **common, extra={"unroll": 3, "pass_weight_decay": 0.8,
-                                                        "draft_vocab_size": 8192, "feature_layers": feats,
-                                                        "freeze_lm_head": True}),
-        "eagle": StageOpts(steps=190, **common, extra={"unroll": 3}),
-        "dflash": StageOpts(steps=550, **common, extra={
-            "num_layers": 1, "block_size": 8, "target_layer_ids": [i - 1 for i in feats],
-            "mask_token_id": mask_token_id, "blocks_per_window": 16, "gamma": 4.0, "norm_from_target": True}),
-        "draft_lm": StageOpts(steps=600, **dict(common, lr=2e-3), extra={
-            "num_layers": 2, "hidden_size": 96, "intermediate_size": 256, "num_attention_heads": 2,
-            "num_key_value_heads": 1, "tie_word_embeddings": True, "embed_from_target": True}),
-    }
+    return StageOpts(steps=330, **_COMMON, extra={"unroll": 3, "pass_weight_decay": 0.8, "draft_vocab_size": 8192,
+                                                  "feature_layers": feats, "freeze_lm_head": True})
+
+
+def eagle_target_opts(target, mask_token_id: int) -> StageOpts:
+    return StageOpts(steps=190, **_COMMON, extra={"unroll": 3})
+
+
+def dflash_target_opts(target, mask_token_id: int) -> StageOpts:
+    feats = default_feature_layers(target.config.num_hidden_layers)
+    return StageOpts(steps=550, **_COMMON, extra={
+        "num_layers": 1, "block_size": 8, "target_layer_ids": [i - 1 for i in feats], "mask_token_id": mask_token_id,
+        "blocks_per_window": 16, "gamma": 4.0, "norm_from_target": True})
+
+
+def draft_lm_target_opts(target, mask_token_id: int) -> StageOpts:
+    return StageOpts(steps=600, **dict(_COMMON, lr=2e-3), extra={
+        "num_layers": 2, "hidden_size": 96, "intermediate_size": 256, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "tie_word_embeddings": True, "embed_from_target": True})
 
 
 def unused_token_id(tokenizer, stream: np.ndarray) -> int:
