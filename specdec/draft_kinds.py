@@ -341,7 +341,8 @@ register(DraftKind(
     # the EAGLE head's budget (steps, tokens per step, unrolled passes), so that the two heads compare fairly; the
     # paper's recipe otherwise (SafeAILab's trainer): the whole vocabulary (258 ids need no reduced one), fc on the
     # raw concatenated features, the pre-norm output hidden fed back, pass j's loss weighted 0.8 ** j. The paper
-    # unrolls 7 passes (`--eagle3-unroll 7`): 1.7x the CPU time per step on the deep pair, 2x on the small one
+    # unrolls 7 passes (`--eagle3-unroll 7`), which costs more CPU time per step (results/eagle3-retrain-20261202/,
+    # train-*.log)
     zoo=ZooStage(f"{_TRAIN}:train_eagle3", f"{_EVALUATE}:evaluate_eagle",
                  dict(steps=700, warmup=50, lr=2e-3, extra={"unroll": 3, "pass_weight_decay": 0.8}),
                  "EAGLE-3 head (features at target layers {feature_layers}: a layer's input, the layer count "
@@ -377,11 +378,11 @@ register(DraftKind(
     kv_margin=draft_lm_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
     random_draft="specdec.models.llama:random_draft_lm", token_map=True, forwards_per_step=forward_per_step,
     gpu_e2e_specs=(CHAIN,),
-    # one decoder layer at hidden 64: on the deep pair a draft step then costs under a tenth of a target step
-    # (`specdec.bench.draft_step_cost`: 0.094-0.099; two layers measured 0.14). A forward's fixed cost dominates at
-    # these widths, so on the small pair no 1-2-layer LM fits a tenth (one layer: 0.21; its EAGLE head: 0.29).
-    # 2400 steps: the shipped deep-pair LM's; 600 left its held-out top-1 agreement at 0.58-0.65 by depth, 2400 at
-    # 0.70-0.75 (15-19 % more tokens per step)
+    # one decoder layer at hidden 64: on the deep pair a draft step then costs under a tenth of a target step (the
+    # shipped card's `training.draft_lm.step_cost`, `specdec.bench.draft_step_cost`). A forward's fixed cost
+    # dominates at these widths, so on the small pair no 1-2-layer LM fits a tenth. 2400 steps: the shipped
+    # deep-pair LM's, which agrees with the target more than 600 steps' and accepts more tokens per step
+    # (results/draft-lm-retrain-20261204/: card.json, heads-32-prompts.json)
     zoo=ZooStage(f"{_TRAIN}:train_draft_lm", f"{_EVALUATE}:evaluate_draft_lm",
                  dict(steps=2400, batch_size=4, warmup=50, lr=3e-3,
                       extra={"num_layers": 1, "hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 2,
@@ -389,8 +390,8 @@ register(DraftKind(
                  "STANDALONE draft LM (its own embedding and LM head, distilled from the target)", card_cost=True,
                  target_opts=f"{_FOR_TARGET}:draft_lm_target_opts")))
 # a block drafter: one forward over [last verified token, mask tokens] attending to the target's features (z-lab's
-# DFlash), verified as a chain. Two decoder layers at the target's width, block 8: on the deep pair one block forward
-# costs about two EAGLE draft forwards (`specdec.bench.draft_step_cost`, see the model card)
+# DFlash), verified as a chain. Two decoder layers at the target's width, block 8; what one block forward costs on the
+# deep pair is on its model card (`training.dflash.step_cost`, `specdec.bench.draft_step_cost`)
 register(DraftKind(
     name="dflash", label="DFlash", model="specdec.models.dflash:DFlashDraftModel",
     worker="specdec.workers.dflash:DFlashWorker", kv_margin=block_kv_margin, shape_label=block_shape_label,
