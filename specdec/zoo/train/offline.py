@@ -26,7 +26,8 @@ def main(argv=None) -> int:
     p.add_argument("--heldout-prompts", default=None, help="a held-out prompt file, for the card's agreement")
     p.add_argument("--heldout-limit", type=int, default=64, help="held-out prompts to record (default 64)")
     p.add_argument("--limit", type=int, default=0, help="the first N training prompts only (0: all)")
-    p.add_argument("--kinds", default="eagle3", help=f"comma-separated, of {', '.join(TARGET_DRAFT_KINDS)}")
+    p.add_argument("--kinds", default=",".join(TARGET_DRAFT_KINDS),
+                   help="comma-separated (default: every kind trained for a target, %(default)s)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=32, help="recording batch size")
