@@ -18,6 +18,11 @@ from .token_map import load_token_map
 from .tuning import TunedSpec, parse_spec, shape_name, shape_spec
 from .workers.step import HostStep, StepTransfer
 
+#: an engine that grows its caches (`Engine(preallocate=False)`) starts with this many rows of this many slots
+INITIAL_ROWS, INITIAL_LENGTH = 4, 256
+#: a grown cache row holds a multiple of this many slots
+LENGTH_STEP = 64
+
 
 @dataclass
 class GenerateOutput:
@@ -89,6 +94,10 @@ class Engine:
     draft=None is plain target-only decoding; a draft runs on the worker its kind names (`specdec.draft_kinds`:
     an EAGLE or EAGLE-3 head on EagleWorkerV2, MTP layers on MultiLayerEagleWorkerV2). impl="auto" is fast on
     CUDA, reference elsewhere.
+    max_batch and max_seq_len bound the requests of one call and each request's prompt + new tokens. The KV caches
+    (the target's and the draft's) grow with what calls ask, doubling up to those bounds (`memory()` says what they
+    hold); preallocate=True (the default with CUDA graphs, which keep the caches' addresses) allocates the bounds
+    whole at construction.
     cuda_graphs (default: on with the fast path on CUDA) replays each decode step as a CUDA graph, one
     per batch-size bucket (1, 2, 4, ..., max_batch), sampling flags and worker step shape (NGRAM's verify
     width), the batch padded to its bucket.
@@ -107,7 +116,8 @@ class Engine:
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, impl: str = "auto",
                  max_batch: int = 16, max_seq_len: int | None = None, return_original_logprob: bool = False,
-                 cuda_graphs: bool | None = None, tokenizer=None, token_map=None, overlap: bool | None = None):
+                 cuda_graphs: bool | None = None, tokenizer=None, token_map=None, overlap: bool | None = None,
+                 preallocate: bool | None = None):
         if impl not in ("auto", "reference", "fast"):
             raise ValueError(f"impl must be 'auto', 'reference' or 'fast', got {impl!r}")
         max_batch = check_int("max_batch", max_batch, 1)
@@ -134,9 +144,6 @@ class Engine:
                              f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} turns it off: unset it "
                              f"or use impl='reference'")
         self.token_map = None if token_map is None else self._check_token_map(token_map)
-        self.worker = self._make_worker(ops, max_batch, max_seq_len, return_original_logprob)
-        if self.tuned is not None:
-            self._allow_tuned_shapes()
         on_cuda = torch.device(target.device).type == "cuda"
         if cuda_graphs is None:
             cuda_graphs = on_cuda and self.impl == "fast"
@@ -144,21 +151,65 @@ class Engine:
             raise ValueError(f"cuda_graphs=True needs impl='fast' on a CUDA device, got impl={self.impl!r} on "
                              f"{target.device}")
         self.cuda_graphs = bool(cuda_graphs)
+        if preallocate is not None and not isinstance(preallocate, bool):
+            raise ValueError(f"preallocate must be True, False or None, got {preallocate!r}")
+        # CUDA graphs read the caches at the addresses they were captured with: those are allocated once, whole
+        self.preallocate = self.cuda_graphs if preallocate is None else preallocate
+        if self.cuda_graphs and not self.preallocate:
+            raise ValueError("cuda_graphs=True needs preallocate=True (the graphs keep the caches' addresses)")
+        self._ops, self._return_original_logprob = ops, return_original_logprob
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        self._build_worker(*((max_batch, max_seq_len) if self.preallocate else
+                             (min(max_batch, INITIAL_ROWS), min(max_seq_len, INITIAL_LENGTH))))
         if overlap is not None and not isinstance(overlap, bool):
             raise ValueError(f"overlap must be True, False or None, got {overlap!r}")
         self.overlap = self.cuda_graphs if overlap is None else overlap
-        if self.cuda_graphs:
-            from .workers.graphs import DecodeGraphs
-            self._decode = DecodeGraphs(self.worker, capture=True).decode_step
-        else:
-            self._decode = self.worker.decode_step
-        self.max_batch = max_batch
-        self.max_seq_len = max_seq_len
         self.tokenizer = tokenizer
         self._grammar_compiler = None
         self.last_stats: GenerateStats | None = None
         # The worker's caches and request state serve one call at a time: concurrent calls queue here.
         self._lock = threading.Lock()
+
+    def _build_worker(self, rows: int, length: int) -> None:
+        """A worker whose caches hold `rows` requests of `length` token slots (the draft's caches alike)."""
+        self.worker = self._make_worker(self._ops, rows, length, self._return_original_logprob)
+        if self.tuned is not None:
+            self._allow_tuned_shapes()
+        if self.cuda_graphs:
+            from .workers.graphs import DecodeGraphs
+            self._decode = DecodeGraphs(self.worker, capture=True).decode_step
+        else:
+            self._decode = self.worker.decode_step
+
+    def _fit_worker(self, rows: int, length: int) -> None:
+        """Grows the caches (a new worker; nothing an engine keeps between calls lives in it) when a call needs more
+        rows or slots than they hold, doubling what they hold up to max_batch and max_seq_len."""
+        cache = self.worker.cache
+        if self.preallocate or (rows <= cache.max_batch and length <= cache.max_seq_len):
+            return
+        rows = min(self.max_batch, max(rows, cache.max_batch if rows <= cache.max_batch else 2 * cache.max_batch))
+        length = -(-length // LENGTH_STEP) * LENGTH_STEP
+        length = min(self.max_seq_len,
+                     max(length, cache.max_seq_len if length <= cache.max_seq_len else 2 * cache.max_seq_len))
+        self._build_worker(rows, length)
+
+    def memory(self) -> dict:
+        """What the engine holds: its caches' shape and bytes (every KV cache of the worker: the target's and the
+        draft's) and its models' weight bytes."""
+        caches = self.worker.caches()
+        weights = {id(p): p.numel() * p.element_size() for m in (self.target, self.draft)
+                   if isinstance(m, torch.nn.Module) for p in m.parameters()}
+        return {"rows": self.worker.cache.max_batch, "slots_per_row": self.worker.cache.max_seq_len,
+                "max_batch": self.max_batch, "max_seq_len": self.max_seq_len, "preallocated": self.preallocate,
+                "kv_cache_bytes": sum(c.kv.numel() * c.kv.element_size() for c in caches),
+                "weight_bytes": sum(weights.values())}
+
+    def __repr__(self) -> str:
+        m = self.memory()
+        kind = "target-only" if self.draft is None else kind_of(self.draft).name
+        return (f"Engine({kind}, impl={self.impl!r}, caches {m['rows']} x {m['slots_per_row']} of at most "
+                f"{m['max_batch']} x {m['max_seq_len']}: {m['kv_cache_bytes'] / 2 ** 20:.1f} MiB, weights "
+                f"{m['weight_bytes'] / 2 ** 20:.1f} MiB)")
 
     def _allow_tuned_shapes(self) -> None:
         """The worker may switch among the tuned file's shapes; ValueError naming the field of one it cannot run."""
@@ -248,10 +299,15 @@ class Engine:
                     f"request {i}: prompt length {len(p)} + max_new_tokens {sp.max_new_tokens}"
                     + (f" + {margin} in-flight draft slots" if margin else "")
                     + f" = {need} exceeds max_seq_len={self.max_seq_len}")
+        if B > self.max_batch:
+            raise ValueError(f"a batch of {B} requests exceeds the cache: {self.max_batch} of {self.max_batch} slots "
+                             f"free")
+        grammars = self._compile_grammars(checked)
+        self._fit_worker(B, max(len(p) + sp.max_new_tokens + margin for p, sp in zip(clean_prompts, checked)))
         free = self.worker.cache.num_free
         if B > free:
             raise ValueError(f"a batch of {B} requests exceeds the cache: {free} of {self.max_batch} slots free")
-        return clean_prompts, checked, self._compile_grammars(checked)
+        return clean_prompts, checked, grammars
 
     def _compile_grammars(self, params: list[SamplingParams]) -> list | None:
         """Compile each request's grammar (xgrammar; a request without one gets None) before any compute. A grammar
@@ -346,7 +402,7 @@ class Engine:
         cache row."""
         worker = self.worker
         # every step writes at least its root's slot, which target-only's margin of 0 does not count
-        if run.may_decode_ahead and worker.len_bound + max(worker.kv_margin, 1) <= self.max_seq_len:
+        if run.may_decode_ahead and worker.len_bound + max(worker.kv_margin, 1) <= worker.cache.max_seq_len:
             return StepTransfer(run.decode(), run.active)
         return None
 

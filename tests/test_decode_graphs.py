@@ -43,7 +43,7 @@ def test_a_step_copies_no_logits_out_of_the_graph(kind, logprobs):
     params = [(logprob_params(max_new=5 + 3 * i) if logprobs else SamplingParams(max_new_tokens=5 + 3 * i))
               for i in range(5)]
     base = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96).generate(PROMPTS, params)
-    padded = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96)
+    padded = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96, preallocate=True)
     steps = _StepLogits(DecodeGraphs(padded.worker, capture=False))
     padded._decode = steps
     assert_same_as_baseline(padded.generate(PROMPTS, params), base)
@@ -93,7 +93,7 @@ def test_steady_steps_and_filters_through_the_static_inputs_equal_eager_steps(ki
     params = [logprob_params(max_new=8 + 6 * i, temperature=0.9 * (i % 2), top_k=-1 if i < 3 else 4)
               for i in range(5)]
     base = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96).generate(PROMPTS, params, seed=3)
-    padded = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96)
+    padded = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96, preallocate=True)
     plumbing = _Plumbing(DecodeGraphs(padded.worker, capture=False))
     padded._decode = plumbing.graphs.decode_step
     assert_same_as_baseline(padded.generate(PROMPTS, params, seed=3), base)
@@ -112,7 +112,7 @@ def _steady_eager_ops(kind: str, sampled: bool):
 
     target = near_bigram_target(seed=6, mix=0.4)
     draft, spec = perfect_drafts_by_kind(target)[kind]
-    engine = Engine(target, draft, spec, impl="reference", max_batch=2, max_seq_len=96)
+    engine = Engine(target, draft, spec, impl="reference", max_batch=2, max_seq_len=96, preallocate=True)
     worker, graphs = engine.worker, DecodeGraphs(engine.worker, capture=False)
     run_body, eager, views = graphs._run_body, [], []
     body = KernelCounter()

@@ -209,7 +209,7 @@ def test_bad_engine_arguments(target):
     big = random_llama(vocab_size=64, hidden_size=32, num_hidden_layers=2, max_position_embeddings=2 ** 40)
     with pytest.raises(ValueError, match="KV cache for max_batch=16, max_seq_len=1099511627776 .* could not be "
                                          "allocated"):  # a ValueError from the cache, not the allocator's error
-        Engine(big, max_batch=16, max_seq_len=2 ** 40)
+        Engine(big, max_batch=16, max_seq_len=2 ** 40, preallocate=True)
 
 
 class _CountHostReads(TorchFunctionMode):

@@ -48,7 +48,7 @@ class CountedDecode:
 
 def run(target, draft, spec, overlap: bool, graphs: bool = False, prompts=PROMPTS, params=None, max_seq_len=96):
     engine = Engine(target, draft, spec, impl="reference", max_batch=len(prompts), max_seq_len=max_seq_len,
-                    overlap=overlap)
+                    overlap=overlap, preallocate=True)  # its decode is wrapped before the call
     if graphs:
         engine._decode = DecodeGraphs(engine.worker, capture=False).decode_step
     counted = engine._decode = CountedDecode(engine._decode)
