@@ -236,7 +236,7 @@ def main(argv=None) -> int:
         from .bench.tune_cli import main as tune_main
         return tune_main(argv[1:])
     if argv[:1] == ["gpu-check"]:
-        from .bench.gpu_check import main as gpu_check_main
+        from .gpu_check.driver import main as gpu_check_main
         return gpu_check_main(argv[1:])
     if argv[:1] == ["zoo"]:
         rest = argv[1:]

@@ -84,11 +84,11 @@ def exercise_every_op(dtypes=None):
     """Call every fast op in the configurations the workers and tests use (logits in each of `dtypes`)."""
     dtypes = tuple(DTYPES.values()) if dtypes is None else dtypes
     import fast
-    from fast.bandwidth import SHAPES as READ_SHAPES
-    from fast.bandwidth import read_sum
     from fast.argmax import argmax_finite_launch
     from fast.draft import SPLIT_KEYS_CAP, softmax_topk_launch
     from fast.logprobs import compute_spec_v2_logprobs_launch
+    from specdec.gpu_check.bandwidth import SHAPES as READ_SHAPES
+    from specdec.gpu_check.bandwidth import read_sum
     from specdec.ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
     from specdec.models.layers import rope_cos_sin
 

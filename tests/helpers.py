@@ -209,7 +209,7 @@ def write_gpu_rows(out, name: str, rows: list[dict]) -> None:
     rest blank, as a run writes it."""
     import dataclasses
 
-    from specdec.bench import gpu_rows
+    from specdec.gpu_check import rows as gpu_rows
     row_type = gpu_rows.ROW_TYPES[name]
     w = gpu_rows.writer(out, name)
     for values in rows:

@@ -13,12 +13,12 @@ TOLERATED_STACK_BYTES = 32
 
 
 def fast_kernels() -> set[str]:
-    """The names of every public Triton kernel of `fast`."""
+    """The names of every public Triton kernel of `fast`, and gpu-check's read-bandwidth probe (not an op)."""
     import fast
-    import fast.bandwidth  # gpu-check's read-bandwidth probe: not an op, so `fast` does not import it
+    from specdec.gpu_check import bandwidth
 
     names = set()
-    for module in (fast.activation, fast.argmax, fast.attention, fast.bandwidth, fast.draft, fast.grammar, fast.kv,
+    for module in (fast.activation, fast.argmax, fast.attention, bandwidth, fast.draft, fast.grammar, fast.kv,
                    fast.logprobs, fast.norm, fast.penalties, fast.rejection, fast.sampling, fast.traversal, fast.tree,
                    fast.verify):
         for name, _ in inspect.getmembers(module):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fast.bandwidth import BLOCK, ITERS, SHAPES, read_sum, read_sum_programs
+from specdec.gpu_check.bandwidth import BLOCK, ITERS, SHAPES, read_sum, read_sum_programs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CHUNK = BLOCK * ITERS

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-import specdec.bench.gpu_check as gpu_check
-from specdec.bench import gpu_decode, gpu_parts, gpu_rows, gpu_runner, gpu_summary
-from specdec.bench.gpu_rows import E2E, ENVIRONMENT, KERNELS, TESTS
+import specdec.gpu_check.driver as gpu_check
+from specdec.gpu_check import decode as gpu_decode, parts as gpu_parts, rows as gpu_rows
+from specdec.gpu_check import runner as gpu_runner, summary as gpu_summary
+from specdec.gpu_check.rows import E2E, ENVIRONMENT, KERNELS, TESTS
 from tests.helpers import write_gpu_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +98,7 @@ def _check_files(out: Path) -> None:
 
 def _smoke_test_count() -> int:
     """The test functions of the smoke run's tests part (`gpu_tests.SMOKE_TEST_SUBSET`, whole files)."""
-    from specdec.bench.gpu_tests import SMOKE_TEST_SUBSET
+    from specdec.gpu_check.compiled_tests import SMOKE_TEST_SUBSET
     return sum((ROOT / path).read_text().count("\ndef test_") for path in SMOKE_TEST_SUBSET)
 
 
@@ -412,7 +413,7 @@ def _pytest_with_plugin(tmp_path: Path, *args: str, **env_vars) -> tuple[list[di
     env.update(PYTHONPATH=str(ROOT), SPECDEC_GPU_CHECK_OUT=str(out), **{gpu_runner.PROGRESS_ENV: str(progress)},
                **env_vars)
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                    "specdec.bench.gpu_pytest_plugin", *(args or ["test_stand_in.py"])], cwd=tmp_path, env=env,
+                    "specdec.gpu_check.pytest_plugin", *(args or ["test_stand_in.py"])], cwd=tmp_path, env=env,
                    capture_output=True, text=True, timeout=120)
     rows = _rows(out, TESTS) if (out / TESTS).exists() else []
     return rows, gpu_runner.read_progress(progress)
@@ -447,7 +448,7 @@ def _has_xdist() -> bool:
 
 
 def test_every_entry_of_the_gpu_subset_names_tests_that_collect():
-    from specdec.bench import gpu_tests
+    from specdec.gpu_check import compiled_tests as gpu_tests
     for subset in (gpu_tests.GPU_TEST_SUBSET, gpu_tests.SMOKE_TEST_SUBSET):
         assert gpu_tests.missing_tests(subset) == []
         done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
@@ -466,7 +467,7 @@ def test_without_xgrammar_the_gpu_tests_leave_the_grammar_tests_out(monkeypatch,
     and only there; each deselected id names a test of the subset."""
     import importlib.util
 
-    from specdec.bench import gpu_tests
+    from specdec.gpu_check import compiled_tests as gpu_tests
     real = importlib.util.find_spec
     assert "--deselect" not in gpu_tests.tests_command(tmp_path, smoke=False)  # CI installs xgrammar
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xgrammar" else real(name, *a))

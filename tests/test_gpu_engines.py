@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.bench import gpu_engines, gpu_roofline, gpu_rows, gpu_summary
-from specdec.bench.gpu_rows import E2E, KERNELS
+from specdec.gpu_check import engines as gpu_engines, roofline as gpu_roofline, rows as gpu_rows
+from specdec.gpu_check import summary as gpu_summary
+from specdec.gpu_check.rows import E2E, KERNELS
 from specdec.models import random_llama
 from tests.helpers import write_gpu_rows
 
@@ -92,14 +93,14 @@ def test_a_token_maps_head_replaces_the_full_head_a_draft_reads(kind):
 
 
 def test_the_e2e_part_runs_the_eagle_tree_with_a_hot_vocabulary_on_graphs():
-    from specdec.bench.gpu_decode import HOT_VOCAB, e2e_plan
+    from specdec.gpu_check.decode import HOT_VOCAB, e2e_plan
     hot = [(B, impl, graphs) for B, case, impl, graphs in e2e_plan(smoke=False) if case.token_map_size]
     assert hot == [(32, "fast", True), (1, "fast", True)]
     assert any(c.label == f"EAGLE tree S5 K4 W16 hot {HOT_VOCAB}" for _, c, _, _ in e2e_plan(smoke=True))
 
 
 def test_every_e2e_worker_has_a_bytes_rule():
-    from specdec.bench.gpu_decode import E2E_KINDS, e2e_cases
+    from specdec.gpu_check.decode import E2E_KINDS, e2e_cases
     from specdec.draft_kinds import DRAFT_KINDS
     ruled = {k.name for k in DRAFT_KINDS.values() if k.forwards_per_step is not None}
     assert set(E2E_KINDS) <= ruled and {c.kind for c in e2e_cases() if c.spec is not None} <= ruled
@@ -205,7 +206,7 @@ def test_the_summary_holds_decode_against_the_read_ceiling_and_the_profiled_repl
 def test_the_e2e_part_measures_target_only_reading_each_step_first_beside_decoding_ahead():
     """The pair the decoding-ahead figure comes from: target-only fast + graphs with and without it, at B = 1 and
     32, and the engine built for the read-first row does not decode ahead."""
-    from specdec.bench.gpu_decode import e2e_plan
+    from specdec.gpu_check.decode import e2e_plan
     plan = e2e_plan(smoke=False)
     first = [(B, impl, graphs) for B, case, impl, graphs in plan if not case.decode_ahead]
     ahead = [(B, impl, graphs) for B, case, impl, graphs in plan if case.spec is None and case.decode_ahead]

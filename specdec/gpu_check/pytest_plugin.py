@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .gpu_runner import (CONFIG_TIMEOUT_ENV, DEADLINE_ENV, FAULTS_ENV, PROGRESS_ENV, SKIP_ENV, Progress, inject,
+from .runner import (CONFIG_TIMEOUT_ENV, DEADLINE_ENV, FAULTS_ENV, PROGRESS_ENV, SKIP_ENV, Progress, inject,
                          parse_faults, read_progress)
 
 OUT_ENV = "SPECDEC_GPU_CHECK_OUT"
@@ -178,17 +178,17 @@ def _finish(nodeid: str) -> None:
 
 def _writer():
     if "writer" not in _state:
-        from .gpu_rows import TESTS, writer
+        from .rows import TESTS, writer
         _state["writer"] = writer(Path(os.environ[OUT_ENV]), TESTS)
     return _state["writer"]
 
 
 def _row(nodeid: str, status: str, message: str, seconds: float):
-    from .gpu_rows import RUN_ID_ENV, TestRow
+    from .rows import RUN_ID_ENV, TestRow
     if "run" not in _state:
         import torch
 
-        from .common import Run
+        from ..bench.common import Run
         _state["run"] = Run("gpu-check", "cuda" if torch.cuda.is_available() else "cpu",
                             run_id=os.environ.get(RUN_ID_ENV))
     plan = _state["plan"] or []

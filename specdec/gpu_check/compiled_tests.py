@@ -14,9 +14,9 @@ import re
 import sys
 from pathlib import Path
 
-from .gpu_parts import ROOT
-from .gpu_pytest_plugin import OUT_ENV
-from .gpu_runner import setup_failed
+from .parts import ROOT
+from .pytest_plugin import OUT_ENV
+from .runner import setup_failed
 
 #: The fast-path test files run compiled on a GPU (the CUDA-only ones among them included), goal tests first.
 GPU_TEST_SUBSET = ["tests/test_fast_logprobs.py", "tests/test_fast_parity.py", "tests/test_decode_graphs.py",
@@ -37,7 +37,7 @@ XDIST_WORKERS = 8
 
 
 def tests_command(out: Path, smoke: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "specdec.bench.gpu_pytest_plugin",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "specdec.gpu_check.pytest_plugin",
            "-rfE"]
     if importlib.util.find_spec("xdist") is not None and not smoke:
         cmd += ["-n", str(XDIST_WORKERS)]

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gpu_rows import ENVIRONMENT, KERNELS, RUN_ID_ENV, EnvironmentRow, GpuKernelRow, writer
-from .gpu_runner import Config, run_configs
+from .rows import ENVIRONMENT, KERNELS, RUN_ID_ENV, EnvironmentRow, GpuKernelRow, writer
+from .runner import Config, run_configs
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: |logprob - float64 logprob| a row may show: fp32 sums over up to 152k exponentials, and fp32 division by
@@ -34,7 +34,7 @@ GOAL_ROWS, GOAL_VOCAB = 256, 151936
 
 
 def gpu_run(device):
-    from .common import Run
+    from ..bench.common import Run
     return Run("gpu-check", device, run_id=os.environ.get(RUN_ID_ENV))
 
 
@@ -56,7 +56,7 @@ def op_timer_name(device) -> str:
 def error_writer(out: Path):
     """error_row(config, message) for `run_configs`: the configuration's naming fields, status error."""
     def write(config: Config, message: str) -> None:
-        from .gpu_rows import driver_prefix, write_error_row
+        from .rows import driver_prefix, write_error_row
         write_error_row(out, config.file, driver_prefix(out, os.environ.get(RUN_ID_ENV, "")), config.fields,
                         message)
     return write
@@ -115,7 +115,7 @@ def run_environment(out: Path, smoke: bool) -> None:
 
 
 def _ceiling_row(run, timer, op, dtype, times, nbytes, rows=0, **extra) -> GpuKernelRow:
-    from .common import quantile
+    from ..bench.common import quantile
     med = statistics.median(times)
     gbps = nbytes / med / 1e3
     values = dict(timer=timer, op=op, impl="ceiling", dtype=dtype, batch_size=0, num_slots=0,
@@ -134,7 +134,7 @@ def _copy_ceiling(run, smoke: bool) -> GpuKernelRow:
     (bytes = read + write); on a CPU a small buffer."""
     import torch
 
-    from .kernels import COPY_CEILING_BYTES, time_rotated
+    from ..bench.kernels import COPY_CEILING_BYTES, time_rotated
     device = gpu_device(smoke)
     if device.type == "cuda":
         chunks = 4
@@ -145,7 +145,7 @@ def _copy_ceiling(run, smoke: bool) -> GpuKernelRow:
                                                   device, 10)]
         nbytes = 2 * n * 4 * chunks
     else:
-        from .common import time_calls
+        from ..bench.common import time_calls
         n = (8 << 20) // 2 // 4
         src, dst = torch.randn(n), torch.empty(n)
         times = time_calls(lambda: dst.copy_(src), device, 5)
@@ -187,9 +187,9 @@ def measure_read(device, smoke: bool) -> tuple[list[dict], int, str]:
     programs, microseconds per launch, median GB/s and the partial sums' total; elements read; the timer's name)."""
     import torch
 
-    from fast.bandwidth import SHAPES, read_sum, read_sum_programs
+    from .bandwidth import SHAPES, read_sum, read_sum_programs
 
-    from .common import time_calls
+    from ..bench.common import time_calls
     n = (READ_CEILING_BYTES if device.type == "cuda" else SMOKE_READ_CEILING_BYTES) // 2
     x = torch.ones(n, dtype=torch.bfloat16, device=device)
     repeats = 3 if smoke else 20
@@ -206,7 +206,7 @@ def measure_read(device, smoke: bool) -> tuple[list[dict], int, str]:
 
 def read_ceiling(out: Path, device, smoke: bool) -> float:
     """GB/s of the run's read ceiling (environment's row), or one measured here when it has none."""
-    from .gpu_rows import read_rows
+    from .rows import read_rows
     rows = [r for r in read_rows(Path(out) / KERNELS) if r["op"] == "device_read" and r["status"] == "ok"]
     if rows:
         return float(rows[0]["gbps"])
@@ -216,8 +216,8 @@ def read_ceiling(out: Path, device, smoke: bool) -> float:
 def _matmul_ceiling(run, smoke: bool) -> GpuKernelRow:
     import torch
 
-    from .common import dtype_name
-    from .kernels import time_rotated
+    from ..bench.common import dtype_name
+    from ..bench.kernels import time_rotated
     device = gpu_device(smoke)
     n, dtype = (256, torch.float32) if smoke else (8192, torch.bfloat16)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -233,8 +233,8 @@ def _matmul_ceiling(run, smoke: bool) -> GpuKernelRow:
 
 def copy_ceiling(out: Path, device, smoke: bool) -> float:
     """GB/s of the run's copy ceiling (environment's row), or a copy measured here when it has none."""
-    from .gpu_rows import read_rows
-    from .kernels import COPY_CEILING_BYTES, copy_bandwidth
+    from .rows import read_rows
+    from ..bench.kernels import COPY_CEILING_BYTES, copy_bandwidth
     rows = [r for r in read_rows(Path(out) / KERNELS) if r["op"] == "device_copy" and r["status"] == "ok"]
     if rows:
         return float(rows[0]["gbps"])
@@ -311,8 +311,8 @@ def _measure_logprobs(shape: LogprobShape, device, run, copy, w, repeats: int) -
     from fast.logprobs import device_sm_count, num_vocab_splits
 
     from ..ops.logprob_types import LogitsOutput
-    from .common import DTYPES, time_calls
-    from .kernels import logprob_case, rotation_copies, time_rotated
+    from ..bench.common import DTYPES, time_calls
+    from ..bench.kernels import logprob_case, rotation_copies, time_rotated
 
     t0 = time.perf_counter()
     dtype = DTYPES[shape.dtype]
@@ -378,7 +378,7 @@ def _measure_logprobs(shape: LogprobShape, device, run, copy, w, repeats: int) -
 
 def _logprob_row(run, case, shape, impl, timer, times, copy_gbps, ref_us, basis, num_splits, splits_used,
                  programs_per_sm, err, finite) -> GpuKernelRow:
-    from .common import dtype_name, quantile
+    from ..bench.common import dtype_name, quantile
     med = statistics.median(times)
     gbps = case.bytes / med / 1e3
     return GpuKernelRow(

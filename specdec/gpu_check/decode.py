@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from ..draft_kinds import DRAFT_KINDS
-from .gpu_parts import gpu_device, gpu_run, error_writer
-from .gpu_rows import E2E, DecodeRow, writer
-from .gpu_runner import Config, lazy, run_configs
+from .parts import gpu_device, gpu_run, error_writer
+from .rows import E2E, DecodeRow, writer
+from .runner import Config, lazy, run_configs
 
 #: e2e batch sizes in the order measured: the goal rows (B = 32 and B = 1) before B = 8.
 E2E_SIZES = (32, 1, 8)
@@ -75,7 +75,7 @@ def first_difference(this: list, other: list, buckets: list[int]) -> dict:
 
 def blank_decode_fields() -> dict:
     """Every DecodeRow column past the shared E2ECase ones, empty (status ok)."""
-    from .gpu_roofline import blank_roofline
+    from .roofline import blank_roofline
     return dict(**first_difference([], [], []), decode_steps="", decode_tokens="", decode_s="", tokens_per_s="",
                 tokens_per_s_min="", tokens_per_s_max="", speedup_vs_reference="", compared_with="",
                 identical_requests="", token_identical="", max_logprob_diff="", **blank_roofline(), note="",
@@ -93,7 +93,7 @@ def _small_models(device):
 
 def _cases(kinds) -> list:
     """The shared worker cases (`cases.CASES`, by kind) of target-only and the given draft kinds."""
-    from .cases import CASES, by_kind
+    from ..bench.cases import CASES, by_kind
     return [c for c in by_kind(CASES) if c.spec is None or c.kind in kinds]
 
 
@@ -176,7 +176,7 @@ def e2e_target(device, smoke: bool):
     import torch
 
     from ..models import random_llama
-    from .e2e import random_1b_target
+    from ..bench.e2e import random_1b_target
     if smoke:
         return "random-llama-tiny", random_llama(vocab_size=256, hidden_size=64, intermediate_size=128,
                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -259,7 +259,7 @@ def _e2e_case(B, case, impl, graphs, smoke, device, models, state, run, w) -> No
 
     from .. import Engine, SamplingParams
     from ..workers.graphs import batch_buckets
-    from .common import dtype_name, median_of
+    from ..bench.common import dtype_name, median_of
 
     t0 = time.perf_counter()
     label, target, drafts, params_m = models()
@@ -315,7 +315,7 @@ def _e2e_case(B, case, impl, graphs, smoke, device, models, state, run, w) -> No
 def _roofline(engine, B: int, context_len: float, step_s: float, ceiling) -> dict:
     """The row's columns against the read ceiling; empty ones (and a line in the log) where the step's bytes have
     no rule, rather than costing the row."""
-    from .gpu_roofline import roofline_fields, step_reads
+    from .roofline import roofline_fields, step_reads
     try:
         nbytes = step_reads(engine.worker).bytes(B, context_len)
     except Exception as e:
@@ -326,7 +326,7 @@ def _roofline(engine, B: int, context_len: float, step_s: float, ceiling) -> dic
 
 def read_ceiling_or_blank(out: Path, device, smoke: bool):
     """The run's read ceiling in GB/s, or '' when it cannot be had (no triton): the rows keep their other columns."""
-    from .gpu_parts import read_ceiling
+    from .parts import read_ceiling
     try:
         return read_ceiling(out, device, smoke)
     except Exception as e:

@@ -17,7 +17,7 @@ what the same GPU's other engines make of the same model.
   cache's capacity instead (correct, the longer span masked). Dynamo breaks the graph at every argument check's
   ContextVar read, so the process swaps that ContextVar for a plain flag with the same get / set / reset.
 
-Each configuration runs in a process of its own (`python -m specdec.bench.gpu_engines --config KEY`), under the
+Each configuration runs in a process of its own (`python -m specdec.gpu_check.engines --config KEY`), under the
 part's per-configuration timeout: a compile that hangs, crashes or fills the GPU costs its own row, and nothing
 compiled or captured in one configuration is found by the next. The part's process never touches CUDA.
 
@@ -45,9 +45,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gpu_parts import ROOT, error_writer, gpu_device, gpu_run
-from .gpu_rows import E2E, KERNELS, DecodeRow, GpuKernelRow, writer
-from .gpu_runner import PROGRESS_ENV, Config, describe_exit, last_line, run_configs
+from .parts import ROOT, error_writer, gpu_device, gpu_run
+from .rows import E2E, KERNELS, DecodeRow, GpuKernelRow, writer
+from .runner import PROGRESS_ENV, Config, describe_exit, last_line, run_configs
 
 #: Batch sizes of the transformers and Inductor rows, in the order measured (smoke: 1 and 2).
 ENGINE_SIZES, SMOKE_ENGINE_SIZES = (1, 32), (1, 2)
@@ -108,13 +108,13 @@ def planned_impl(engine: str, smoke: bool) -> str:
 
 
 def _in_own_process(config: EngineConfig, out: Path, smoke: bool) -> None:
-    """Run one configuration as `python -m specdec.bench.gpu_engines --config KEY`; ConfigProcessFailed when it
+    """Run one configuration as `python -m specdec.gpu_check.engines --config KEY`; ConfigProcessFailed when it
     fails. The runner's timeout (SIGALRM) or the part's SIGINT interrupts the wait; the process is killed then."""
     progress = os.environ.get(PROGRESS_ENV)
     scratch = None if progress else tempfile.TemporaryDirectory(prefix="specdec-engines-")
     error_file = Path(progress).with_suffix(".child-error") if progress else Path(scratch.name) / "child-error"
     error_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "specdec.bench.gpu_engines", "--config", config.key, "--out", str(out)] + \
+    cmd = [sys.executable, "-m", "specdec.gpu_check.engines", "--config", config.key, "--out", str(out)] + \
         (["--smoke"] if smoke else [])
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **{CHILD_ERROR_ENV: str(error_file)}))
     try:
@@ -132,7 +132,7 @@ def _in_own_process(config: EngineConfig, out: Path, smoke: bool) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec.bench.gpu_engines",
+    parser = argparse.ArgumentParser(prog="python -m specdec.gpu_check.engines",
                                      description="one configuration of gpu-check's engines part, in this process")
     parser.add_argument("--config", required=True, help="its key (engines_plan)")
     parser.add_argument("--out", required=True)
@@ -176,7 +176,7 @@ class _Setup:
 def _setup(out: Path, B: int, smoke: bool) -> _Setup:
     import torch
 
-    from .gpu_decode import e2e_target
+    from .decode import e2e_target
     device = gpu_device(smoke)
     t0 = time.perf_counter()
     label, target = e2e_target(device, smoke)
@@ -236,9 +236,9 @@ def _reference_tokens(s: _Setup) -> list[list[int]]:
 
 def _engine_row(s: _Setup, impl: str, graphs: bool, diffs: list[float], tokens: list[list[int]], reads, note: str,
                 t0: float) -> DecodeRow:
-    from .common import dtype_name
-    from .gpu_decode import blank_decode_fields, first_difference, read_ceiling_or_blank
-    from .gpu_roofline import roofline_fields
+    from ..bench.common import dtype_name
+    from .decode import blank_decode_fields, first_difference, read_ceiling_or_blank
+    from .roofline import roofline_fields
     B = len(s.prompts)
     short, long = s.lengths
     steps = long - short
@@ -293,7 +293,7 @@ def run_transformers(out: Path, B: int, smoke: bool) -> None:
     import transformers
     from transformers.utils import logging
 
-    from .gpu_roofline import target_reads
+    from .roofline import target_reads
     logging.disable_progress_bar()
     t0 = time.perf_counter()
     s = _setup(out, B, smoke)
@@ -369,7 +369,7 @@ def run_inductor(out: Path, B: int, smoke: bool) -> None:
     checks._TRUSTED = _PlainFlag()  # before any check runs: see the module docstring
     from .. import Engine, SamplingParams
     from ..workers.graphs import DecodeGraphs
-    from .gpu_roofline import target_reads
+    from .roofline import target_reads
     t0 = time.perf_counter()
     s = _setup(out, B, smoke)
     # smoke: Dynamo's trace and AOTAutograd as on the GPU, without Inductor's C++ build (about 35 s a shape on a CPU)
@@ -427,7 +427,7 @@ def run_profile(out: Path, B: int, smoke: bool) -> None:
     timed (CUDA events), then profiled. On a CPU the same static-buffer body, eagerly, with CPU activity."""
     from .. import Engine, SamplingParams
     from ..workers.graphs import DecodeGraphs
-    from .common import dtype_name, quantile, time_calls
+    from ..bench.common import dtype_name, quantile, time_calls
     s = _setup(out, B, smoke)
     cuda = s.device.type == "cuda"
     # Each replay advances the state in the graph's buffers (its last nodes copy the new state back): the cache

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .gpu_rows import E2E, ENVIRONMENT, KERNELS, TESTS, read_rows
+from .rows import E2E, ENVIRONMENT, KERNELS, TESTS, read_rows
 
 GOAL_FRAC_OF_COPY = 0.8
 GOAL_OP_SPEEDUP = 5.0

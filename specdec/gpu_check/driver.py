@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import gpu_decode, gpu_engines, gpu_ops, gpu_parts, gpu_runner, gpu_summary, gpu_tests
-from .common import COMMIT_ENV, new_run_id
-from .gpu_rows import (E2E, ENVIRONMENT, KERNELS, LOG, OUTPUT_FILES, RUN_ID_ENV, SUMMARY, TESTS, driver_prefix,
+from . import compiled_tests, decode, engines, ops, parts, runner, summary
+from ..bench.common import COMMIT_ENV, new_run_id
+from .rows import (E2E, ENVIRONMENT, KERNELS, LOG, OUTPUT_FILES, RUN_ID_ENV, SUMMARY, TESTS, driver_prefix,
                        write_error_row)
 
-ROOT = gpu_parts.ROOT
+ROOT = parts.ROOT
 #: 600 s of a lent machine's command less 60 s for copying the files back.
 DEFAULT_DEADLINE_S = 540.0
 #: Seconds kept back from the deadline for the summary and the scratch directory's removal.
@@ -82,19 +82,19 @@ class Part:
 #: a 16-core host) with its process, model and timed generations, 15 s for the profile: 200 s for the five
 #: configurations, 120 s the most one may take; the H200 run of 2026-12-04 left about 200 s of its 540 unused.
 PARTS = [
-    Part("environment", 20, 20, 20, 20, (ENVIRONMENT, KERNELS), (), False, gpu_parts.run_environment,
-         gpu_summary.environment_headline),
-    Part("logprob_kernels", 45, 25, 40, 30, (KERNELS,), ("triton",), True, gpu_parts.run_logprob_kernels,
-         gpu_summary.logprob_headline),
-    Part("e2e", 245, 30, 60, 40, (E2E,), ("triton",), True, gpu_decode.run_e2e, gpu_summary.e2e_headline),
-    Part("graph_replay", 40, 20, 30, 20, (E2E,), ("triton",), True, gpu_decode.run_graph_replay,
-         gpu_summary.graph_headline),
-    Part("decode_ops", 30, 25, 30, 30, (KERNELS,), ("triton",), True, gpu_ops.run_decode_ops,
-         gpu_summary.ops_headline),
-    Part("tests", 140, 30, 90, 15, (TESTS,), ("pytest", "triton"), True, gpu_tests.run_tests,
-         gpu_summary.tests_headline),
-    Part("engines", 200, 90, 120, 60, (E2E, KERNELS), ("triton",), True, gpu_engines.run_engines,
-         gpu_summary.engines_headline),
+    Part("environment", 20, 20, 20, 20, (ENVIRONMENT, KERNELS), (), False, parts.run_environment,
+         summary.environment_headline),
+    Part("logprob_kernels", 45, 25, 40, 30, (KERNELS,), ("triton",), True, parts.run_logprob_kernels,
+         summary.logprob_headline),
+    Part("e2e", 245, 30, 60, 40, (E2E,), ("triton",), True, decode.run_e2e, summary.e2e_headline),
+    Part("graph_replay", 40, 20, 30, 20, (E2E,), ("triton",), True, decode.run_graph_replay,
+         summary.graph_headline),
+    Part("decode_ops", 30, 25, 30, 30, (KERNELS,), ("triton",), True, ops.run_decode_ops,
+         summary.ops_headline),
+    Part("tests", 140, 30, 90, 15, (TESTS,), ("pytest", "triton"), True, compiled_tests.run_tests,
+         summary.tests_headline),
+    Part("engines", 200, 90, 120, 60, (E2E, KERNELS), ("triton",), True, engines.run_engines,
+         summary.engines_headline),
 ]
 PART_NAMES = [p.name for p in PARTS]
 
@@ -107,7 +107,7 @@ class PartResult:
     timeout: float = 0.0
     note: str = ""
     restarts: list[str] = field(default_factory=list)
-    progress: gpu_runner.PartProgress | None = None
+    progress: runner.PartProgress | None = None
 
 
 # ---- one part, restarted as often as it needs --------------------------------------------------------------
@@ -132,11 +132,11 @@ class _Run:
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.scratch / "inductor"))  # else under $TMPDIR, left behind
         env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(self.scratch / "hypothesis")
         env["MPLCONFIGDIR"] = str(self.scratch / "matplotlib")
-        env[gpu_runner.PROGRESS_ENV] = str(self.progress_path(part))
-        env[gpu_runner.SKIP_ENV] = str(self.scratch / f"{part.name}.skip")
-        env[gpu_runner.DEADLINE_ENV] = repr(deadline)
-        env[gpu_runner.CONFIG_TIMEOUT_ENV] = repr(part.config_timeout(self.smoke))
-        env[gpu_runner.FAULTS_ENV] = self.faults
+        env[runner.PROGRESS_ENV] = str(self.progress_path(part))
+        env[runner.SKIP_ENV] = str(self.scratch / f"{part.name}.skip")
+        env[runner.DEADLINE_ENV] = repr(deadline)
+        env[runner.CONFIG_TIMEOUT_ENV] = repr(part.config_timeout(self.smoke))
+        env[runner.FAULTS_ENV] = self.faults
         return env
 
     def progress_path(self, part: Part) -> Path:
@@ -156,7 +156,7 @@ class _Run:
                                          stderr=subprocess.STDOUT, start_new_session=True)
             outcome, rc, hung = self._supervise(part, deadline)
             self.proc = None
-            progress = gpu_runner.read_progress(self.progress_path(part))
+            progress = runner.read_progress(self.progress_path(part))
             result.progress = progress
             if progress.done and outcome == "exited":
                 result.status = "ran"
@@ -180,7 +180,7 @@ class _Run:
                 result.status = "failed"
                 result.note = f"{culprit}: {reason}; {max(left, 0):.0f} s left, not restarted"
                 break
-            done = gpu_runner.read_progress(self.progress_path(part)).ended
+            done = runner.read_progress(self.progress_path(part)).ended
             (self.scratch / f"{part.name}.skip").write_text("\n".join(done) + "\n")
             log.write(f"===== {part.name}: {reason} in {culprit}; restarting in a fresh process from the next "
                       "configuration\n")
@@ -210,7 +210,7 @@ class _Run:
                 return "deadline", rc, None
             if now - last_read >= 1.0:
                 last_read = now
-                progress = gpu_runner.read_progress(self.progress_path(part))
+                progress = runner.read_progress(self.progress_path(part))
                 flight = progress.in_flight()
                 if flight and now - progress.started[flight[0]] > limit:
                     return "hung", _kill(proc), flight[0]
@@ -221,8 +221,8 @@ class _Run:
         if hung is not None:
             culprit, reason = hung, f"no progress for {part.config_timeout(self.smoke) + HANG_GRACE_S:.0f} s: killed"
         elif progress.in_flight():
-            culprit, reason = progress.in_flight()[0], f"the process died ({gpu_runner.describe_exit(rc)})"
-        elif rc == gpu_runner.POISONED_EXIT:
+            culprit, reason = progress.in_flight()[0], f"the process died ({runner.describe_exit(rc)})"
+        elif rc == runner.POISONED_EXIT:
             ended = [k for k in progress.ended if progress.ended[k][0] == "error"]
             if not ended:
                 return None, ""
@@ -236,7 +236,7 @@ class _Run:
                 write_error_row(self.out, entry.file, driver_prefix(self.out, self.run_id), entry.fields, reason)
             except Exception as e:  # the summary still names it
                 print(f"could not write the error row of {culprit}: {e}", flush=True)
-        gpu_runner.Progress(str(self.progress_path(part))).write("end", key=culprit, status="error", error=reason)
+        runner.Progress(str(self.progress_path(part))).write("end", key=culprit, status="error", error=reason)
         return culprit, reason
 
 
@@ -295,7 +295,7 @@ def run_all(out: Path, deadline_s: float, smoke: bool, only: list[str] | None = 
                     if state.proc is not None:
                         _kill(state.proc)
                     results.append(PartResult(part.name, "interrupted", note="the run was stopped; rows measured "
-                                              "before are kept", progress=gpu_runner.read_progress(
+                                              "before are kept", progress=runner.read_progress(
                                                   state.progress_path(part))))
                     raise
                 log.write(f"===== {part.name}: {result.status} in {result.seconds:.1f} s\n")
@@ -316,12 +316,12 @@ def run_all(out: Path, deadline_s: float, smoke: bool, only: list[str] | None = 
 
 def part_command(part: Part, out: Path, smoke: bool) -> list[str]:
     """The command line that runs one part in its own process."""
-    return [sys.executable, "-m", "specdec.bench.gpu_check", "--part", part.name, "--out", str(out)] + \
+    return [sys.executable, "-m", "specdec.gpu_check", "--part", part.name, "--out", str(out)] + \
         (["--smoke"] if smoke else [])
 
 
 # ---- SUMMARY.md ------------------------------------------------------------------------------------------
-def _counts(progress: gpu_runner.PartProgress | None) -> str:
+def _counts(progress: runner.PartProgress | None) -> str:
     if progress is None or not progress.plan:
         return ""
     keys = [e.key for e in progress.plan]
@@ -338,7 +338,7 @@ def write_summary(out: Path, results: list[PartResult], started: float, deadline
              f"{deadline_s:.0f} s deadline. Files: {', '.join(OUTPUT_FILES)} (schemas: `specdec/bench/gpu_rows.py`, "
              "results/README.md).", "", "## Goals", "", "| goal | status | figure |", "|---|---|---|"]
     try:
-        for goal, status, figure in gpu_summary.goals(out, smoke):
+        for goal, status, figure in summary.goals(out, smoke):
             lines.append(f"| {goal} | **{status}** | {_cell(figure)} |")
     except Exception as e:  # a half-written file must not cost the summary
         lines.append(f"| (goals unreadable) | not measured | {type(e).__name__}: {_cell(str(e))} |")
@@ -355,14 +355,14 @@ def write_summary(out: Path, results: list[PartResult], started: float, deadline
         notes = "; ".join(x for x in [r.note] + [f"restarted after {x}" for x in r.restarts] if x)
         lines.append(f"| {part.name} | {r.status} | {r.seconds:.0f} ({r.timeout:.0f}) | {_counts(r.progress)} | "
                      f"{_cell(notes)} | {_cell(headline)} |")
-    for section in (lambda: gpu_summary.roofline_section(out, smoke), lambda: gpu_summary.profile_section(out)):
+    for section in (lambda: summary.roofline_section(out, smoke), lambda: summary.profile_section(out)):
         try:
             more = section()
         except Exception as e:  # as the goals: a half-written file costs its own section only
             more = [f"(a section is unreadable: {type(e).__name__}: {_cell(str(e))})"]
         if more:
             lines += [""] + more
-    injected = gpu_runner.parse_faults(faults)
+    injected = runner.parse_faults(faults)
     if injected:
         lines += ["", "## Injected faults", ""]
         for fault in injected:
@@ -370,7 +370,7 @@ def write_summary(out: Path, results: list[PartResult], started: float, deadline
     (out / SUMMARY).write_text("\n".join(lines) + "\n")
 
 
-def _fault_outcome(fault: gpu_runner.Fault, result: PartResult | None) -> str:
+def _fault_outcome(fault: runner.Fault, result: PartResult | None) -> str:
     if result is None or result.progress is None or not result.progress.plan:
         return "its part did not run"
     plan = result.progress.plan
@@ -409,7 +409,7 @@ def _part_names(text: str) -> list[str]:
 
 def _faults(text: str) -> str:
     try:
-        gpu_runner.parse_faults(text, PART_NAMES)
+        runner.parse_faults(text, PART_NAMES)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
