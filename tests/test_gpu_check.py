@@ -253,6 +253,20 @@ def test_each_fault_costs_one_configuration(tmp_path, monkeypatch, kind):
     assert "| a | ran |" in summary and "| 3 / 1 / 0 |" in summary
 
 
+def test_from_a_wheel_the_tests_part_says_in_one_line_what_it_skips_and_the_run_goes_on(tmp_path, monkeypatch,
+                                                                                        capsys):
+    from specdec.gpu_check import compiled_tests
+    assert compiled_tests.unavailable() is None  # a checkout: its tests/ beside the package
+    why = compiled_tests.unavailable(tmp_path)  # a wheel's site-packages: no tests/
+    assert "\n" not in why and "no tests/" in why and f"{len(compiled_tests.GPU_TEST_SUBSET)} " in why
+    out = _stand_in_parts(monkeypatch, tmp_path, ["a", "tests", "b"])
+    monkeypatch.setattr(gpu_check.PARTS[1], "unavailable", lambda: why)
+    results = gpu_check.run_all(out, 30.0, smoke=True)
+    assert [(r.name, r.status) for r in results] == [("a", "ran"), ("tests", "skipped"), ("b", "ran")]
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("tests:")] == [
+        f"tests: skipped: {why}"]
+
+
 def test_a_context_poisoning_error_ends_the_process_and_the_part_goes_on_in_a_fresh_one(tmp_path, monkeypatch):
     out = _stand_in_parts(monkeypatch, tmp_path, ["poisoned"])
     results = gpu_check.run_all(out, 30.0, smoke=True)

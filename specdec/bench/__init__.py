@@ -3,10 +3,8 @@
 - `common`: the run's environment and id, the row prefix every schema shares (`RunRow`), quantiles, the CSV
   writer, the one timer.
 - `cases`: the one list of worker cases, which the demo runs and every suite filters.
-- one module per suite: `acceptance` (`specdec bench`), `e2e`, `kernels`, `linear` (the CPU matmul backends),
-  `gpu_check` (the driver of `specdec gpu-check`): its files and rows in `gpu_rows`, how a part runs its
-  configurations in `gpu_runner`, the parts in `gpu_parts` (environment, logprob kernels), `gpu_ops`, `gpu_decode`
-  (graph replay, end to end) and `gpu_tests` (with `gpu_pytest_plugin`), SUMMARY.md in `gpu_summary`.
+- one module per suite: `acceptance` (`specdec bench`), `e2e`, `kernels`, `linear` (the CPU matmul backends).
+  `specdec gpu-check` is a package of its own above these (`specdec.gpu_check`).
 - `peers` (transformers' `generate` behind the Engine's interface), `plots`, `report`.
 
 Submodules are imported where they are used; only `draft_step_cost` is named here, as the model card cites it.

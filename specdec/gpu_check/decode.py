@@ -1,7 +1,7 @@
 """Two parts of `specdec gpu-check` that generate: `graph_replay` (are CUDA-graph decode steps token-identical to
 fast eager, judged in fp32 on small models, and where and why do they first differ) and `e2e` (decode
 tokens/s of reference, fast and fast + CUDA graphs on a random 1.5B Llama in bf16, each row with the bytes a
-step reads and the fraction of the read ceiling it reaches: `gpu_roofline`). Both write DecodeRow rows
+step reads and the fraction of the read ceiling it reaches: `roofline`). Both write DecodeRow rows
 to e2e.csv, one configuration (a worker x path x batch size, a graph case) at a time.
 
 Why identity is judged in fp32: graphs pad a batch to its bucket, which changes the M of every GEMM and so

@@ -5,13 +5,13 @@ whatever breaks on the way.
 It installs nothing and imports the project from the checkout it lives in. Parts run in order, each in its own
 process (`PARTS`: environment and ceilings, the fused logprob kernels, end to end, graph replay, every op of a
 decode step, the compiled tests, the other engines and a profiled step), each a list of configurations tried one at
-a time (`gpu_runner`; the engines part starts a process per configuration): a configuration that fails is a row
+a time (`runner`; the engines part starts a process per configuration): a configuration that fails is a row
 with its error and the next one runs; a process that dies, hangs past a configuration's time or poisons its CUDA
 context is started again from the next configuration, and SUMMARY.md says so. Each part gets its budget, plus
 whatever the parts before it left unused, less what the parts after it are owed; a part stops itself at its
 deadline (pytest included), with SIGINT and then SIGKILL as the backstop. The default deadline (540 s) leaves 60 s
 of a 600 s command for copying files back. Rows go to their CSV as they are measured; `SUMMARY.md` is written last
-from a `finally` (also on SIGTERM / SIGINT). Files (at most 6, flat): `gpu_rows.OUTPUT_FILES`. The only other write
+from a `finally` (also on SIGTERM / SIGINT). Files (at most 6, flat): `rows.OUTPUT_FILES`. The only other write
 is a scratch directory (Triton's and Inductor's caches, hypothesis' database, the parts' progress files), removed
 at exit.
 
@@ -67,6 +67,7 @@ class Part:
     needs_cuda: bool
     run: Callable  # run(out_dir, smoke) in the part's own process
     headline: Callable  # headline(out_dir) -> str, read back from its files
+    unavailable: Callable[[], str | None] | None = None  # why it cannot run here (one line), else None
 
     def budget(self, smoke: bool) -> float:
         return self.smoke_budget_s if smoke else self.budget_s
@@ -92,7 +93,7 @@ PARTS = [
     Part("decode_ops", 30, 25, 30, 30, (KERNELS,), ("triton",), True, ops.run_decode_ops,
          summary.ops_headline),
     Part("tests", 140, 30, 90, 15, (TESTS,), ("pytest", "triton"), True, compiled_tests.run_tests,
-         summary.tests_headline),
+         summary.tests_headline, compiled_tests.unavailable),
     Part("engines", 200, 90, 120, 60, (E2E, KERNELS), ("triton",), True, engines.run_engines,
          summary.engines_headline),
 ]
@@ -277,6 +278,8 @@ def run_all(out: Path, deadline_s: float, smoke: bool, only: list[str] | None = 
                 reasons[part.name] = f"{', '.join(missing)} not installed"
             elif part.needs_cuda and not smoke and not has_cuda:
                 reasons[part.name] = "no CUDA device (--smoke runs every part on a CPU at tiny sizes)"
+            elif part.unavailable is not None and part.unavailable():
+                reasons[part.name] = part.unavailable()
         with (out / LOG).open("a") as log:
             for k, part in enumerate(wanted):
                 left = end_at - time.time()
@@ -335,7 +338,7 @@ def write_summary(out: Path, results: list[PartResult], started: float, deadline
     by_name = {r.name: r for r in results}
     lines = [f"# specdec gpu-check{' --smoke' if smoke else ''}", "",
              f"{_dt.datetime.now().isoformat(timespec='seconds')}, {time.monotonic() - started:.0f} s of a "
-             f"{deadline_s:.0f} s deadline. Files: {', '.join(OUTPUT_FILES)} (schemas: `specdec/bench/gpu_rows.py`, "
+             f"{deadline_s:.0f} s deadline. Files: {', '.join(OUTPUT_FILES)} (schemas: `specdec/gpu_check/rows.py`, "
              "results/README.md).", "", "## Goals", "", "| goal | status | figure |", "|---|---|---|"]
     try:
         for goal, status, figure in summary.goals(out, smoke):

@@ -1,8 +1,8 @@
 """Two parts of `specdec gpu-check`: `environment` (versions, the device, the commit, then the copy, read and matmul
 ceilings) and `logprob_kernels` (the fused logprob op at its goal shape, the decode shapes, a tiny temperature,
 then the sweeps). Each `run_<part>(out, smoke)` runs in its own process and measures its configurations one at a
-time (`gpu_runner.run_configs`), writing rows as they are measured. The other parts: `gpu_ops` (every other op of
-a decode step), `gpu_decode` (graph replay and end to end), `gpu_tests` (the compiled tests), `gpu_engines` (the
+time (`runner.run_configs`), writing rows as they are measured. The other parts: `ops` (every other op of
+a decode step), `decode` (graph replay and end to end), `compiled_tests` (the compiled tests), `engines` (the
 other engines and a profiled step).
 
 Like for like: `reference` and `fast` rows time the op as a worker calls it (host work, one sync per call, the
@@ -181,8 +181,8 @@ def _read_ceiling(out: Path, run, smoke: bool) -> GpuKernelRow:
 
 
 def measure_read(device, smoke: bool) -> tuple[list[dict], int, str]:
-    """`fast.bandwidth.read_sum` over a 2 GiB bf16 buffer of ones (one fp32 partial sum per 128 KiB read, so it
-    writes almost nothing) at each launch shape of `fast.bandwidth.SHAPES`: CUDA events around each of 20 launches
+    """`bandwidth.read_sum` over a 2 GiB bf16 buffer of ones (one fp32 partial sum per 128 KiB read, so it
+    writes almost nothing) at each launch shape of `bandwidth.SHAPES`: CUDA events around each of 20 launches
     after an untimed one; on a CPU a small buffer under Triton's interpreter, process time. -> (per shape: shape,
     programs, microseconds per launch, median GB/s and the partial sums' total; elements read; the timer's name)."""
     import torch

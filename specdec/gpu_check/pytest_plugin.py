@@ -1,9 +1,9 @@
-"""The pytest plugin of gpu-check's `tests` part (`pytest -p specdec.bench.gpu_pytest_plugin`): what the
+"""The pytest plugin of gpu-check's `tests` part (`pytest -p specdec.gpu_check.pytest_plugin`): what the
 part needs from pytest to lose nothing whatever happens.
 
 - One tests.csv row per test as it finishes (pytest's junit XML is written only when the session ends, so a
   killed session would leave none), from the controlling process only (pytest-xdist's workers report to it).
-- The part's progress file (`gpu_runner`): the plan (the tests in collection order), each test's start and
+- The part's progress file (`runner`): the plan (the tests in collection order), each test's start and
   end, so that the driver can name a test that hung or killed its process, write its row, and start pytest
   again without it and without the tests already done (the skip file).
 - A deadline inside pytest: a test that would start after the part's deadline is skipped at once ("never

@@ -5,7 +5,7 @@ A decode step at small batch is bound by memory reads: every weight matrix a for
 forward, and each request's KV cache up to its context once per forward. `min_step_bytes` is that count (the
 arithmetic, in one place); `step_reads` finds its inputs on an engine's worker, per draft kind; `roofline_fields`
 turns a measured step time into the columns. The ceiling is the environment part's read-only probe
-(`fast.bandwidth.read_sum`, kernels.csv op `device_read`).
+(`bandwidth.read_sum`, kernels.csv op `device_read`).
 """
 from __future__ import annotations
 

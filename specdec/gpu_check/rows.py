@@ -99,10 +99,10 @@ class DecodeRow(E2ECase):
     live_batch: int | str  # requests in the batch at that step
     padded: bool | str  # that step's bucket held more rows than live requests
     max_logprob_diff: float | str  # over the identical requests
-    # against the read ceiling (`gpu_roofline`): e2e and engines rows
+    # against the read ceiling (`roofline`): e2e and engines rows
     context_len: float | str  # committed tokens per request, the mean over the measured steps
     step_us: float | str  # decode_s / decode_steps
-    bytes_per_step: float | str  # what one step reads at least (`gpu_roofline.min_step_bytes`)
+    bytes_per_step: float | str  # what one step reads at least (`roofline.min_step_bytes`)
     read_gbps: float | str  # bytes_per_step / step time
     read_ceiling_gbps: float | str  # the run's read-only probe (kernels.csv op device_read)
     frac_of_read_ceiling: float | str

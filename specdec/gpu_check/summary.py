@@ -181,7 +181,7 @@ def roofline_section(out: Path, smoke: bool) -> list[str]:
     ceiling = next((r["read_ceiling_gbps"] for r in keep if r["read_ceiling_gbps"]), "")
     head = f"read ceiling {_rate(float(ceiling))} GB/s" if ceiling else "no read ceiling in this run"
     lines = ["## Decode against the read ceiling", "",
-             f"Bytes per step: what one decode step must read at least (`gpu_roofline.min_step_bytes`: every weight "
+             f"Bytes per step: what one decode step must read at least (`roofline.min_step_bytes`: every weight "
              f"a forward touches, once per forward, and the KV cache at the mean context); {head}.", "",
              "| B | worker | engine | tok/s | step us | MB / step | GB/s | of read ceiling |",
              "|---|---|---|---|---|---|---|---|"]
