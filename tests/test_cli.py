@@ -221,7 +221,7 @@ def test_bench_and_tune_say_how_long_they_take_and_count_their_work(tmp_path, mo
     from tqdm import tqdm
 
     import specdec.bench.acceptance
-    import specdec.bench.tune_cli
+    import specdec.cli.tune
     bars = []
 
     def recorded_bar(total, desc, unit="decode", disable=False):
@@ -229,7 +229,7 @@ def test_bench_and_tune_say_how_long_they_take_and_count_their_work(tmp_path, mo
         return bars[-1]
 
     monkeypatch.setattr(specdec.bench.acceptance, "progress_bar", recorded_bar)
-    monkeypatch.setattr(specdec.bench.tune_cli, "progress_bar", recorded_bar)
+    monkeypatch.setattr(specdec.cli.tune, "progress_bar", recorded_bar)
     assert main(["bench", "--model", "stdlib-byte-6l", "--workers", "eagle", "--no-peers", "--batch-sizes", "1,2",
                  "--num-prompts", "2", "--max-new-tokens", "6", "--repeats", "1", "--temperatures", "0",
                  "--out", str(tmp_path)]) == 0

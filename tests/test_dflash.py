@@ -11,7 +11,7 @@ import torch
 import reference
 from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.draft_kinds import kind_of
-from specdec.generate_cli import load_draft
+from specdec.cli.generate import load_draft
 from specdec.models import random_llama
 from specdec.models.dflash import DFlashDraftModel, random_dflash
 from specdec.workers.dflash import DFlashWorker

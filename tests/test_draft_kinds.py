@@ -7,7 +7,7 @@ from specdec import Engine, NgramDraft, SamplingParams, SpecConfig, draft_kinds,
 from specdec.bench.cases import CASES, by_kind, kind_of_label
 from specdec.draft_kinds import (DRAFT_KINDS, DraftKind, draft_kind, kind_of, register, tree_kv_margin,
                                  tree_shape_label, worker_label)
-from specdec.generate_cli import load_draft
+from specdec.cli.generate import load_draft
 from specdec.models import EagleDraftHead
 from specdec.workers import EagleWorkerV2, MultiLayerEagleWorkerV2
 from specdec.zoo.train import DRAFTS, STAGES, default_opts

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.generate_cli import load_draft
+from specdec.cli.generate import load_draft
 from specdec.models import random_llama
 from specdec.zoo import corpus
 from tests.helpers import (FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue, logprob_params,

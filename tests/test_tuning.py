@@ -464,7 +464,7 @@ def test_adaptive_through_the_graph_buffers_keeps_one_entry_per_bucket_and_shape
 
 
 def test_the_tune_command_refuses_a_kind_that_keeps_one_shape(capsys):
-    from specdec.bench.tune_cli import main
+    from specdec.cli.tune import main
     assert main(["--model", "stdlib-byte-6l", "--kind", "mtp"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("specdec tune: error: draft kind 'mtp' runs on MultiLayerEagleWorkerV2") and "\n" not in err
@@ -541,7 +541,7 @@ def test_a_sampled_check_set_decodes_every_other_request_with_its_own_params(pai
 
 
 def test_the_tune_command_checks_a_tuned_file_and_refuses_an_unknown_check_set(capsys, tmp_path):
-    from specdec.bench.tune_cli import main
+    from specdec.cli.tune import main
     with pytest.raises(SystemExit):
         main(["--model", "stdlib-byte-6l", "--check-sets", "code,poetry"])
     assert "unknown prompt set(s) ['poetry']" in capsys.readouterr().err
@@ -551,7 +551,7 @@ def test_the_tune_command_checks_a_tuned_file_and_refuses_an_unknown_check_set(c
 
 
 def test_the_tune_command_refuses_check_repeats_that_do_not_fit_the_buckets(capsys):
-    from specdec.bench.tune_cli import main
+    from specdec.cli.tune import main
     for bad in ("3,9,9", "0", "three"):
         with pytest.raises(SystemExit):
             main(["--model", "stdlib-byte-6l", "--batch-sizes", "1,16", "--check-repeats", bad])

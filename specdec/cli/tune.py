@@ -11,16 +11,16 @@ import torch
 
 from ..tuning import TunedSpec, names_a_pair, shipped_file
 from ..cli_args import about
-from .common import Run, above_bar, cpu_model, progress_bar, target_only_batch_seconds
-from .tune import (CHECK_SETS, Measurer, candidate_shapes, check_grid, mixed_prompts, planned_decodes, sampled_prompts,
-                   tune)
+from ..bench.common import Run, above_bar, cpu_model, progress_bar, target_only_batch_seconds
+from ..bench.tune import (CHECK_SETS, Measurer, candidate_shapes, check_grid, mixed_prompts, planned_decodes,
+                          sampled_prompts, tune)
 
 
 def main(argv=None) -> int:
     from .. import zoo
     from ..cli_args import MODEL_HELP, THREADS_HELP, HelpFormatter
     from ..draft_kinds import DRAFT_KINDS
-    from .common import DTYPES
+    from ..bench.common import DTYPES
 
     p = argparse.ArgumentParser(prog="specdec tune", formatter_class=HelpFormatter,
                                 description="Measure the best speculative shape (num_steps, topk, num_draft_tokens) "
@@ -113,7 +113,7 @@ def _tune_command(a, sizes) -> int:
     from .. import zoo
     from ..draft_kinds import draft_kind
     from ..zoo.corpus import prose_prompts
-    from .common import DTYPES, write_csv
+    from ..bench.common import DTYPES, write_csv
 
     kind = draft_kind(a.kind)
     if not hasattr(kind.worker_class(), "use_shape"):
@@ -159,7 +159,7 @@ def _tune_command(a, sizes) -> int:
         check_grid(m, tuned, {k: sets[k] for k in check_sets}, sizes, a.check_repeats, rows, run, name, progress=say)
     bar.close()
     csv = write_csv(rows, a.results, f"tune-{run.run_id}.csv")
-    from .plots import plot_csv
+    from ..bench.plots import plot_csv
     png = plot_csv(csv)  # committed beside its CSV, as every bench's plot is
     print(f"wrote {'' if a.check_tuned else f'{written}, '}{csv} and {png} in {time.monotonic() - t0:.0f} s")
     return 0

@@ -6,10 +6,10 @@ import argparse
 import os
 import sys
 
-from .draft_kinds import DRAFT_KINDS
+from ..draft_kinds import DRAFT_KINDS
 
 
-from .cli_args import (DEVICE_HELP, MODEL_HELP, THREADS_HELP, HelpFormatter, device_choice, draft_kinds_arg,
+from ..cli_args import (DEVICE_HELP, MODEL_HELP, THREADS_HELP, HelpFormatter, device_choice, draft_kinds_arg,
                        float_list, positive_int, positive_int_list, top_p_list, verify_rules_arg)
 
 ZOO_HELP = """usage: specdec zoo list | specdec zoo train [options] | specdec zoo train-draft [options]
@@ -34,8 +34,8 @@ def main(argv=None) -> int:
                                      formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"specdec {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from .bench.common import DTYPES
-    from . import zoo
+    from ..bench.common import DTYPES
+    from .. import zoo
     zoo_names = zoo.names()
     impl_help = "ops: reference (PyTorch), fast (Triton; interpreted on a CPU), auto (fast on CUDA)"
     demo = sub.add_parser("demo", formatter_class=fmt,
@@ -233,10 +233,10 @@ def main(argv=None) -> int:
     bench.add_argument("--model", default="auto", choices=["auto"] + zoo_names + sorted(zoo.REAL_TARGETS),
                        help=MODEL_HELP + " (acceptance suite; a real target answers held-out chat prompts)")
     if argv[:1] == ["tune"]:
-        from .bench.tune_cli import main as tune_main
+        from .tune import main as tune_main
         return tune_main(argv[1:])
     if argv[:1] == ["gpu-check"]:
-        from .gpu_check.driver import main as gpu_check_main
+        from ..gpu_check.driver import main as gpu_check_main
         return gpu_check_main(argv[1:])
     if argv[:1] == ["zoo"]:
         rest = argv[1:]
@@ -246,13 +246,13 @@ def main(argv=None) -> int:
             print(ZOO_HELP)
             return 0
         if rest[:1] == ["train-draft"]:
-            from .zoo.train.for_target import main as train_draft_main
+            from ..zoo.train.for_target import main as train_draft_main
             return train_draft_main(rest[1:]) or 0
         if rest[:1] != ["train"]:
             print(ZOO_HELP, file=sys.stderr)
             return 2
-        from .bench.draft_cost import record_trained_step_costs
-        from .zoo.train import main as train_main
+        from ..bench.draft_cost import record_trained_step_costs
+        from ..zoo.train import main as train_main
         return train_main(rest[1:], after_training=record_trained_step_costs) or 0
     args = parser.parse_args(argv)
     if args.threads < 0:
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
 def _zoo_list() -> int:
     """`specdec zoo list`: each shipped pair, its models and their sizes; each real target, where its weights come
     from (an installed package, never a model hub) and the drafts trained for it."""
-    from . import zoo
+    from .. import zoo
     for e in zoo.entries():
         if e["kind"] == "pair":
             print(f"{e['name']}: {', '.join(e['models'])} ({e['size_mib']:.1f} MiB on disk, {e['tokenizer']}); "
@@ -301,9 +301,9 @@ def _token_map(args) -> int:
 
     import numpy as np
 
-    from . import zoo
-    from .token_map import rank_token_ids, save_token_map
-    from .tokenizer import load_tokenizer
+    from .. import zoo
+    from ..token_map import rank_token_ids, save_token_map
+    from ..tokenizer import load_tokenizer
 
     if args.model is not None:
         bundle = zoo.load(args.model)
@@ -329,42 +329,42 @@ def _token_map(args) -> int:
 def _run(args) -> int:
     if args.command == "report":
         if args.csv is None:
-            from .bench.results_page import render_page
+            from ..bench.results_page import render_page
             print(render_page("."), end="")
             return 0
-        from .bench.report import print_report
+        from ..bench.report import print_report
         return print_report(args.csv)
     if args.command == "plot":
-        from .bench.plots import plot_all, plot_csv
+        from ..bench.plots import plot_all, plot_csv
         written = [plot_csv(c) for c in args.csv] if args.csv else plot_all(args.results)
         for png in filter(None, written):
             print(f"wrote {png}")
         return 0
     if args.command == "generate":
-        from .generate_cli import run_generate
+        from .generate import run_generate
         return run_generate(args)
     if args.command == "token-map":
         return _token_map(args)
     if args.command == "bench":
         if args.suite == "kernels":
-            from .bench.kernels import main_kernels
+            from ..bench.kernels import main_kernels
             return main_kernels(args) or 0
         if args.suite == "e2e":
-            from .bench.e2e import main_e2e
+            from ..bench.e2e import main_e2e
             return main_e2e(args) or 0
         if args.suite == "penalties":
-            from .bench.penalties import main_penalties
+            from ..bench.penalties import main_penalties
             return main_penalties(args) or 0
         if args.suite == "draft-vocab":
-            from .bench.draft_vocab import main_draft_vocab
+            from ..bench.draft_vocab import main_draft_vocab
             return main_draft_vocab(args) or 0
         if args.suite == "draft-cost":
-            from .bench.draft_cost import main_draft_cost
+            from ..bench.draft_cost import main_draft_cost
             return main_draft_cost(args) or 0
-        from .bench.acceptance import main_bench
+        from ..bench.acceptance import main_bench
         return main_bench(args) or 0
     if args.command == "demo":
-        from .demo import run_demo
+        from ..demo import run_demo
         return run_demo(impl=args.impl, max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts,
                         device=args.device, model=None if args.model == "auto" else args.model) or 0
     return 0

@@ -6,11 +6,11 @@ import sys
 import time
 from pathlib import Path
 
-from .config import SamplingParams, SpecConfig
-from .draft_kinds import DRAFT_KINDS, draft_kind, kind_of
-from .engine import Engine
-from .tokenizer import eos_ids_of, load_tokenizer
-from .tuning import shape_name
+from ..config import SamplingParams, SpecConfig
+from ..draft_kinds import DRAFT_KINDS, draft_kind, kind_of
+from ..engine import Engine
+from ..tokenizer import eos_ids_of, load_tokenizer
+from ..tuning import shape_name
 
 
 #: the kind an `--draft-layout auto` checkpoint loads as when its architectures name no kind's model: EAGLE-1/2
@@ -23,8 +23,8 @@ def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
     """-> the draft model (None without one) and the SpecConfig its kind suggests (`DraftKind.default_spec`).
     layout: "auto" (the kind whose model's architecture the draft's config.json names), a draft kind's name, or
     "mtp-deepseek" / "mtp-mimo" (MTP layers beside a target's weights)."""
-    from .models.io import read_config
-    from .models.mtp import mtp_from_target_dir
+    from ..models.io import read_config
+    from ..models.mtp import mtp_from_target_dir
     if layout in ("mtp-deepseek", "mtp-mimo"):
         draft = mtp_from_target_dir(draft_dir or target_dir, target, layout.removeprefix("mtp-"))
         return draft, kind_of(draft).default_spec(draft)
@@ -94,7 +94,7 @@ def zoo_draft(bundle, kind: str | None):
     """A zoo pair and a --draft value (a kind's name, "none", or None for the default) -> (its draft or None, the
     SpecConfig to run it with: the pair's tuned shape at batch size 1 where a tuned file ships, else the kind's
     default)."""
-    from .tuning import shape_spec, shipped_files
+    from ..tuning import shape_spec, shipped_files
     if kind == "none":
         return None, None
     kind = kind or default_draft_kind(bundle)
@@ -106,7 +106,7 @@ def zoo_draft(bundle, kind: str | None):
         raise ValueError(f"--draft {kind}: zoo pair {bundle.name!r} ships no {kind} draft (it ships: {shipped})")
     tuned = shipped_files().get((bundle.name, kind))
     if tuned is not None:
-        from .tuning import TunedSpec
+        from ..tuning import TunedSpec
         spec = shape_spec(TunedSpec.load(tuned).bucket(1).shape)
         if spec is not None:  # the tuned file may say that batch size 1 is best served without drafting
             return draft, spec
@@ -135,13 +135,13 @@ def load_models(args):
     """--model / --target, --draft, --draft-layout -> (name, target, tokenizer, draft or None, its SpecConfig,
     whether the target is an instruct model)."""
     if args.target is None:
-        from . import zoo
+        from .. import zoo
         if args.draft_layout != "auto":
             raise ValueError("--draft-layout reads --draft DIR with --target; with --model, --draft names a kind")
         bundle = zoo.load(args.model or zoo.DEFAULT_NAME)
         draft, spec = zoo_draft(bundle, args.draft)
         return bundle.name, bundle.target, bundle.tokenizer, draft, spec, is_instruct(bundle.name, bundle.card)
-    from .models import LlamaForCausalLM
+    from ..models import LlamaForCausalLM
     target_dir = Path(args.target)
     if not target_dir.is_dir():
         raise ValueError(f"--target {target_dir}: no such directory")
