@@ -121,3 +121,5 @@ def draft_kinds_arg(text: str) -> list[str]:
 
 THREADS_HELP = ("torch CPU threads, 0 for torch's own choice; the shipped models are small enough that one thread is "
                 "fastest, and a loaded machine slows one thread least")
+
+IMPL_HELP = "ops: reference (PyTorch), fast (Triton; interpreted on a CPU), auto (fast on CUDA)"

@@ -11,8 +11,9 @@ from ..draft_kinds import DRAFT_KINDS, draft_kind, kind_of
 from ..engine import Engine
 from ..tokenizer import eos_ids_of, load_tokenizer
 from ..tuning import shape_name
+from ..cli_args import IMPL_HELP, THREADS_HELP, HelpFormatter, positive_int
 
-
+NAME = "generate"
 #: the kind an `--draft-layout auto` checkpoint loads as when its architectures name no kind's model: EAGLE-1/2
 #: checkpoints are published under several (`EagleDraftHead.from_pretrained` reads them, and names what it
 #: expects otherwise)
@@ -171,7 +172,7 @@ def summary(what: str, engine, out, cpu_s: float, wall_s: float) -> str:
             f"wall time; {engine.last_stats.mean_accept_len:.2f} accepted per step; finish: {out.finish_reason}")
 
 
-def run_generate(args) -> int:
+def run(args) -> int:
     name, target, tokenizer, draft, spec, instruct = load_models(args)
     if draft is not None and (args.num_steps or args.topk or args.num_draft_tokens):
         spec = SpecConfig(args.num_steps or spec.num_steps, args.topk or spec.topk, args.num_draft_tokens)
@@ -224,3 +225,78 @@ def run_generate(args) -> int:
     if base.token_ids != out.token_ids:
         print("--- target-only output ---\n" + tokenizer.decode([t for t in base.token_ids if t not in eos_set]))
     return 0
+
+
+def add_parser(subparsers):
+    from .. import zoo
+    p = subparsers.add_parser(NAME, formatter_class=HelpFormatter,
+                              help="decode a prompt (text) with a zoo pair or checkpoint directories, streaming the "
+                                   "continuation, then the same request target-only for comparison",
+                              description="Decode one prompt speculatively, printing the continuation as it is "
+                                          "produced, then decode it again target-only with the same sampling "
+                                          "parameters and print both runs' tokens/s (process CPU time and wall "
+                                          "time), tokens accepted per step, and whether the tokens are identical. "
+                                          "Example: specdec generate --model stdlib-byte-24l --draft eagle3 'def "
+                                          "parse_args('")
+    p.add_argument("prompt", help="the prompt, as text")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--model", default=None, choices=zoo.names() + sorted(zoo.REAL_TARGETS),
+                        help="a zoo entry (`specdec zoo list`): a shipped pair, or a released model read from its "
+                             "installed GGUF file; its target, and its draft of the kind --draft names. Without "
+                             "--model and --target, the deep pair")
+    source.add_argument("--target", default=None, help="the target's directory (config.json, safetensors, "
+                                                       "tokenizer.json), instead of --model")
+    p.add_argument("--draft", default=None,
+                   help=f"with --model: the pair's draft of this kind, one of {', '.join(DRAFT_KINDS)} "
+                        "(default: eagle, else the first kind the pair ships). With --target: the draft's "
+                        "directory (a head, MTP layers, or a small causal LM of the target's vocabulary: "
+                        "STANDALONE; for mtp-deepseek / mtp-mimo the directory holding the MTP layers, by default "
+                        "the target's), or 'ngram' (no model: SGLang's NGRAM); none decodes target-only")
+    p.add_argument("--draft-layout", default="auto",
+                   choices=["auto", *(k for k in DRAFT_KINDS if k != "ngram"), "mtp-deepseek", "mtp-mimo"],
+                   help="how to read --draft DIR (with --target); auto: from the draft's config.json and weights "
+                        "(this project's heads, an EAGLE-1/2 or an EAGLE-3 checkpoint, MTP layers, a causal LM)")
+    p.add_argument("--num-steps", type=positive_int, default=None,
+                   help="draft depth S (default: with --model, the shape tuned for the pair and kind at batch "
+                        "size 1 where one ships; else 5 for EAGLE heads, the layer count for MTP)")
+    p.add_argument("--topk", type=positive_int, default=None,
+                   help="draft top-K per step (default: the tuned shape's, else 4 for EAGLE)")
+    p.add_argument("--num-draft-tokens", type=positive_int, default=None,
+                   help="tree size W, root included (default: the tuned shape's, else 16 for EAGLE, S+1 for "
+                        "chains)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the target-only run that follows the speculative one")
+    p.add_argument("--chat-template", default="auto", choices=["auto", "yes", "no"],
+                   help="send the prompt as a user turn of the tokenizer's chat template; auto: where the tokenizer "
+                        "has one and the model is an instruct model (its zoo card says so, or its name has "
+                        "'instruct' or 'chat'; not the byte pairs, trained on raw code)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="in [-2, 2]: minus this per occurrence "
+                                                                         "in the output")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="in [-2, 2]: minus this once a token is out")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 0, 1 off: prompt and output tokens' logits divided (positive) or multiplied (negative)")
+    p.add_argument("--min-new-tokens", type=int, default=0, help="hold the end-of-sequence ids back until this "
+                                                                "many tokens are out")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS to token ID's logit (repeatable)")
+    p.add_argument("--penalty-mode", default="exact", choices=["exact", "sglang"],
+                   help="exact: each tree node penalised along its own path (lossless); sglang: every node as "
+                        "the root, SGLang's approximation")
+    grammar = p.add_mutually_exclusive_group()
+    grammar.add_argument("--json-schema", metavar="FILE", default=None,
+                         help="constrain the output to JSON of this JSON schema (needs the grammar extra: xgrammar)")
+    grammar.add_argument("--regex", metavar="R", default=None, help="constrain the output to this regular expression")
+    grammar.add_argument("--ebnf", metavar="FILE", default=None,
+                         help="constrain the output to this EBNF grammar (xgrammar's syntax, root ::= ...)")
+    p.add_argument("--draft-grammar", action="store_true",
+                   help="mask the draft's proposals by the grammar too (more tokens per step, same output)")
+    p.add_argument("--token-map", metavar="FILE", default=None,
+                   help="an EAGLE or STANDALONE draft proposes only these target ids, its LM head restricted to "
+                        "their rows (SGLang's --speculative-token-map: a torch.save'd list of ids; `specdec "
+                        "token-map` writes one). Same output; acceptance and draft cost may change")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=IMPL_HELP)
+    p.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    return p

@@ -16,6 +16,22 @@ from ..bench.tune import (CHECK_SETS, Measurer, candidate_shapes, check_grid, mi
                           sampled_prompts, tune)
 
 
+NAME = "tune"
+#: The rest of the command line goes to `main`'s own parser (in args.argv).
+OWN_PARSER = True
+
+
+def add_parser(subparsers):
+    return subparsers.add_parser(NAME, add_help=False,
+                                 help="measure the best speculative shape per batch size for a pair on this machine "
+                                      "and write the JSON the engine loads (`Engine(..., spec='tuned:PATH')`; "
+                                      "`specdec tune --help`)")
+
+
+def run(args) -> int:
+    return main(args.argv)
+
+
 def main(argv=None) -> int:
     from .. import zoo
     from ..cli_args import MODEL_HELP, THREADS_HELP, HelpFormatter
