@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from specdec import SpecConfig
-from specdec.bench.acceptance import AcceptanceRow, run_benchmark
+from specdec.bench.suites.acceptance import AcceptanceRow, run_benchmark
 from specdec.bench.cases import WorkerCase
 from specdec.bench.common import columns
-from specdec.bench.plots import load_results, plot_acceptance_and_speedup
+from specdec.bench.report.plots import load_results, plot_acceptance_and_speedup
 from specdec.models import random_eagle3_head
 from tests.helpers import near_bigram_target, perfect_eagle, perfect_mtp
 
@@ -79,8 +79,8 @@ def test_kernel_benchmark_csv_schema_and_plot(tmp_path):
     """The kernel suite on a corner of the sweep: one CSV in the documented schema, and its plot."""
     import torch
 
-    from specdec.bench.kernels import KernelRow, run_kernel_benchmark
-    from specdec.bench.plots import plot_kernels
+    from specdec.bench.suites.kernels import KernelRow, run_kernel_benchmark
+    from specdec.bench.report.plots import plot_kernels
 
     path = run_kernel_benchmark("cpu", impls=("reference", "fast"), batch_sizes=(1, 2), num_slots=(2,),
                                 vocab_sizes=(300, 1001), dtypes=(torch.float32,), top_logprobs_nums=(0, 3),
@@ -103,8 +103,8 @@ def test_kernel_benchmark_csv_schema_and_plot(tmp_path):
 def test_e2e_benchmark_csv_schema_phases_and_plot(tmp_path, monkeypatch):
     """The e2e suite on tiny random models: one CSV in the documented schema, phase times per step that
     add up to at most the step, tokens equal to the reference's, and the plot."""
-    from specdec.bench import e2e as bench_e2e
-    from specdec.bench.plots import plot_e2e
+    from specdec.bench.suites import e2e as bench_e2e
+    from specdec.bench.report.plots import plot_e2e
 
     target = near_bigram_target(seed=1, mix=0.2)
     drafts = {"eagle": perfect_eagle(target), "eagle3": random_eagle3_head(target, draft_vocab_size=40, seed=2),
@@ -136,7 +136,7 @@ def test_kernel_launches_alone_compute_the_op_on_rotated_copies():
     work (its logprobs equal the float64 log-softmax) on its own copy of the logits."""
     import torch
 
-    from specdec.bench.kernels import logprob_case, rotation_copies, time_rotated
+    from specdec.bench.suites.kernels import logprob_case, rotation_copies, time_rotated
 
     case = logprob_case(2, 2, 300, torch.float32, 5, torch.device("cpu"), torch.Generator().manual_seed(0))
     calls = case.launches(3)
@@ -155,7 +155,7 @@ def test_kernel_launches_alone_compute_the_op_on_rotated_copies():
 
 
 def test_draft_step_cost_is_a_ratio_of_two_measured_costs():
-    from specdec.bench.acceptance import draft_step_cost
+    from specdec.bench.suites.acceptance import draft_step_cost
     target = near_bigram_target(seed=1, mix=0.2)
     cost = draft_step_cost(target, perfect_eagle(target), [[1, 2, 3], [4, 5]], max_new_tokens=8, num_steps=3,
                            repeats=1)
@@ -168,7 +168,7 @@ def test_draft_step_cost_is_a_ratio_of_two_measured_costs():
 def test_old_csvs_read_in_todays_schema(tmp_path):
     """A committed acceptance CSV from before the `suite` and `label` columns reads with both (the label from
     its draft kind and shape); an e2e CSV whose `worker` held the label reads with `worker` the draft kind."""
-    from specdec.bench.plots import read_results
+    from specdec.bench.report.plots import read_results
 
     old = read_results("results/acceptance-20261130-010414.csv")
     assert set(old["suite"]) == {"acceptance"}
@@ -190,7 +190,7 @@ def test_the_grammar_benchmark_rows():
     from specdec import zoo
     from specdec.bench.cases import CASES
     from specdec.bench.common import Run
-    from specdec.bench.grammar import fill_rows, grammar_rows
+    from specdec.bench.suites.grammar import fill_rows, grammar_rows
     bundle = zoo.load(zoo.SMALL_NAME)
     run = Run("grammar", "cpu")
     rows = grammar_rows(run, bundle, zoo.SMALL_NAME, 12, 1, cases=[c for c in CASES if c.kind in ("target-only",
@@ -240,7 +240,7 @@ def test_a_tune_csv_of_the_grid_check_alone_plots_a_row_per_prompt_set(tmp_path)
     import pandas as pd
     from PIL import Image
 
-    from specdec.bench.plots import plot_csv
+    from specdec.bench.report.plots import plot_csv
     tunes = [pd.read_csv(f) for f in sorted(Path("results").glob("tune-*.csv"))]
     df = [t for t in tunes if (t["source"] == "check").any() and (t["prompt_set"] == "tuning").any()][-1]
     sets = df.loc[df["source"] == "check", "prompt_set"].nunique()
@@ -257,7 +257,7 @@ def test_every_committed_results_csv_has_its_plot_committed_beside_it():
     it (into a scratch directory) on every run, and the README point at a missing file."""
     from pathlib import Path
 
-    from specdec.bench.plots import SUITE_PLOTS, TABLE_SUITES, read_results
+    from specdec.bench.report.plots import SUITE_PLOTS, TABLE_SUITES, read_results
 
     csvs = [f for f in sorted(Path("results").glob("*.csv")) if not f.stem.startswith("grammar-fill-")]
     suites = {f: str(read_results(f)["suite"].iloc[0]) for f in csvs}
@@ -272,7 +272,7 @@ def test_dflash_scaling_rows(tmp_path):
     prefix-acceptance column, and every fraction is one per block position."""
     import json
 
-    from specdec.bench.dflash_scaling import DFlashScalingRow, main
+    from specdec.bench.suites.dflash_scaling import DFlashScalingRow, main
     assert main(["--model", "stdlib-byte-6l", "--variants", "block 4", "--step-scale", "0.005", "--batch-size", "1",
                  "--eval-windows", "2", "--eval-len", "48", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("dflash-scaling-*.csv")
@@ -290,7 +290,7 @@ def test_target_step_times_trees_and_transformers(tmp_path):
     """Each tree, and transformers' generate with --transformers, gets one row per round with a positive step time."""
     from pathlib import Path
 
-    from specdec.bench.target_step import TRANSFORMERS, main
+    from specdec.bench.suites.target_step import TRANSFORMERS, main
     tree = str(Path(__file__).resolve().parents[1])
     assert main(["--trees", tree, "--labels", "this", "--model", "stdlib-byte-6l", "--transformers", "--rounds", "1",
                  "--prompts", "1", "--tokens", "6", "--repeats", "1", "--out", str(tmp_path)]) == 0
@@ -305,7 +305,7 @@ def test_target_step_times_a_speculative_workers_step_and_refuses_a_bad_shape(tm
     --draft without --spec, stops before any tree runs."""
     from pathlib import Path
 
-    from specdec.bench.target_step import main
+    from specdec.bench.suites.target_step import main
     tree = str(Path(__file__).resolve().parents[1])
     assert main(["--trees", tree, "--labels", "this", "--model", "stdlib-byte-6l", "--draft", "eagle", "--spec",
                  "2,2,4", "--rounds", "1", "--prompts", "1", "--tokens", "32", "--repeats", "3",
@@ -322,12 +322,12 @@ def test_target_step_times_a_speculative_workers_step_and_refuses_a_bad_shape(tm
 
 
 def test_heads_bench_compares_a_swapped_head(capsys):
-    """`specdec.bench.heads` runs each head and a head swapped in from a pair directory, checks each against
+    """`specdec.bench.suites.heads` runs each head and a head swapped in from a pair directory, checks each against
     target-only, and rejects a malformed shape before any compute."""
     import json
 
     from specdec import zoo
-    from specdec.bench.heads import main, parse_shape
+    from specdec.bench.suites.heads import main, parse_shape
 
     shipped = zoo.WEIGHTS_DIR / zoo.SMALL_NAME
     assert main(["--model", zoo.SMALL_NAME, "--kinds", "eagle", "--swap", f"eagle={shipped}", "--shapes", "2;2,2,4",
@@ -353,7 +353,7 @@ def test_paired_bootstrap_of_two_drafts_over_the_same_prompts():
     the square root of the prompt count when the prompts repeat, and a ValueError for unpaired counts."""
     import random
 
-    from specdec.bench.heads import paired_bootstrap
+    from specdec.bench.suites.heads import paired_bootstrap
 
     tokens = [96] * 8
     steps_a = [20, 25, 31, 40, 22, 28, 35, 19]
@@ -379,7 +379,7 @@ def test_runners_take_turns_on_every_batch_of_a_pass():
     lands on all of them rather than on one runner's whole pass; each pass sums its own batches."""
     from types import SimpleNamespace
 
-    from specdec.bench.acceptance import _measure
+    from specdec.bench.suites.acceptance import _measure
 
     calls = []
 
@@ -429,7 +429,7 @@ def test_case_label_names_every_row_of_the_committed_acceptance_csvs():
     0, 0, 1) is named by its label, a static row by its shape as `worker_label` names it."""
     from pathlib import Path
 
-    from specdec.bench.plots import case_label, load_results
+    from specdec.bench.report.plots import case_label, load_results
     df = load_results(Path(__file__).resolve().parent.parent / "results", "acceptance-*.csv")
     labels = df.apply(case_label, axis=1)
     tuned = df[(df.get("shape_policy") == "tuned") & (df["num_steps"] == 0)]
@@ -442,7 +442,7 @@ def test_the_reports_goals_compare_two_rows_pass_by_pass():
     """A goal's ratio is the median over passes of the per-pass ratio (computed here by hand), not the ratio of the
     two rows' median passes; a CSV without the per-pass column falls back to that ratio and says so."""
     import pandas as pd
-    from specdec.bench.report import goals_table
+    from specdec.bench.report.tables import goals_table
 
     def row(label, worker, B, passes):
         return dict(label=label, worker=worker, batch_size=B, temperature=0.0,
@@ -472,7 +472,7 @@ def test_standalone_against_trained_heads_where_it_accepts_more():
     on those prompts only, pass by pass (computed here by hand), and a row with no such prompt says so."""
     import pandas as pd
 
-    from specdec.bench.report import accepts_more_table, where_it_accepts_more
+    from specdec.bench.report.tables import accepts_more_table, where_it_accepts_more
 
     def row(label, worker, policy, shape, accept, cpu):  # 10 tokens per prompt, in 10 / accept verify steps
         return dict(label=label, worker=worker, shape_policy=policy, batch_size=1, temperature=0.0,
@@ -525,7 +525,7 @@ def test_each_verify_rule_runs_on_the_shapes_it_verifies():
     """`--verify`: block on chains, traversal on trees, rejection on both; NGRAM and target-only only as they are;
     each rule's row label names the rule, and the table finds the target-only row of the same shape from it."""
     from specdec.bench.cases import with_verify_rules
-    from specdec.bench.verify_rules import base_label, rule_of
+    from specdec.bench.suites.verify_rules import base_label, rule_of
     cases = [WorkerCase("target-only", None), WorkerCase("eagle", SpecConfig(5, 4, 16)),
              WorkerCase("eagle", SpecConfig(3)), WorkerCase("ngram", SpecConfig(3))]
     out = with_verify_rules(cases, ["target_only", "rejection", "block", "traversal"])
@@ -542,7 +542,7 @@ def test_each_verify_rule_runs_on_the_shapes_it_verifies():
 
 
 def test_check_prompts_limits_the_untimed_passes_to_the_first_batches(tmp_path):
-    from specdec.bench.acceptance import check_batches, planned_decodes
+    from specdec.bench.suites.acceptance import check_batches, planned_decodes
     assert list(check_batches(4, 2, 3)) == [0, 1] and list(check_batches(4, 1, 1)) == [0]
     assert list(check_batches(4, 2, None)) == [0, 1, 2, 3] and list(check_batches(2, 8, 100)) == [0, 1]
     cases = [WorkerCase("target-only", None), WorkerCase("eagle", SpecConfig(2, 2, 4)),

@@ -7,7 +7,7 @@ import pytest
 
 from tests.helpers import installed_gguf
 from specdec import zoo
-from specdec.bench.acceptance import run_benchmark
+from specdec.bench.suites.acceptance import run_benchmark
 from specdec.bench.cases import WorkerCase
 from specdec.draft_kinds import DRAFT_KINDS
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec import Engine, SamplingParams
-from specdec.bench.kernel_count import e2e_structure_target
+from specdec.bench.suites.kernel_count import e2e_structure_target
 from specdec.draft_kinds import draft_kind
 
 VOCAB = 512

@@ -220,7 +220,7 @@ def test_bench_and_tune_say_how_long_they_take_and_count_their_work(tmp_path, mo
 
     from tqdm import tqdm
 
-    import specdec.bench.acceptance
+    import specdec.bench.suites.acceptance
     import specdec.cli.tune
     bars = []
 
@@ -228,7 +228,7 @@ def test_bench_and_tune_say_how_long_they_take_and_count_their_work(tmp_path, mo
         bars.append(tqdm(total=total, desc=desc, file=io.StringIO()))
         return bars[-1]
 
-    monkeypatch.setattr(specdec.bench.acceptance, "progress_bar", recorded_bar)
+    monkeypatch.setattr(specdec.bench.suites.acceptance, "progress_bar", recorded_bar)
     monkeypatch.setattr(specdec.cli.tune, "progress_bar", recorded_bar)
     assert main(["bench", "--model", "stdlib-byte-6l", "--workers", "eagle", "--no-peers", "--batch-sizes", "1,2",
                  "--num-prompts", "2", "--max-new-tokens", "6", "--repeats", "1", "--temperatures", "0",

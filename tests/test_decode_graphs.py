@@ -108,7 +108,7 @@ def _steady_eager_ops(kind: str, sampled: bool):
     """The eager ops (those outside the body a graph replays) of steady steps of two requests in their bucket
     of two, without logprobs, whether the worker's live state stayed views of the bucket's static inputs after
     each, and the uniforms the worker draws per step."""
-    from specdec.bench.kernel_count import KernelCounter, host_work
+    from specdec.bench.suites.kernel_count import KernelCounter, host_work
 
     target = near_bigram_target(seed=6, mix=0.4)
     draft, spec = perfect_drafts_by_kind(target)[kind]

@@ -54,7 +54,7 @@ def test_readme_fits_on_a_few_screens():
 
 
 def test_results_page_is_what_report_prints():
-    from specdec.bench.results_page import render_page
+    from specdec.bench.report.results_page import render_page
     committed = (ROOT / "docs" / "results.md").read_text()
     assert committed == render_page(ROOT), "docs/results.md differs from `specdec report`: run " \
                                            "`specdec report > docs/results.md`"

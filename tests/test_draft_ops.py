@@ -170,7 +170,7 @@ def test_every_counter_is_back_to_zero_for_the_next_call():
 
 @pytest.mark.skipif(not fast.INTERPRETED, reason="counts launches under Triton's CPU interpreter")
 def test_a_split_call_is_one_launch_and_nothing_else():
-    from specdec.bench.kernel_count import KernelCounter
+    from specdec.bench.suites.kernel_count import KernelCounter
 
     x = _rows(0, 2, 9000, torch.bfloat16, False)
     fast_softmax_topk(x, 4)  # the first call on a thread makes its zeroed counters

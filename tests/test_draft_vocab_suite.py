@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec.bench.draft_vocab import run_draft_vocab, vocabulary_kinds
-from specdec.bench.results_page import draft_vocab_section
+from specdec.bench.suites.draft_vocab import run_draft_vocab, vocabulary_kinds
+from specdec.bench.report.results_page import draft_vocab_section
 from specdec.models import random_eagle_head
 from specdec.models.bigram import near_bigram_target, perfect_eagle
 from specdec.models.llama import random_draft_lm

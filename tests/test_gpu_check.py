@@ -144,12 +144,12 @@ def test_smoke_run_writes_every_file_and_nothing_else(tmp_path):
     assert _untracked_and_ignored() == before
 
     # notebook 02 finds such a directory under results/ and draws its GPU figures from it
-    from specdec.bench.plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
+    from specdec.bench.report.plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
     assert gpu_check_dirs(tmp_path) == [out]
     for plot in (plot_gpu_check_kernels, plot_gpu_check_e2e):
         assert plot(out, tmp_path / f"{plot.__name__}.png").stat().st_size > 10_000
     # and `specdec plot DIR/kernels.csv` draws one file's figure beside it; the tables have none
-    from specdec.bench.plots import plot_csv
+    from specdec.bench.report.plots import plot_csv
     assert plot_csv(out / KERNELS) == out / "kernels.png" and (out / "kernels.png").stat().st_size > 10_000
     assert plot_csv(out / ENVIRONMENT) is None and plot_csv(out / TESTS) is None
 

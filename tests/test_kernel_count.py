@@ -1,5 +1,5 @@
-"""The kernel counter (`specdec.bench.kernel_count`): it counts what its rule says on functions whose launches are
-known by hand, it sees the fast ops' Triton launches, and every budgeted worker's decode step stays within its
+"""The kernel counter (`specdec.bench.suites.kernel_count`): it counts what its rule says on functions whose launches
+are known by hand, it sees the fast ops' Triton launches, and every budgeted worker's decode step stays within its
 budget (`KERNEL_BUDGETS`), and issues at most `EAGER_OPS_GOAL` of them outside its CUDA graph: the tests that fail
 when a change adds kernels to a step."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fast
-from specdec.bench import kernel_count as kc
+from specdec.bench.suites import kernel_count as kc
 from specdec.bench.cases import CASES
 
 #: the fast ops are counted on CPU tensors, under Triton's interpreter (a CUDA machine compiles them instead)

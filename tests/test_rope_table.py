@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import reference
-from specdec.bench.kernel_count import KernelCounter
+from specdec.bench.suites.kernel_count import KernelCounter
 from specdec.kv_cache import KVCache
 from specdec.models import AttentionMetadata, random_eagle3_head, random_eagle_head, random_llama, random_mtp
 from specdec.models import rope

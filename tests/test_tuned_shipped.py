@@ -78,7 +78,7 @@ def test_an_unknown_pair_or_a_kind_with_no_file_is_one_line_listing_what_ships(b
 
 
 def test_bench_tuned_takes_a_path_or_the_benchs_pair():
-    from specdec.bench.acceptance import tuned_paths
+    from specdec.bench.suites.acceptance import tuned_paths
     assert sorted(p.name for p in tuned_paths(["stdlib-byte-24l"], "stdlib-byte-24l")) == [
         "stdlib-byte-24l-draft_lm.json", "stdlib-byte-24l-eagle.json", "stdlib-byte-24l-ngram.json"]
     assert [str(p) for p in tuned_paths(["results/x.json"], "stdlib-byte-24l")] == ["results/x.json"]

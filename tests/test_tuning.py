@@ -175,7 +175,7 @@ def test_every_switch_between_ngram_shapes_is_lossless(pair):
 def test_the_tuner_tunes_an_ngram_draft(pair):
     """`tune` on NGRAM (no model: the trie's host work is the draft step) chooses among measured shapes, and decoding
     with what it chose repeats target-only."""
-    from specdec.bench.tune import tune
+    from specdec.bench.tune.search import tune
     from specdec.models.ngram import NgramDraft
     b, prompts = pair
     draft = NgramDraft()
@@ -352,7 +352,7 @@ def test_the_confirm_step_measures_every_chain_whatever_its_rank():
     """The cost model ranked the deep pair's chain S3 below the trees of its depth at B = 16, where the grid found
     it best: the confirm step takes the best predicted, the best of each topk and each depth, no draft, and every
     chain, even one ranked last."""
-    from specdec.bench.tune import confirm_candidates
+    from specdec.bench.tune.search import confirm_candidates
     ranked = [(3, 4, 8), (4, 4, 12), (4, 1, 5), (3, 2, 6), (2, 4, 6), NO_DRAFT, (2, 1, 3), (3, 1, 4)]
     got = confirm_candidates(ranked, confirm=2)
     assert got[:2] == [(3, 4, 8), (4, 4, 12)]  # the best predicted first
@@ -364,7 +364,7 @@ def test_the_confirm_step_measures_every_chain_whatever_its_rank():
 def test_the_tuner_writes_a_file_the_engine_decodes_with(pair, tmp_path):
     """`specdec tune` end to end on the small pair (a few shapes, short decodes): the file loads, names the pair,
     its choices are measured candidates, and decoding with it (tuned and adaptive) repeats target-only."""
-    from specdec.bench.tune import candidate_shapes, tune
+    from specdec.bench.tune.search import candidate_shapes, tune
     b, prompts = pair
     shapes = candidate_shapes(max_steps=2, topks=(1, 2), widths=(4,))
     tuned, rows, _ = tune(b.target, b.eagle, prompts, [1, 2], max_new_tokens=8, shapes=shapes, confirm=2,
@@ -399,7 +399,7 @@ def test_the_tuners_cost_model_takes_a_batchs_emptying_out_and_prices_it_back():
     `predicted_tokens_per_cpu_s` prices batches of the sample's requests; both against a step-by-step sum."""
     from types import SimpleNamespace
 
-    from specdec.bench.tune import full_batch_step_ms, predicted_tokens_per_cpu_s
+    from specdec.bench.tune.search import full_batch_step_ms, predicted_tokens_per_cpu_s
     one_ms, full_ms = 10.0, 26.0
     batches = [[3, 9, 4, 9], [7, 2, 2, 5]]
     cpu_ms = sum(_emptying_batch_ms(b, one_ms, full_ms, 4) for b in batches)
@@ -426,7 +426,7 @@ def test_the_acceptance_bench_runs_a_tuned_file_tuned_and_adaptive(pair, tmp_pat
     """`specdec bench --tuned PATH`: two more rows, their shape_policy and the bucket's shape recorded, tokens equal."""
     import pandas as pd
 
-    from specdec.bench.acceptance import run_benchmark
+    from specdec.bench.suites.acceptance import run_benchmark
     from specdec.bench.cases import CASES, tuned_cases
     b, prompts = pair
     tuned = tuned_for(b.target, b.eagle, {1: ((3, 1, 4), CANDIDATES), 2: (NO_DRAFT, CANDIDATES)})
@@ -478,7 +478,7 @@ def test_the_check_grid_measures_every_shape_in_turn_with_the_outputs_of_target_
     shape and adaptive at each bucket, each pass's figures summed from its batches as one decode of them all gives,
     and every output target-only's."""
     from specdec.bench.common import Run
-    from specdec.bench.tune import CHECK_GRID, FIXED_TREE, Measurer, check_grid
+    from specdec.bench.tune.search import CHECK_GRID, FIXED_TREE, Measurer, check_grid
     from specdec.models.ngram import NgramDraft
     b, prompts = pair
     draft = NgramDraft()
@@ -506,7 +506,7 @@ def test_the_grids_best_is_chosen_on_other_passes_than_the_one_compared():
     """`held_out_ratio` against a hand computation: in each pass the grid's best is the shape with the highest median
     over the other passes. Here the two shapes' medians tie at 100 and the candidate's median pass is 98 (0.98x the
     naive best), while pass by pass it beats whichever shape the other passes pick."""
-    from specdec.bench.tune import held_out_ratio
+    from specdec.bench.tune.search import held_out_ratio
     grid = {"A": [100.0, 90.0, 110.0], "B": [95.0, 105.0, 100.0]}
     # pass 0: A 100 vs B 102.5 on passes 1, 2 -> B, 98 / 95; pass 1: A 105 vs B 97.5 -> A, 97 / 90; pass 2: A 95 vs
     # B 100 -> B, 104 / 100
@@ -520,7 +520,7 @@ def test_a_sampled_check_set_decodes_every_other_request_with_its_own_params(pai
     own params (what a plain engine gives for them, request by request), and the grid check judges token identity on
     the greedy requests only."""
     from specdec.bench.common import Run
-    from specdec.bench.tune import Measurer, check_grid, sampled_prompts
+    from specdec.bench.tune.search import Measurer, check_grid, sampled_prompts
     b, prompts = pair
     m = Measurer(b.target, b.eagle, max_seq_len=64, max_new_tokens=8)
     sampled = sampled_prompts(prompts, m.params)

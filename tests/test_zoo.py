@@ -357,7 +357,7 @@ def test_main_end_to_end_tiny(tmp_path):
             "--heads", "2", "--kv-heads", "1", "--seq-len", "32", "--batch-size", "2", "--threads",
             str(torch.get_num_threads()), "--eval-windows", "2", "--eval-len", "32",
             "--model-card", str(tmp_path / "card.md")]
-    from specdec.bench.draft_cost import record_trained_step_costs
+    from specdec.bench.suites.draft_cost import record_trained_step_costs
     assert zt.main(argv, after_training=record_trained_step_costs) == 0
     b = zoo.load_dir(tmp_path / "tiny", "tiny")
     for kind in ("draft_lm", "dflash"):  # the card states their step cost, measured after training by the bench step

@@ -9,6 +9,6 @@
 
 Submodules are imported where they are used; only `draft_step_cost` is named here, as the model card cites it.
 """
-from .acceptance import draft_step_cost
+from .suites.acceptance import draft_step_cost
 
 __all__ = ["draft_step_cost"]

@@ -97,19 +97,19 @@ def check(args) -> str | None:
 
 def run(args) -> int:
     if args.suite == "kernels":
-        from ..bench.kernels import main_kernels
+        from ..bench.suites.kernels import main_kernels
         return main_kernels(args) or 0
     if args.suite == "e2e":
-        from ..bench.e2e import main_e2e
+        from ..bench.suites.e2e import main_e2e
         return main_e2e(args) or 0
     if args.suite == "penalties":
-        from ..bench.penalties import main_penalties
+        from ..bench.suites.penalties import main_penalties
         return main_penalties(args) or 0
     if args.suite == "draft-vocab":
-        from ..bench.draft_vocab import main_draft_vocab
+        from ..bench.suites.draft_vocab import main_draft_vocab
         return main_draft_vocab(args) or 0
     if args.suite == "draft-cost":
-        from ..bench.draft_cost import main_draft_cost
+        from ..bench.suites.draft_cost import main_draft_cost
         return main_draft_cost(args) or 0
-    from ..bench.acceptance import main_bench
+    from ..bench.suites.acceptance import main_bench
     return main_bench(args) or 0

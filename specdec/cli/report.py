@@ -20,8 +20,8 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     if args.csv is None:
-        from ..bench.results_page import render_page
+        from ..bench.report.results_page import render_page
         print(render_page("."), end="")
         return 0
-    from ..bench.report import print_report
+    from ..bench.report.tables import print_report
     return print_report(args.csv)

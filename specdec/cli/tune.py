@@ -12,7 +12,7 @@ import torch
 from ..tuning import TunedSpec, names_a_pair, shipped_file
 from ..cli_args import about
 from ..bench.common import Run, above_bar, cpu_model, progress_bar, target_only_batch_seconds
-from ..bench.tune import (CHECK_SETS, Measurer, candidate_shapes, check_grid, mixed_prompts, planned_decodes,
+from ..bench.tune.search import (CHECK_SETS, Measurer, candidate_shapes, check_grid, mixed_prompts, planned_decodes,
                           sampled_prompts, tune)
 
 
@@ -175,7 +175,7 @@ def _tune_command(a, sizes) -> int:
         check_grid(m, tuned, {k: sets[k] for k in check_sets}, sizes, a.check_repeats, rows, run, name, progress=say)
     bar.close()
     csv = write_csv(rows, a.results, f"tune-{run.run_id}.csv")
-    from ..bench.plots import plot_csv
+    from ..bench.report.plots import plot_csv
     png = plot_csv(csv)  # committed beside its CSV, as every bench's plot is
     print(f"wrote {'' if a.check_tuned else f'{written}, '}{csv} and {png} in {time.monotonic() - t0:.0f} s")
     return 0

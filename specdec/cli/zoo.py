@@ -32,7 +32,7 @@ def run(args) -> int:
     if rest[:1] != ["train"]:
         print(ZOO_HELP, file=sys.stderr)
         return 2
-    from ..bench.draft_cost import record_trained_step_costs
+    from ..bench.suites.draft_cost import record_trained_step_costs
     from ..zoo.train import main as train_main
     return train_main(rest[1:], after_training=record_trained_step_costs) or 0
 

@@ -176,7 +176,7 @@ def e2e_target(device, smoke: bool):
     import torch
 
     from ..models import random_llama
-    from ..bench.e2e import random_1b_target
+    from ..bench.suites.e2e import random_1b_target
     if smoke:
         return "random-llama-tiny", random_llama(vocab_size=256, hidden_size=64, intermediate_size=128,
                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -53,7 +53,7 @@ def run_decode_ops(out: Path, smoke: bool) -> None:
 def op_case(op: str, B: int, shape: dict, device, gen):
     """The `kernels.OpCase` of `op` at batch size B."""
     from ..bench.common import DTYPES
-    from ..bench.kernels import commit_case, penalty_case, sampling_cases, tree_cases
+    from ..bench.suites.kernels import commit_case, penalty_case, sampling_cases, tree_cases
 
     V, T, dtype = shape["V"], shape["T"], DTYPES[shape["dtype"]]
     if op in ("build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only"):
@@ -78,7 +78,7 @@ def bitmask_case(N: int, V: int, dtype, device, gen):
     """`apply_token_bitmask` on N rows (a tree's nodes): the logits read, the packed mask read, fp32 written."""
     import torch
 
-    from ..bench.kernels import OpCase
+    from ..bench.suites.kernels import OpCase
     logits = torch.randn(N, V, generator=gen, device=device).to(dtype)
     words = -(-V // 32)
     bitmask = torch.randint(-2**31, 2**31 - 1, (N, words), generator=gen, device=device, dtype=torch.int64)
@@ -92,7 +92,7 @@ def topk_case(N: int, V: int, dtype, device, gen):
     """The draft's `softmax_topk` (K = 4) over N rows: the logits read once."""
     import torch
 
-    from ..bench.kernels import OpCase
+    from ..bench.suites.kernels import OpCase
     logits = torch.randn(N, V, generator=gen, device=device).to(dtype)
     return OpCase("softmax_topk", dtype, N // 4, 1, 4, V, 0, N, N * V * logits.element_size(),
                   lambda ops: ops.softmax_topk(logits, 4))
@@ -103,7 +103,7 @@ def attention_case(B: int, T: int, Hq: int, Hkv: int, D: int, context: int, dtyp
     tokens: every key and value of the request read once, the queries read and the output written."""
     import torch
 
-    from ..bench.kernels import OpCase
+    from ..bench.suites.kernels import OpCase
     max_seq = context + T + 16
     q = torch.randn(B, T, Hq, D, generator=gen, device=device).to(dtype)
     k_cache = torch.randn(B, max_seq, Hkv, D, generator=gen, device=device).to(dtype)
@@ -124,7 +124,7 @@ def _measure_op(op: str, B: int, shape: dict, device, run, copy, w, repeats: int
     import reference
 
     from ..bench.common import time_calls
-    from ..bench.kernels import time_rotated
+    from ..bench.suites.kernels import time_rotated
 
     t0 = time.perf_counter()
     gen = torch.Generator(device=device).manual_seed(0)

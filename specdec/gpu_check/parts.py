@@ -134,7 +134,7 @@ def _copy_ceiling(run, smoke: bool) -> GpuKernelRow:
     (bytes = read + write); on a CPU a small buffer."""
     import torch
 
-    from ..bench.kernels import COPY_CEILING_BYTES, time_rotated
+    from ..bench.suites.kernels import COPY_CEILING_BYTES, time_rotated
     device = gpu_device(smoke)
     if device.type == "cuda":
         chunks = 4
@@ -217,7 +217,7 @@ def _matmul_ceiling(run, smoke: bool) -> GpuKernelRow:
     import torch
 
     from ..bench.common import dtype_name
-    from ..bench.kernels import time_rotated
+    from ..bench.suites.kernels import time_rotated
     device = gpu_device(smoke)
     n, dtype = (256, torch.float32) if smoke else (8192, torch.bfloat16)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -234,7 +234,7 @@ def _matmul_ceiling(run, smoke: bool) -> GpuKernelRow:
 def copy_ceiling(out: Path, device, smoke: bool) -> float:
     """GB/s of the run's copy ceiling (environment's row), or a copy measured here when it has none."""
     from .rows import read_rows
-    from ..bench.kernels import COPY_CEILING_BYTES, copy_bandwidth
+    from ..bench.suites.kernels import COPY_CEILING_BYTES, copy_bandwidth
     rows = [r for r in read_rows(Path(out) / KERNELS) if r["op"] == "device_copy" and r["status"] == "ok"]
     if rows:
         return float(rows[0]["gbps"])
@@ -312,7 +312,7 @@ def _measure_logprobs(shape: LogprobShape, device, run, copy, w, repeats: int) -
 
     from ..ops.logprob_types import LogitsOutput
     from ..bench.common import DTYPES, time_calls
-    from ..bench.kernels import logprob_case, rotation_copies, time_rotated
+    from ..bench.suites.kernels import logprob_case, rotation_copies, time_rotated
 
     t0 = time.perf_counter()
     dtype = DTYPES[shape.dtype]

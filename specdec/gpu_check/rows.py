@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bench.common import RowWriter, RunRow
-from ..bench.e2e import E2ECase
-from ..bench.kernels import KernelRow
+from ..bench.suites.e2e import E2ECase
+from ..bench.suites.kernels import KernelRow
 
 #: The driver's run id, handed to every part's process (each row's `run_id`).
 RUN_ID_ENV = "SPECDEC_GPU_CHECK_RUN_ID"

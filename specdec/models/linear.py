@@ -13,8 +13,8 @@ remade when the weight changes, and costs one more copy of it in memory.
 
 `set_cpu_linear_backend("auto" | "mkl" | "onednn")` forces either (`"mkl"` means F.linear, whatever BLAS
 torch was built with; a single row without a bias goes to torch.mv, the same gemv without F.linear's reshapes);
-`cpu_linear_choices()` says what "auto" chose; `python -m specdec.bench.linear` prints both backends' times on the
-machine at hand.
+`cpu_linear_choices()` says what "auto" chose; `python -m specdec.bench.suites.linear` prints both backends' times on
+the machine at hand.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from specdec import zoo
-from specdec.bench.tune import Measurer, batches_of, fit_cost_model, held_out_ratio, mixed_prompts, predict_step_ms
+from specdec.bench.tune.search import Measurer, batches_of, fit_cost_model, held_out_ratio, mixed_prompts, predict_step_ms
 from specdec.ops.contract import NO_DRAFT
 from specdec.tuning import Bucket, TunedSpec, shape_name
 from specdec.zoo.corpus import heldout_prompts, prose_prompts

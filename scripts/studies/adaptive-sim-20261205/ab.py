@@ -15,7 +15,7 @@ import sys
 import torch
 
 from specdec import zoo
-from specdec.bench.tune import Measurer, batches_of, held_out_ratio, mixed_prompts
+from specdec.bench.tune.search import Measurer, batches_of, held_out_ratio, mixed_prompts
 from specdec.tuning import AdaptiveShapes, TunedSpec, shape_name
 from specdec.zoo.corpus import heldout_prompts, prose_prompts
 

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from specdec import Engine, SamplingParams, SpecConfig, zoo
-from specdec.bench.tune import fixed_shape_spec, mixed_prompts
+from specdec.bench.tune.search import fixed_shape_spec, mixed_prompts
 from specdec.ops.contract import NO_DRAFT
 from specdec.tuning import AdaptiveShapes, TunedSpec, shape_name
 from specdec.zoo.corpus import heldout_prompts, prose_prompts

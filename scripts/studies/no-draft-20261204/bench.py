@@ -8,7 +8,7 @@ import sys
 import torch
 
 from specdec import zoo
-from specdec.bench.tune import Measurer
+from specdec.bench.tune.search import Measurer
 from specdec.ops.contract import NO_DRAFT
 from specdec.zoo.corpus import heldout_prompts
 

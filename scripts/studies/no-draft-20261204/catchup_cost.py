@@ -8,7 +8,7 @@ import time
 import torch
 
 from specdec import Engine, SamplingParams, zoo
-from specdec.bench.tune import fixed_shape_spec
+from specdec.bench.tune.search import fixed_shape_spec
 from specdec.ops.contract import NO_DRAFT
 from specdec.zoo.corpus import heldout_prompts
 

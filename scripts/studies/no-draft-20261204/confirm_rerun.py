@@ -8,7 +8,7 @@ import sys
 import torch
 
 from specdec import zoo
-from specdec.bench.tune import Measurer, batches_of
+from specdec.bench.tune.search import Measurer, batches_of
 from specdec.ops.contract import NO_DRAFT
 from specdec.workers.eagle import EagleWorkerV2
 from specdec.zoo.corpus import heldout_prompts

@@ -1,5 +1,5 @@
 """Usage: python scripts/studies/regen-heads-20261205/paired.py. The four deep-pair heads by greedy tokens per step
-on the same 128 held-out prompts (`python -m specdec.bench.heads --num-prompts 128`): the heads shipped before
+on the same 128 held-out prompts (`python -m specdec.bench.suites.heads --num-prompts 128`): the heads shipped before
 (results/eagle3-retrain-20261204/heads-128-prompts.json) and the two trained on the target's own text
 (results/regen-heads-20261205/, each run with the old EAGLE head beside it: its rows are the same tokens, greedy
 decoding being deterministic); the output is results/regen-heads-20261205/paired.jsonl. Prints each pair's ratio
@@ -7,7 +7,7 @@ and its paired-bootstrap 95 % interval, shape by shape, as JSON lines."""
 import json
 from pathlib import Path
 
-from specdec.bench.heads import paired_bootstrap
+from specdec.bench.suites.heads import paired_bootstrap
 
 RESULTS = Path(__file__).resolve().parents[3] / "results"
 here = RESULTS / "regen-heads-20261205"

@@ -209,7 +209,8 @@ def _draft_lm_heldout_note(card: dict) -> list[str]:
 
 
 def _measured_cost(cost: dict | None, what: str) -> str:
-    """The card's sentence on a draft's measured step cost (`specdec.bench.draft_cost`), or "" when not measured."""
+    """The card's sentence on a draft's measured step cost (`specdec.bench.suites.draft_cost`), or "" when not
+    measured."""
     if not cost:
         return ""
     load = (f", load average {cost['load_average_1min']} on {cost['cpu_count']} cores"

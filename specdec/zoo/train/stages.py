@@ -494,7 +494,7 @@ def draft_lm_loss(target, lm, batch: torch.Tensor, amp: bool):
 def train_draft_lm(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     """-> (trained draft LM, a LlamaForCausalLM fp32, stats). Shaped by opts.extra (`DRAFT_LM_SHAPE`), distilled
     from the frozen target on windows of opts.seq_len bytes. Its step cost is measured after training, by the bench
-    (`specdec.bench.draft_cost`)."""
+    (`specdec.bench.suites.draft_cost`)."""
     freeze(target)
     torch.manual_seed(seed + 50)
     lm = on_target_device(new_draft_lm(target, opts.extra, seed + 50), target).train()
@@ -560,7 +560,7 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     `build_target_layer_ids` for num_context_layers layers, the drafter's layer count unless given). The target is
     frozen; its embedding and LM head are the drafter's; the mask token is opts.extra['mask_token_id'] (default the
     byte vocabulary's BOS id, never inside a window). data: as `train_eagle`. Its
-    block cost is measured after training, by the bench (`specdec.bench.draft_cost`)."""
+    block cost is measured after training, by the bench (`specdec.bench.suites.draft_cost`)."""
     from ...models.dflash import DFlashDraftModel, build_target_layer_ids, dflash_config_like
     from ...tokenizer import ByteTokenizer
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import VERIFY_RULES
+from ...config import VERIFY_RULES
 
 #: the goals a `--verify` run decides: (what, the rule's label, the target-only label, temperature, top-p, the goal
 #: on accepted tokens per step)
@@ -96,7 +96,7 @@ def verify_rules_goals(df: pd.DataFrame) -> str:
 
 def verify_rules_section(path: Path) -> list[str]:
     """The results page's section of a `--verify` acceptance CSV."""
-    from .plots import read_results
+    from ..report.plots import read_results
     df = read_results(path)
     out = [verify_rules_table(df)]
     goals = verify_rules_goals(df)

@@ -1,5 +1,5 @@
 """One decode step's process CPU time, side by side for several source trees of specdec (a change and the commit
-before it), in one run: `python -m specdec.bench.target_step --trees BEFORE,AFTER`. Target-only by default; with
+before it), in one run: `python -m specdec.bench.suites.target_step --trees BEFORE,AFTER`. Target-only by default; with
 `--draft eagle --spec 5,2,12` a speculative worker's step (the pair's zoo draft of that name, that shape).
 
 Each tree is timed in a fresh process (`PYTHONPATH=<tree>`), the trees alternating round by round so that the
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import SpecConfig
+from ...config import SpecConfig
 
 #: what each timed process runs after its setup, which defines `prompts` and `decode(prompt, n) -> decode steps`:
 #: a decode step's CPU time as the difference of a long and a 2-token decode (the prefill cancels)
@@ -93,7 +93,7 @@ def measure(tree: str, model: str, prompts: int, tokens: int, repeats: int, scri
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench.target_step", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.suites.target_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--trees", required=True, help="comma-separated source trees (each holds specdec/ and reference/)")
     p.add_argument("--labels", default=None, help="comma-separated names of the trees (default: their paths)")
     p.add_argument("--model", default="stdlib-byte-24l")

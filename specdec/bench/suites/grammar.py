@@ -1,4 +1,5 @@
-"""`python -m specdec.bench.grammar`: what a grammar costs each worker, and which way of filling masks is cheapest.
+"""`python -m specdec.bench.suites.grammar`: what a grammar costs each worker, and which way of filling masks is
+cheapest.
 
 Per worker case (`cases.CASES`) on the shipped model: tokens per process-CPU second (the median of `--repeats`
 runs, with the 20th and 80th percentiles) and tokens per step without a grammar, with the
@@ -17,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import zoo
-from ..config import SamplingParams, SpecConfig
-from ..engine import Engine
-from .cases import CASES, WorkerCase, offered_cases
-from .common import Run, RunRow, median_of, quantile
+from ... import zoo
+from ...config import SamplingParams, SpecConfig
+from ...engine import Engine
+from ..cases import CASES, WorkerCase, offered_cases
+from ..common import Run, RunRow, median_of, quantile
 
 #: The schema the tests and this benchmark decode: a string, an integer and an enum field.
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -161,7 +162,7 @@ def fill_rows(run: Run, bundle, model: str, max_new_tokens: int) -> list[FillRow
     method on each of them."""
     engine = _engine(bundle, WorkerCase("eagle", SpecConfig(5, 4, 16)), False)
     taken = []
-    from ..grammar import GrammarBatch
+    from ...grammar import GrammarBatch
     original = GrammarBatch.fill_tree
 
     def recording(self, candidates, next_token, next_sibling):
@@ -190,7 +191,7 @@ def fill_rows(run: Run, bundle, model: str, max_new_tokens: int) -> list[FillRow
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec.bench.grammar", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m specdec.bench.suites.grammar", description=__doc__)
     ap.add_argument("--model", default=zoo.SMALL_NAME, choices=zoo.names())
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)

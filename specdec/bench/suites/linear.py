@@ -1,4 +1,4 @@
-"""`python -m specdec.bench.linear`: both CPU fp32 matmul backends of `specdec.models.linear` on the machine at
+"""`python -m specdec.bench.suites.linear`: both CPU fp32 matmul backends of `specdec.models.linear` on the machine at
 hand, at one thread, and what the "auto" measurement picks at each row count."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from ..models.linear import Linear, set_cpu_linear_backend
+from ...models.linear import Linear, set_cpu_linear_backend
 
 
 def compare_backends(M_values=(1, 2, 4, 16, 64, 256), k=256, n=1376, repeats=500) -> None:

@@ -1,5 +1,5 @@
-"""`python -m specdec.bench.dflash_scaling`: what a DFlash drafter's acceptance gains from more training, more layers,
-a wider MLP or another block size, measured on a zoo pair.
+"""`python -m specdec.bench.suites.dflash_scaling`: what a DFlash drafter's acceptance gains from more training,
+more layers, a wider MLP or another block size, measured on a zoo pair.
 
 Each variant is the zoo's DFlash stage (`train_dflash`, the shipped recipe) with one setting changed, trained from
 the same seed on the pair's stored (frozen) target, then measured the way the model card measures the shipped
@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from .. import zoo
-from ..draft_kinds import DRAFT_KINDS
-from ..zoo.corpus import heldout_prompts
-from ..zoo.train.evaluate import heldout_tensor, evaluate_dflash
-from ..zoo.train.hparams import StageOpts
-from ..zoo.train.stages import train_dflash
-from .common import RowWriter, Run, RunRow
+from ... import zoo
+from ...draft_kinds import DRAFT_KINDS
+from ...zoo.corpus import heldout_prompts
+from ...zoo.train.evaluate import heldout_tensor, evaluate_dflash
+from ...zoo.train.hparams import StageOpts
+from ...zoo.train.stages import train_dflash
+from ..common import RowWriter, Run, RunRow
 from .draft_cost import step_cost
 
 
@@ -75,7 +75,7 @@ def variant_opts(base: StageOpts, change: dict, target_intermediate: int) -> Sta
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench.dflash_scaling", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.suites.dflash_scaling", description=__doc__)
     p.add_argument("--model", default=zoo.DEEP_NAME, help="zoo pair (default: %(default)s)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     p.add_argument("--eval-windows", type=int, default=32, help="held-out windows, as the model card (32)")

@@ -1,4 +1,4 @@
-"""`python -m specdec.bench.heads`: a pair's draft heads side by side by greedy accepted tokens per step, B = 1.
+"""`python -m specdec.bench.suites.heads`: a pair's draft heads side by side by greedy accepted tokens per step, B = 1.
 
 For each kind asked (default: the EAGLE and EAGLE-3 heads) and each shape (default: the chain S3, the chain S7 and
 the tree S5 K4 W16), the mean accepted tokens per decode step over held-out prompts, and whether every output is
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from .. import Engine, SamplingParams, SpecConfig, zoo
-from ..draft_kinds import draft_kind
-from ..models.ngram import NgramDraft
-from ..zoo.corpus import heldout_prompts
+from ... import Engine, SamplingParams, SpecConfig, zoo
+from ...draft_kinds import draft_kind
+from ...models.ngram import NgramDraft
+from ...zoo.corpus import heldout_prompts
 
 DEFAULT_SHAPES = ("3", "7", "5,4,16")
 
@@ -89,7 +89,7 @@ def paired_rows(rows: list[dict]) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench.heads", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.suites.heads", description=__doc__)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=zoo.DEEP_NAME, help="zoo pair (default: %(default)s)")
     src.add_argument("--dir", default=None, help="a pair's directory (`specdec zoo train --out OUT --name N`: OUT/N)")

@@ -1,4 +1,4 @@
-"""`python -m specdec.bench.dflash`: a zoo pair's DFlash drafter beside its EAGLE head, at B = 1.
+"""`python -m specdec.bench.suites.dflash`: a zoo pair's DFlash drafter beside its EAGLE head, at B = 1.
 
 Prints, on held-out prompts, greedy: how acceptance falls off by block position (the fraction of steps that accept
 at least j drafts, j = 1..S), the accepted tokens per step of the DFlash block and of the EAGLE chain S3 and tree
@@ -12,8 +12,8 @@ import json
 
 import torch
 
-from .. import Engine, SamplingParams, SpecConfig, zoo
-from ..zoo.corpus import heldout_prompts
+from ... import Engine, SamplingParams, SpecConfig, zoo
+from ...zoo.corpus import heldout_prompts
 from .acceptance import draft_step_cost
 from .heads import accepted_per_step
 
@@ -31,7 +31,7 @@ def block_acceptance(bundle, prompts, base, max_new_tokens: int, num_steps: int)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench.dflash", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.suites.dflash", description=__doc__)
     p.add_argument("--model", default=zoo.DEEP_NAME, help="zoo pair (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=96)

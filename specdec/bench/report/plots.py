@@ -50,8 +50,8 @@ def read_results(path) -> pd.DataFrame:
     if "suite" not in df:
         df.insert(0, "suite", suite_of_name(path))
     if "label" not in df and "worker" in df and len(df):
-        from ..draft_kinds import DRAFT_KINDS
-        from .cases import kind_of_label
+        from ...draft_kinds import DRAFT_KINDS
+        from ..cases import kind_of_label
         kinds = df["worker"].astype(str)
         if kinds.isin(["target-only", *DRAFT_KINDS]).all() or kinds.str.startswith("hf-").any():
             label = df.apply(case_label, axis=1)
@@ -66,9 +66,9 @@ def read_results(path) -> pd.DataFrame:
 def case_label(row) -> str:
     """A CSV row's worker, named as everywhere else (`WorkerCase.label`: `specdec.draft_kinds.worker_label`;
     peers as `transformers ...`), from its draft kind and shape."""
-    from ..config import SpecConfig
-    from ..draft_kinds import worker_label
-    from .cases import peer_label
+    from ...config import SpecConfig
+    from ...draft_kinds import worker_label
+    from ..cases import peer_label
     if str(row["worker"]).startswith("hf-"):
         return peer_label(row["worker"], int(row.get("prompt_lookup_num_tokens", 0) or 0))
     if row["worker"] == "target-only":
@@ -446,7 +446,7 @@ def plot_tune(df: pd.DataFrame, out_png):
 def plot_draft_vocab(df: pd.DataFrame, out_png):
     """`specdec bench --suite draft-vocab`: per draft and draft vocabulary, tokens per step (left) and CPU tokens/s
     against target-only (right), both against the draft phase's milliseconds per step; one line per draft."""
-    from ..draft_kinds import draft_kind
+    from ...draft_kinds import draft_kind
     plt = _pyplot()
     if "worker" not in df:  # written before the suite ran several drafts: the EAGLE-3 head's
         df = df.assign(worker=["" if n == 0 else "eagle3" for n in df["draft_vocab_size"]])

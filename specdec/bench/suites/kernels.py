@@ -16,8 +16,8 @@ from typing import Callable
 
 import torch
 
-from ..ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
-from .common import Run, RunRow, dtype_name, quantile, time_calls, time_in_turn
+from ...ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
+from ..common import Run, RunRow, dtype_name, quantile, time_calls, time_in_turn
 
 
 @dataclass
@@ -354,7 +354,7 @@ class _Namespace:
 
 def main_kernels(args) -> int:
     """`specdec bench --suite kernels`: the sweep on this machine's device; one CSV + its plot in args.out."""
-    from .plots import load_results, plot_kernels
+    from ..report.plots import load_results, plot_kernels
 
     device = args.device
     path = run_kernel_benchmark(device, repeats=args.repeats if device == "cuda" else max(args.repeats, 5),

@@ -1,4 +1,4 @@
-"""The device kernels one decode step issues, counted on a CPU: `python -m specdec.bench.kernel_count`.
+"""The device kernels one decode step issues, counted on a CPU: `python -m specdec.bench.suites.kernel_count`.
 
 A step's launch count bounds its speed on a GPU once the weights are read: at B = 1 a decode step of the e2e model
 (`e2e.random_1b_target`) is mostly launches. Counting them needs no GPU: every aten op the step dispatches is seen
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .common import Run, RunRow, dtype_name
+from ..common import Run, RunRow, dtype_name
 
 #: The whole step's kernels (the graph's body + the eager ops around it) at B = 1, impl="fast", measured; a budget
 #: is the measurement rounded up to a multiple of 10 unless the budget before was lower. Lower a budget when a change
@@ -252,7 +252,7 @@ def e2e_structure_target(width: int = 64, vocab_size: int = 512, dtype=torch.bfl
     """A random Llama with `e2e.random_1b_target`'s structure (16 layers, MLP 4x the hidden size, GQA groups of 4,
     untied embeddings) at hidden size `width`, with at least 4 heads (one KV head): hidden 64 has heads of 16 lanes,
     the smallest Triton's tiles take."""
-    from ..models import random_llama
+    from ...models import random_llama
 
     heads = max(E2E_GQA_GROUP, width // E2E_HEAD_DIM)
     if width % heads:
@@ -268,7 +268,7 @@ def _draft_and_spec(worker_kind: str, target, spec):
         if spec is not None:
             raise ValueError("target-only takes no spec")
         return None, None
-    from ..draft_kinds import draft_kind
+    from ...draft_kinds import draft_kind
 
     kind = draft_kind(worker_kind)
     draft = kind.new_random_draft(target)
@@ -290,10 +290,10 @@ def count_step_kernels(worker_kind: str = "target-only", batch_size: int = 1, im
     `body_kernels` (the graph's) and `eager_ops` (the launches outside it), `host_reads` (in the body), `by_op`
     (Counter of the step's launches by name), `body_by_op` and `eager_by_op` (the two parts'), and `label` / `spec`
     of the worker."""
-    from .. import Engine, SamplingParams
-    from ..draft_kinds import worker_label
-    from ..engine import HostStep
-    from ..workers.graphs import DecodeGraphs
+    from ... import Engine, SamplingParams
+    from ...draft_kinds import worker_label
+    from ...engine import HostStep
+    from ...workers.graphs import DecodeGraphs
 
     if impl == "fast":
         import fast
@@ -344,8 +344,8 @@ def top_ops(by_op: Counter, n: int = 10) -> str:
 # ---- the CSV --------------------------------------------------------------------------------------------------
 @dataclass
 class KernelCountRow(RunRow):
-    """One (worker, impl, batch size) of `python -m specdec.bench.kernel_count`: the launches of one decode step of
-    the e2e model's structure (`num_layers` layers at hidden `hidden_size`, `vocab_size` ids)."""
+    """One (worker, impl, batch size) of `python -m specdec.bench.suites.kernel_count`: the launches of one decode
+    step of the e2e model's structure (`num_layers` layers at hidden `hidden_size`, `vocab_size` ids)."""
 
     model: str
     dtype: str
@@ -371,8 +371,8 @@ class KernelCountRow(RunRow):
 
 def worker_cases(kinds) -> list:
     """`cases.CASES` of the named kinds ("target-only", "eagle", ...): each kind's e2e shapes, else its demo ones."""
-    from ..draft_kinds import draft_kind
-    from .cases import CASES, by_kind
+    from ...draft_kinds import draft_kind
+    from ..cases import CASES, by_kind
 
     cases = []
     for kind in kinds:
@@ -416,7 +416,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench.kernel_count", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.suites.kernel_count", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", default="target-only,eagle",
                    help="comma-separated kinds: target-only or draft kinds, each at its e2e shapes (default: "
