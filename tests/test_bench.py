@@ -8,7 +8,8 @@ from specdec import SpecConfig
 from specdec.bench.suites.acceptance import AcceptanceRow, run_benchmark
 from specdec.bench.cases import WorkerCase
 from specdec.bench.common import columns
-from specdec.bench.report.plots import load_results, plot_acceptance_and_speedup
+from specdec.bench.report.figures import load_results
+from specdec.bench.report.plots import plot_acceptance_and_speedup
 from specdec.models import random_eagle3_head
 from tests.helpers import near_bigram_target, perfect_eagle, perfect_mtp
 
@@ -168,7 +169,7 @@ def test_draft_step_cost_is_a_ratio_of_two_measured_costs():
 def test_old_csvs_read_in_todays_schema(tmp_path):
     """A committed acceptance CSV from before the `suite` and `label` columns reads with both (the label from
     its draft kind and shape); an e2e CSV whose `worker` held the label reads with `worker` the draft kind."""
-    from specdec.bench.report.plots import read_results
+    from specdec.bench.report.figures import read_results
 
     old = read_results("results/acceptance-20261130-010414.csv")
     assert set(old["suite"]) == {"acceptance"}
@@ -257,7 +258,8 @@ def test_every_committed_results_csv_has_its_plot_committed_beside_it():
     it (into a scratch directory) on every run, and the README point at a missing file."""
     from pathlib import Path
 
-    from specdec.bench.report.plots import SUITE_PLOTS, TABLE_SUITES, read_results
+    from specdec.bench.report.figures import read_results
+    from specdec.bench.report.plots import SUITE_PLOTS, TABLE_SUITES
 
     csvs = [f for f in sorted(Path("results").glob("*.csv")) if not f.stem.startswith("grammar-fill-")]
     suites = {f: str(read_results(f)["suite"].iloc[0]) for f in csvs}
@@ -429,7 +431,7 @@ def test_case_label_names_every_row_of_the_committed_acceptance_csvs():
     0, 0, 1) is named by its label, a static row by its shape as `worker_label` names it."""
     from pathlib import Path
 
-    from specdec.bench.report.plots import case_label, load_results
+    from specdec.bench.report.figures import case_label, load_results
     df = load_results(Path(__file__).resolve().parent.parent / "results", "acceptance-*.csv")
     labels = df.apply(case_label, axis=1)
     tuned = df[(df.get("shape_policy") == "tuned") & (df["num_steps"] == 0)]

@@ -144,7 +144,7 @@ def test_smoke_run_writes_every_file_and_nothing_else(tmp_path):
     assert _untracked_and_ignored() == before
 
     # notebook 02 finds such a directory under results/ and draws its GPU figures from it
-    from specdec.bench.report.plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
+    from specdec.bench.report.gpu_plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
     assert gpu_check_dirs(tmp_path) == [out]
     for plot in (plot_gpu_check_kernels, plot_gpu_check_e2e):
         assert plot(out, tmp_path / f"{plot.__name__}.png").stat().st_size > 10_000

@@ -478,7 +478,8 @@ def test_the_check_grid_measures_every_shape_in_turn_with_the_outputs_of_target_
     shape and adaptive at each bucket, each pass's figures summed from its batches as one decode of them all gives,
     and every output target-only's."""
     from specdec.bench.common import Run
-    from specdec.bench.tune.search import CHECK_GRID, FIXED_TREE, Measurer, check_grid
+    from specdec.bench.tune.check import check_grid
+    from specdec.bench.tune.search import CHECK_GRID, FIXED_TREE, Measurer
     from specdec.models.ngram import NgramDraft
     b, prompts = pair
     draft = NgramDraft()
@@ -520,7 +521,8 @@ def test_a_sampled_check_set_decodes_every_other_request_with_its_own_params(pai
     own params (what a plain engine gives for them, request by request), and the grid check judges token identity on
     the greedy requests only."""
     from specdec.bench.common import Run
-    from specdec.bench.tune.search import Measurer, check_grid, sampled_prompts
+    from specdec.bench.tune.check import check_grid, sampled_prompts
+    from specdec.bench.tune.search import Measurer
     b, prompts = pair
     m = Measurer(b.target, b.eagle, max_seq_len=64, max_new_tokens=8)
     sampled = sampled_prompts(prompts, m.params)

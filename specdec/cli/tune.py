@@ -12,8 +12,8 @@ import torch
 from ..tuning import TunedSpec, names_a_pair, shipped_file
 from ..cli_args import about
 from ..bench.common import Run, above_bar, cpu_model, progress_bar, target_only_batch_seconds
-from ..bench.tune.search import (CHECK_SETS, Measurer, candidate_shapes, check_grid, mixed_prompts, planned_decodes,
-                          sampled_prompts, tune)
+from ..bench.tune.check import check_grid, mixed_prompts, sampled_prompts
+from ..bench.tune.search import CHECK_SETS, Measurer, candidate_shapes, planned_decodes, tune
 
 
 NAME = "tune"

@@ -1,84 +1,13 @@
-"""Plots drawn only from the benchmark CSVs in results/ (never from a live run)."""
+"""Plots drawn only from the benchmark CSVs in results/ (never from a live run): one per schema (`SUITE_PLOTS`), and
+`specdec plot` (`plot_csv`, `plot_all`); the shared helpers are in `figures`, gpu-check's figures in `gpu_plots`."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
 
-
-def _pyplot():
-    """matplotlib's pyplot on the Agg backend (files only, no display)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _save(fig, out_png, rect=None) -> Path:
-    """Lays out, writes and closes `fig` -> its path."""
-    import matplotlib.pyplot as plt
-    fig.tight_layout(rect=rect)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return Path(out_png)
-
-
-def load_results(results_dir="results", pattern="*.csv") -> pd.DataFrame:
-    """Every CSV of `results_dir` matching `pattern` (`read_results` each), one frame with a `file` column."""
-    files = sorted(Path(results_dir).glob(pattern))
-    if not files:
-        raise ValueError(f"no CSV files matching {pattern!r} in {results_dir}")
-    return pd.concat([read_results(f).assign(file=f.name) for f in files], ignore_index=True)
-
-
-def suite_of_name(path) -> str:
-    """`target-step-20261202-150125.csv` -> "target-step": the name less its run id (date-time)."""
-    parts = Path(path).stem.split("-")
-    if len(parts) >= 3 and parts[-2].isdigit() and parts[-1].isdigit():
-        return "-".join(parts[:-2])
-    return parts[0]
-
-
-def read_results(path) -> pd.DataFrame:
-    """One benchmark CSV in today's schema, however old the file: a file without a `suite` column takes it
-    from its name (`<suite>-<run_id>.csv`); a file without a `label` column gets one, and where its `worker`
-    column held the label (e2e and gpu-check files before the `label` column) `worker` becomes the draft
-    kind, as in every file since. `commit` and `run_id` read as text."""
-    path = Path(path)
-    # a short commit hash of digits around one "e" (43e4079) would otherwise read as a float: inf
-    df = pd.read_csv(path, dtype={"commit": str, "run_id": str})
-    if "suite" not in df:
-        df.insert(0, "suite", suite_of_name(path))
-    if "label" not in df and "worker" in df and len(df):
-        from ...draft_kinds import DRAFT_KINDS
-        from ..cases import kind_of_label
-        kinds = df["worker"].astype(str)
-        if kinds.isin(["target-only", *DRAFT_KINDS]).all() or kinds.str.startswith("hf-").any():
-            label = df.apply(case_label, axis=1)
-        else:
-            label, df["worker"] = df["worker"], kinds.map(kind_of_label)
-        df.insert(df.columns.get_loc("worker") + 1, "label", label)
-    if "shape_policy" not in df and "num_steps" in df and str(df["suite"].iloc[0] if len(df) else "") == "acceptance":
-        df.insert(df.columns.get_loc("label") + 1, "shape_policy", "static")  # before tuned files
-    return df
-
-
-def case_label(row) -> str:
-    """A CSV row's worker, named as everywhere else (`WorkerCase.label`: `specdec.draft_kinds.worker_label`;
-    peers as `transformers ...`), from its draft kind and shape."""
-    from ...config import SpecConfig
-    from ...draft_kinds import worker_label
-    from ..cases import peer_label
-    if str(row["worker"]).startswith("hf-"):
-        return peer_label(row["worker"], int(row.get("prompt_lookup_num_tokens", 0) or 0))
-    if row["worker"] == "target-only":
-        return "target-only"
-    label = row.get("label")
-    if isinstance(label, str) and label and row.get("shape_policy", "static") != "static":
-        # a tuned or adaptive row's shape is its bucket's (no draft included): its label says how it ran
-        return label
-    spec = SpecConfig(int(row["num_steps"]), int(row["topk"]), int(row["num_draft_tokens"]))
-    return worker_label(row["worker"], spec)
+from .figures import _pyplot, _save, read_results
+from .gpu_plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
 
 
 def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
@@ -239,76 +168,6 @@ def plot_e2e(df: pd.DataFrame, out_png):
     first = df.iloc[0]
     fig.suptitle(f"end to end, greedy, {first['max_new_tokens']} new tokens\n{first['device']}, commit "
                  f"{first['commit']}; error bars: p20-p80 of the repeats", fontsize="medium")
-    return _save(fig, out_png)
-
-
-def gpu_check_dirs(results_dir="results") -> list[Path]:
-    """The `specdec gpu-check` out directories committed under results/ (each holds a SUMMARY.md), oldest first."""
-    return sorted(p.parent for p in Path(results_dir).glob("*/SUMMARY.md"))
-
-
-def _measured(df: pd.DataFrame, part: str) -> pd.DataFrame:
-    """A gpu-check file's rows of one part that measured something (a failed configuration's row is empty)."""
-    return df[(df["part"] == part) & (df["status"] == "ok")].copy()
-
-
-def plot_gpu_check_kernels(out_dir, out_png):
-    """A gpu-check run's fused logprob rows (kernels.csv): achieved bandwidth as a fraction of the run's measured
-    copy ceiling, per shape (rows x V) and dtype: the reference op and the fast op with their host work, the
-    reference op replayed from a CUDA graph, and the kernels' launch alone at the op's own split count, top-k 0
-    and 5 side by side."""
-    plt = _pyplot()
-
-    df = _measured(read_results(Path(out_dir) / "kernels.csv"), "logprob_kernels")
-    df = df[(df["impl"] != "fast_kernels") | (df["num_splits"].astype(str) == "auto")].copy()
-    df["vocab_size"] = df["vocab_size"].astype(int)
-    df["shape"] = df["rows"].astype(int).astype(str) + " x " + df["vocab_size"].map(lambda v: f"{v / 1000:.1f}k")
-    df["what"] = df["impl"].map({"reference": "reference op", "fast": "fast op (with host work)",
-                                 "reference_graph": "reference op (CUDA graph)",
-                                 "fast_kernels": "kernels alone (CUDA graph)"}) + ", k=" + \
-        df["top_logprobs_num"].astype(int).astype(str)
-    dtypes = sorted(df["dtype"].unique())
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.5 * len(dtypes), 4.2), squeeze=False, sharey=True)
-    for ax, dtype in zip(axes[0], dtypes):
-        pivot = df[df["dtype"] == dtype].pivot_table(index="shape", columns="what", values="frac_of_copy",
-                                                     aggfunc="median", sort=False)
-        pivot = pivot.reindex(columns=list(dict.fromkeys(df["what"])))  # one colour per series in every panel
-        pivot.plot.bar(ax=ax, rot=0, legend=ax is axes[0][0], width=0.8)
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.axhline(0.8, color="k", lw=0.8, ls=":")
-        ax.set_yscale("log")
-        ax.set_xlabel("output rows x vocabulary")
-        ax.set_ylabel("achieved GB/s ÷ measured copy GB/s")
-        ax.set_title(f"compute_spec_v2_logprobs, {dtype} logits ({df['device'].iloc[0]})", fontsize="medium")
-    axes[0][0].legend(fontsize="x-small", loc="lower left")
-    return _save(fig, out_png)
-
-
-def plot_gpu_check_e2e(out_dir, out_png):
-    """A gpu-check run's end-to-end rows: decode tokens/s against the batch size, one panel per worker, one
-    line per implementation (reference, fast, fast + CUDA graphs)."""
-    plt = _pyplot()
-
-    df = _measured(read_results(Path(out_dir) / "e2e.csv"), "e2e")
-    df["impl_run"] = df["impl"] + df["cuda_graphs"].map(lambda g: " + graphs" if str(g) == "True" else "")
-    workers = list(dict.fromkeys(df["label"]))
-    fig, axes = plt.subplots(1, len(workers), figsize=(4.6 * len(workers), 3.8), squeeze=False, sharey=True)
-    for ax, worker in zip(axes[0], workers):
-        for impl, g in df[df["label"] == worker].groupby("impl_run", sort=False):
-            g = g.sort_values("batch_size")
-            ax.errorbar(g["batch_size"], g["tokens_per_s"],
-                        yerr=[(g["tokens_per_s"] - g["tokens_per_s_min"]).clip(lower=0),
-                              (g["tokens_per_s_max"] - g["tokens_per_s"]).clip(lower=0)],
-                        marker="o", capsize=2, label=impl)
-        sizes = sorted(df["batch_size"].unique())
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(sizes, [str(b) for b in sizes])
-        ax.set_xlabel("batch size")
-        ax.set_title(worker, fontsize="medium")
-    axes[0][0].set_ylabel("decode tokens/s (prefill excluded)")
-    axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"{df['model'].iloc[0]} ({df['dtype'].iloc[0]}) on {df['device'].iloc[0]}", fontsize="medium")
     return _save(fig, out_png)
 
 

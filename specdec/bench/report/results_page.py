@@ -14,7 +14,7 @@ import pandas as pd
 
 from ...draft_kinds import draft_kind
 from ..suites.verify_rules import verify_rules_section
-from .plots import read_results
+from .figures import read_results
 
 #: the manifest of current results, relative to the repository root
 MANIFEST = Path("results") / "current.json"

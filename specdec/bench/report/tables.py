@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .plots import read_results
+from .figures import read_results
 
 
 def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:

@@ -354,7 +354,8 @@ def main_bench(args) -> int:
     was converted into (`cached_gguf_dir`)."""
     from ... import zoo
     from ...zoo.corpus import heldout_prompts
-    from ..report.plots import load_results, plot_acceptance_and_speedup
+    from ..report.figures import load_results
+    from ..report.plots import plot_acceptance_and_speedup
 
     dtype = DTYPES[args.dtype]
     bundle = zoo.load(zoo.speed_pair() if args.model == "auto" else args.model, device=args.device, dtype=dtype)

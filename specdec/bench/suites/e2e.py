@@ -186,7 +186,8 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
 
 def main_e2e(args) -> int:
     """`specdec bench --suite e2e`."""
-    from ..report.plots import load_results, plot_e2e
+    from ..report.figures import load_results
+    from ..report.plots import plot_e2e
 
     device = args.device
     sizes = tuple(args.batch_sizes) if args.batch_sizes else (1, 8, 32)

@@ -354,7 +354,8 @@ class _Namespace:
 
 def main_kernels(args) -> int:
     """`specdec bench --suite kernels`: the sweep on this machine's device; one CSV + its plot in args.out."""
-    from ..report.plots import load_results, plot_kernels
+    from ..report.figures import load_results
+    from ..report.plots import plot_kernels
 
     device = args.device
     path = run_kernel_benchmark(device, repeats=args.repeats if device == "cuda" else max(args.repeats, 5),

@@ -96,7 +96,7 @@ def verify_rules_goals(df: pd.DataFrame) -> str:
 
 def verify_rules_section(path: Path) -> list[str]:
     """The results page's section of a `--verify` acceptance CSV."""
-    from ..report.plots import read_results
+    from ..report.figures import read_results
     df = read_results(path)
     out = [verify_rules_table(df)]
     goals = verify_rules_goals(df)

@@ -1,0 +1,82 @@
+"""What every figure of `plots` and `gpu_plots` shares: pyplot on Agg, saving, reading the CSVs of results/ in
+today's schema, a case's label."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, out_png, rect=None) -> Path:
+    """Lays out, writes and closes `fig` -> its path."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout(rect=rect)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return Path(out_png)
+
+
+def load_results(results_dir="results", pattern="*.csv") -> pd.DataFrame:
+    """Every CSV of `results_dir` matching `pattern` (`read_results` each), one frame with a `file` column."""
+    files = sorted(Path(results_dir).glob(pattern))
+    if not files:
+        raise ValueError(f"no CSV files matching {pattern!r} in {results_dir}")
+    return pd.concat([read_results(f).assign(file=f.name) for f in files], ignore_index=True)
+
+
+def suite_of_name(path) -> str:
+    """`target-step-20261202-150125.csv` -> "target-step": the name less its run id (date-time)."""
+    parts = Path(path).stem.split("-")
+    if len(parts) >= 3 and parts[-2].isdigit() and parts[-1].isdigit():
+        return "-".join(parts[:-2])
+    return parts[0]
+
+
+def read_results(path) -> pd.DataFrame:
+    """One benchmark CSV in today's schema, however old the file: a file without a `suite` column takes it
+    from its name (`<suite>-<run_id>.csv`); a file without a `label` column gets one, and where its `worker`
+    column held the label (e2e and gpu-check files before the `label` column) `worker` becomes the draft
+    kind, as in every file since. `commit` and `run_id` read as text."""
+    path = Path(path)
+    # a short commit hash of digits around one "e" (43e4079) would otherwise read as a float: inf
+    df = pd.read_csv(path, dtype={"commit": str, "run_id": str})
+    if "suite" not in df:
+        df.insert(0, "suite", suite_of_name(path))
+    if "label" not in df and "worker" in df and len(df):
+        from ...draft_kinds import DRAFT_KINDS
+        from ..cases import kind_of_label
+        kinds = df["worker"].astype(str)
+        if kinds.isin(["target-only", *DRAFT_KINDS]).all() or kinds.str.startswith("hf-").any():
+            label = df.apply(case_label, axis=1)
+        else:
+            label, df["worker"] = df["worker"], kinds.map(kind_of_label)
+        df.insert(df.columns.get_loc("worker") + 1, "label", label)
+    if "shape_policy" not in df and "num_steps" in df and str(df["suite"].iloc[0] if len(df) else "") == "acceptance":
+        df.insert(df.columns.get_loc("label") + 1, "shape_policy", "static")  # before tuned files
+    return df
+
+
+def case_label(row) -> str:
+    """A CSV row's worker, named as everywhere else (`WorkerCase.label`: `specdec.draft_kinds.worker_label`;
+    peers as `transformers ...`), from its draft kind and shape."""
+    from ...config import SpecConfig
+    from ...draft_kinds import worker_label
+    from ..cases import peer_label
+    if str(row["worker"]).startswith("hf-"):
+        return peer_label(row["worker"], int(row.get("prompt_lookup_num_tokens", 0) or 0))
+    if row["worker"] == "target-only":
+        return "target-only"
+    label = row.get("label")
+    if isinstance(label, str) and label and row.get("shape_policy", "static") != "static":
+        # a tuned or adaptive row's shape is its bucket's (no draft included): its label says how it ran
+        return label
+    spec = SpecConfig(int(row["num_steps"]), int(row["topk"]), int(row["num_draft_tokens"]))
+    return worker_label(row["worker"], spec)
