@@ -122,7 +122,7 @@ class ZooStage:
     opts: the stage's default settings, `StageOpts` fields;
     card_text: the model card's description of the draft, `{field}` read from its entry of card.json's models;
     card_cost: whether the card states what one of its draft steps costs against a target step (measured after
-    training by `specdec.bench.draft_cost.record_step_costs`, a bench step: it decodes through the engine);
+    training by `specdec.bench.suites.draft_cost.record_step_costs`, a bench step: it decodes through the engine);
     target_opts: "module:function" called (target, mask_token_id) -> the stage's default `StageOpts` for a draft
     trained for a given target (`specdec zoo train-draft`, `for_target.target_draft_opts`), None when the zoo
     trains none of this kind for a given target."""
@@ -174,10 +174,10 @@ class DraftKind:
     `token_map` argument): drafts whose LM head covers the target's vocabulary (an EAGLE-3 head has its own
     reduced one, `Eagle3DraftHead.with_draft_vocabulary`);
     forwards_per_step: num_steps -> the draft forwards one decode step runs (the GPU roofline's bytes per step,
-    `specdec.bench.gpu_roofline.step_reads`), None when the kind states no rule;
+    `specdec.gpu_check.roofline.step_reads`), None when the kind states no rule;
     layers_per_forward: whether one of those forwards runs every draft layer ("all") or one of them ("one": MTP layer
     k drafts token k);
-    gpu_e2e_specs: the shapes the GPU one-shot's e2e part runs (`specdec.bench.gpu_decode.e2e_cases`; one per kind:
+    gpu_e2e_specs: the shapes the GPU one-shot's e2e part runs (`specdec.gpu_check.decode.e2e_cases`; one per kind:
     the EAGLE tree as the headline, the other kinds' chain or block), among its demo_specs."""
 
     name: str

@@ -1,6 +1,6 @@
-"""The read-bandwidth probe of `specdec gpu-check` (`fast.bandwidth.read_sum`): one fp32 partial sum per program,
-each the sum of its chunk of the buffer, so that together they are the buffer's sum; under Triton's interpreter on a
-CPU (CI), compiled on a GPU."""
+"""The read-bandwidth probe of `specdec gpu-check` (`specdec.gpu_check.bandwidth.read_sum`): one fp32 partial sum
+per program, each the sum of its chunk of the buffer, so that together they are the buffer's sum; under Triton's
+interpreter on a CPU (CI), compiled on a GPU."""
 from __future__ import annotations
 
 import pytest

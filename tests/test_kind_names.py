@@ -13,10 +13,10 @@ PACKAGE = ROOT / "specdec"
 
 #: user-facing defaults and names: a command's default or choice, the word a user types
 USER_FACING = {
-    "specdec/cli.py": {"ngram"},  # --draft ngram: no directory, SGLang's NGRAM
-    "specdec/generate_cli.py": {"eagle", "ngram", "draft_lm"},  # the default kind, `--draft ngram`, auto layout
-    "specdec/bench/tune_cli.py": {"eagle"},  # `specdec tune --kind` default
-    "specdec/bench/kernel_count.py": {"eagle"},  # run_kernel_count's default kinds
+    "specdec/cli/generate.py": {"eagle", "ngram", "draft_lm"},  # the default kind, `--draft ngram` (no directory,
+    # SGLang's NGRAM), auto layout
+    "specdec/cli/tune.py": {"eagle"},  # `specdec tune --kind` default
+    "specdec/bench/suites/kernel_count.py": {"eagle"},  # run_kernel_count's default kinds
     "specdec/zoo/train/cli.py": {"eagle", "eagle3"},  # `specdec zoo train`'s per-stage flags (--eagle3-unroll, ...)
     "specdec/zoo/train/for_target.py": {"eagle3", "eagle", "dflash", "draft_lm"},  # `train-draft --kind`, its order
 }
@@ -32,17 +32,17 @@ OWN_KIND = {
 #: per-kind facts still outside the record (to move into it: the card's per-kind prose, the benches' special cases)
 NOT_YET_IN_RECORD = {
     "specdec/zoo/train/card.py": {"eagle", "eagle3", "draft_lm", "dflash"},
-    "specdec/bench/acceptance.py": {"draft_lm"},
+    "specdec/bench/suites/acceptance.py": {"draft_lm"},
     "specdec/bench/cases.py": {"ngram"},
-    "specdec/bench/dflash.py": {"dflash"},
-    "specdec/bench/dflash_scaling.py": {"dflash"},
-    "specdec/bench/draft_vocab.py": {"eagle3"},
-    "specdec/bench/gpu_decode.py": {"eagle", "mtp_chain"},
-    "specdec/bench/grammar.py": {"eagle"},
-    "specdec/bench/heads.py": {"ngram"},
-    "specdec/bench/plots.py": {"eagle3"},
-    "specdec/bench/report.py": {"draft_lm"},
-    "specdec/bench/results_page.py": {"eagle3"},
+    "specdec/bench/suites/dflash.py": {"dflash"},
+    "specdec/bench/suites/dflash_scaling.py": {"dflash"},
+    "specdec/bench/suites/draft_vocab.py": {"eagle3"},
+    "specdec/gpu_check/decode.py": {"eagle", "mtp_chain"},
+    "specdec/bench/suites/grammar.py": {"eagle"},
+    "specdec/bench/suites/heads.py": {"ngram"},
+    "specdec/bench/report/plots.py": {"eagle3"},
+    "specdec/bench/report/tables.py": {"draft_lm"},
+    "specdec/bench/report/results_page.py": {"eagle3"},
 }
 ALLOWED = {}
 for table in (USER_FACING, OTHER_MEANING, OWN_KIND, NOT_YET_IN_RECORD):
