@@ -134,7 +134,7 @@ def test_a_short_proposal_is_verified_in_the_narrowest_width_that_holds_it(small
     from specdec.workers.graphs import DecodeGraphs
     engine = Engine(small.target, draft=NgramDraft(max_trie_depth=4, max_bfs_breadth=2, indexing="sequence"),
                     spec=SpecConfig(3, 2, 11),
-                    max_batch=2, max_seq_len=320)
+                    max_batch=2, max_seq_len=320, preallocate=True)
     assert [engine.worker.width_for(n) for n in (1, 2, 3, 5, 8, 9, 11)] == [1, 2, 4, 8, 8, 11, 11]
     graphs = DecodeGraphs(engine.worker, capture=False)
     engine._decode = graphs.decode_step
@@ -153,7 +153,7 @@ def test_an_ngram_step_moves_kv_in_its_commit_only_when_a_tree_branches():
     target = random_llama(vocab_size=6, hidden_size=32, num_hidden_layers=2, seed=7)
     rng = random.Random(0)
     prompts = [[rng.randrange(6) for _ in range(60)] for _ in range(3)]
-    engine = Engine(target, draft=NgramDraft(), spec=SpecConfig(4, 1), max_seq_len=128)
+    engine = Engine(target, draft=NgramDraft(), spec=SpecConfig(4, 1), max_seq_len=128, preallocate=True)
     w = engine.worker
     commits, steps = [], []
     commit = w.cache.commit

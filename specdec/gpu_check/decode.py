@@ -138,9 +138,10 @@ def _replay_case(case, B, mode, smoke, device, models, engines, run, w) -> None:
     impl = "reference" if smoke else "fast"  # smoke: the static-buffer plumbing, eagerly
     if case.label not in engines:
         draft = drafts.get(case.kind)
-        eager = Engine(target, draft, case.spec, impl=impl, max_batch=max_batch, max_seq_len=96, cuda_graphs=False)
+        eager = Engine(target, draft, case.spec, impl=impl, max_batch=max_batch, max_seq_len=96, cuda_graphs=False,
+                       preallocate=True)
         graphed = Engine(target, draft, case.spec, impl=impl, max_batch=max_batch, max_seq_len=96,
-                         cuda_graphs=not smoke)
+                         cuda_graphs=not smoke, preallocate=True)
         if smoke:
             graphed._decode = DecodeGraphs(graphed.worker, capture=False).decode_step
         engines[case.label] = eager, graphed
@@ -272,7 +273,7 @@ def _e2e_case(B, case, impl, graphs, smoke, device, models, state, run, w) -> No
             token_map = token_map[:target.config.vocab_size // 2]
         state["engines"][key] = Engine(target, drafts.get(case.kind), case.spec, impl=impl, max_batch=max_batch,
                                        max_seq_len=prompt_len + new_tokens + 32, cuda_graphs=graphs,
-                                       token_map=token_map, overlap=graphs and case.decode_ahead)
+                                       token_map=token_map, overlap=graphs and case.decode_ahead, preallocate=True)
     engine = state["engines"][key]
     gen = torch.Generator().manual_seed(1)
     prompts = torch.randint(target.config.vocab_size, (B, prompt_len), generator=gen).tolist()

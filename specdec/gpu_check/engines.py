@@ -381,7 +381,7 @@ def run_inductor(out: Path, B: int, smoke: bool) -> None:
     def build(graphs: bool):
         # decoding ahead as the fast rows' engines do by default on CUDA (with their graphs)
         engine = Engine(s.target, impl="reference", max_batch=B, max_seq_len=s.prompt_len + s.lengths[1] + 8,
-                        cuda_graphs=False, overlap=graphs)
+                        cuda_graphs=False, overlap=graphs, preallocate=True)
         worker = engine.worker
         capacity = worker.cache.max_seq_len
         worker.attn_len = lambda extra: capacity
@@ -433,7 +433,8 @@ def run_profile(out: Path, B: int, smoke: bool) -> None:
     # Each replay advances the state in the graph's buffers (its last nodes copy the new state back): the cache
     # rows hold the generate's tokens and one position per replay (the first, the timed and the profiled ones).
     max_seq_len = s.prompt_len + 16 + 1 + TIMED_REPLAYS + PROFILED_REPLAYS
-    engine = Engine(s.target, impl="fast", max_batch=B, max_seq_len=max_seq_len, cuda_graphs=cuda)
+    engine = Engine(s.target, impl="fast", max_batch=B, max_seq_len=max_seq_len, cuda_graphs=cuda,
+                    preallocate=True)
     graphs = engine._decode.__self__ if cuda else DecodeGraphs(engine.worker, capture=False)
     engine._decode = graphs.decode_step
     engine.generate(s.prompts, SamplingParams(max_new_tokens=4))  # compiles the kernels, captures the bucket's graph

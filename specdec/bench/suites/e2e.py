@@ -156,7 +156,8 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
                     if impl == "fast" and not on_cuda:
                         continue
                     engine = Engine(m.target, m.drafts.get(kind) if spec else None, spec, impl=impl, max_batch=B,
-                                    max_seq_len=prompt_len + max_new_tokens + 64, cuda_graphs=graphs)
+                                    max_seq_len=prompt_len + max_new_tokens + 64, cuda_graphs=graphs,
+                                    preallocate=True)
                     median, p20, p80 = _measure(engine, batches, sp, repeats, phases=not graphs)
                     tps, outs, steps, tokens = median["tps"], median["outs"], median["steps"], median["tokens"]
                     phase_s = median["phase_s"]

@@ -303,7 +303,8 @@ def count_step_kernels(worker_kind: str = "target-only", batch_size: int = 1, im
                              "machine without CUDA")
     target = e2e_structure_target(width, vocab_size, dtype)
     draft, spec = _draft_and_spec(worker_kind, target, spec)
-    engine = Engine(target, draft, spec, impl=impl, max_batch=batch_size, max_seq_len=prompt_len + 64)
+    engine = Engine(target, draft, spec, impl=impl, max_batch=batch_size, max_seq_len=prompt_len + 64,
+                    preallocate=True)  # its worker is wrapped before the call
     worker = engine.worker
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(vocab_size, (batch_size, prompt_len), generator=gen).tolist()
