@@ -85,20 +85,42 @@ def read_grammar(args) -> dict:
     return {}
 
 
-def default_draft_kind(bundle) -> str:
-    """The kind `specdec generate --model` drafts with when --draft names none: EAGLE, the kind every pair's tuned
-    file ships for, else the first trained draft the pair ships, else NGRAM (no weights: any pair has it)."""
-    return next((k for k in ("eagle", *bundle.drafts) if bundle.drafts.get(k) is not None), "ngram")
+def measured_default(bundle):
+    """The draft kind and shape `specdec generate --model` decodes with when --draft names none: of the pair's
+    tuned files (`specdec tune`), the one whose batch-size-1 shape measured the largest speed-up over target-only
+    in its own run (accepted tokens per step over the step's cost against target-only's step, both measured by
+    that run) -> (kind, SpecConfig), or (None, why) where no tuned file measured a draft faster than target-only."""
+    from .. import tuning
+    best, best_gain = None, 1.0
+    for (pair, kind), path in sorted(tuning.shipped_files().items()):
+        if pair != bundle.name or getattr(bundle, kind) is None:
+            continue
+        bucket = tuning.TunedSpec.load(path).bucket(1)
+        measured = {c.shape: c for c in bucket.candidates}
+        chosen, alone = measured.get(bucket.shape), measured.get(tuning.NO_DRAFT)
+        if bucket.shape == tuning.NO_DRAFT or chosen is None or alone is None:
+            continue
+        gain = chosen.mean_accept_len / chosen.step_ms * alone.step_ms
+        if gain > best_gain:
+            best, best_gain = (kind, tuning.shape_spec(bucket.shape)), gain
+    if best is None:
+        return None, (f"no draft of {bundle.name!r} is measured faster than target-only at batch size 1 (no tuned "
+                      f"file says so: `specdec tune`); decoding target-only")
+    return best
 
 
 def zoo_draft(bundle, kind: str | None):
-    """A zoo pair and a --draft value (a kind's name, "none", or None for the default) -> (its draft or None, the
-    SpecConfig to run it with: the pair's tuned shape at batch size 1 where a tuned file ships, else the kind's
-    default)."""
+    """A zoo pair and a --draft value (a kind's name, "none", or None for the measured default, `measured_default`)
+    -> (its draft or None, the SpecConfig to run it with: the pair's tuned shape at batch size 1 where a tuned file
+    ships, else the kind's default; a note for the user or None)."""
     from ..tuning import shape_spec, shipped_files
     if kind == "none":
-        return None, None
-    kind = kind or default_draft_kind(bundle)
+        return None, None, None
+    if kind is None:
+        kind, spec = measured_default(bundle)
+        if kind is None:
+            return None, None, f"note: {spec}"
+        return getattr(bundle, kind), spec, None
     if kind not in DRAFT_KINDS:
         raise ValueError(f"--draft {kind!r}: with --model, a draft kind ({', '.join(DRAFT_KINDS)}) or none")
     draft = getattr(bundle, kind)
@@ -110,8 +132,8 @@ def zoo_draft(bundle, kind: str | None):
         from ..tuning import TunedSpec
         spec = shape_spec(TunedSpec.load(tuned).bucket(1).shape)
         if spec is not None:  # the tuned file may say that batch size 1 is best served without drafting
-            return draft, spec
-    return draft, kind_of(draft).default_spec(draft)
+            return draft, spec, None
+    return draft, kind_of(draft).default_spec(draft), None
 
 
 def is_instruct(name: str, card: dict) -> bool:
@@ -140,7 +162,9 @@ def load_models(args):
         if args.draft_layout != "auto":
             raise ValueError("--draft-layout reads --draft DIR with --target; with --model, --draft names a kind")
         bundle = zoo.load(args.model or zoo.DEFAULT_NAME)
-        draft, spec = zoo_draft(bundle, args.draft)
+        draft, spec, note = zoo_draft(bundle, args.draft)
+        if note:
+            print(note, file=sys.stderr)
         return bundle.name, bundle.target, bundle.tokenizer, draft, spec, is_instruct(bundle.name, bundle.card)
     from ..models import LlamaForCausalLM
     target_dir = Path(args.target)
@@ -248,7 +272,8 @@ def add_parser(subparsers):
                                                        "tokenizer.json), instead of --model")
     p.add_argument("--draft", default=None,
                    help=f"with --model: the pair's draft of this kind, one of {', '.join(DRAFT_KINDS)} "
-                        "(default: eagle, else the first kind the pair ships). With --target: the draft's "
+                        "(default: the kind and shape its tuned files measured fastest at batch size 1, or "
+                        "target-only with a note where none measured a draft faster). With --target: the draft's "
                         "directory (a head, MTP layers, or a small causal LM of the target's vocabulary: "
                         "STANDALONE; for mtp-deepseek / mtp-mimo the directory holding the MTP layers, by default "
                         "the target's), or 'ngram' (no model: SGLang's NGRAM); none decodes target-only")
