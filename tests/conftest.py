@@ -60,7 +60,7 @@ def _back(x):
 
 
 class _copies_allowed:
-    """The shim's own host <-> device copies are not the op's: tests.equivalence.no_host_sync's CUDA sync
+    """The shim's own host <-> device copies are not the op's: tests.helpers.equivalence.no_host_sync's CUDA sync
     check is paused around them."""
 
     def __enter__(self):

@@ -6,7 +6,7 @@ import pytest
 from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.zoo.corpus import heldout_prompts
 from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, sampled_sequences_pvalue
-from tests.oracles import exact_joint_pruned
+from tests.helpers.oracles import exact_joint_pruned
 
 CASES = {"EAGLE tree S5 K4 W16": ("eagle", SpecConfig(5, 4, 16)),
          "EAGLE-3 tree S5 K4 W16": ("eagle3", SpecConfig(5, 4, 16)),

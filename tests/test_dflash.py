@@ -17,10 +17,10 @@ from specdec.models.dflash import DFlashDraftModel, random_dflash
 from specdec.workers.dflash import DFlashWorker
 from specdec.workers.graphs import DecodeGraphs
 from specdec.zoo import corpus
-from tests.equivalence import no_host_sync
+from tests.helpers.equivalence import no_host_sync
 from tests.helpers import (FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue,
                            logprob_params, near_bigram_target)
-from tests.oracles import dflash_logits_from_tensors, exact_joint
+from tests.helpers.oracles import dflash_logits_from_tensors, exact_joint
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.grammar import GrammarCompiler
 from specdec.zoo import corpus
 from tests.helpers import LOGPROB_ATOL, ZOO_WORKERS
-from tests.oracles import grammar_stops
+from tests.helpers.oracles import grammar_stops
 
 xgr = pytest.importorskip("xgrammar")
 

@@ -12,7 +12,7 @@ from fast import draft as fast_draft
 from fast.draft import softmax_topk as fast_softmax_topk
 from fast.draft import softmax_topk_launch
 from reference.draft import softmax_topk
-from tests.equivalence import assert_equivalent, no_host_sync
+from tests.helpers.equivalence import assert_equivalent, no_host_sync
 
 
 def _oracle(row: list[float], k: int):

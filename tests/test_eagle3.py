@@ -7,7 +7,7 @@ from specdec.models import Eagle3DraftHead, random_eagle3_head
 from specdec.models.eagle3 import default_feature_layers
 from tests.helpers import (FALSE_FAILURE_RATE, LOGPROB_ATOL, assert_same_as_baseline, chi_square_pvalue,
                            near_bigram_target, sampled_sequences_pvalue)
-from tests.oracles import exact_joint, exact_joint_pruned
+from tests.helpers.oracles import exact_joint, exact_joint_pruned
 
 #: Every optional norm of an EAGLE-3 head switched on (off is the default).
 ALL_NORMS = {"norm_before_fc": True, "fc_norm": True, "norm_output": True}

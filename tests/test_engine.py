@@ -10,7 +10,7 @@ from specdec import Engine, SamplingParams, SpecConfig
 from specdec.ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from specdec.models import random_llama
 from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, chi_square_pvalue
-from tests.oracles import softmax_filtered
+from tests.helpers.oracles import softmax_filtered
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9], [10, 11, 12], [5, 5, 5, 5]]
 

@@ -6,7 +6,7 @@ import torch
 
 import reference
 from fast.attention import _launch_tree_attention, pack_tree_mask, tree_attention
-from tests.equivalence import assert_equivalent, no_host_sync
+from tests.helpers.equivalence import assert_equivalent, no_host_sync
 
 
 def _case(seed, B=2, T=3, Hq=4, Hkv=2, D=64, max_seq=70, write_offset=0, tree=True, dtype=torch.float32):

@@ -9,7 +9,7 @@ import torch
 
 import reference
 from fast.kv import commit_kv_cache as fast_commit
-from tests.equivalence import assert_equivalent, no_host_sync
+from tests.helpers.equivalence import assert_equivalent, no_host_sync
 
 
 def _case(seed, B=3, S=4, W=9, N=4, max_batch=5, max_seq=40, Hkv=2, D=6, dtype=torch.float32):

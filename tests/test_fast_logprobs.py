@@ -1,6 +1,6 @@
 """``fast.logprobs.compute_spec_v2_logprobs`` (fused Triton) against ``reference.logprobs.compute_spec_v2_logprobs``.
 
-Every comparison goes through ``tests.equivalence.assert_equivalent`` (floats by the "logprob" row of the
+Every comparison goes through ``tests.helpers.equivalence.assert_equivalent`` (floats by the "logprob" row of the
 table, integers bit-equal), except the top-k ids where values tie: the reference's ``torch.topk`` lists tied
 ids in an unspecified order, the kernel smaller id first. There each fast id must carry, in the reference's
 own full logprob row, exactly the value the reference lists at that position (which forces the very same id
@@ -23,8 +23,8 @@ import torch
 import fast.logprobs as fast_logprobs
 from reference.logprobs import compute_spec_v2_logprobs as reference_op
 from specdec.ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
-from tests.equivalence import assert_equivalent, no_host_sync, tolerance
-from tests.oracles import random_logprob_case
+from tests.helpers.equivalence import assert_equivalent, no_host_sync, tolerance
+from tests.helpers.oracles import random_logprob_case
 
 fast_op = fast_logprobs.compute_spec_v2_logprobs
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -15,7 +15,7 @@ import torch
 import fast
 import reference
 from specdec.ops.contract import WORKER_OPS
-from tests.equivalence import NO_LAUNCH, TorchCalls, record_triton_launches
+from tests.helpers.equivalence import NO_LAUNCH, TorchCalls, record_triton_launches
 
 WORKER_CLASSES = {"EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"}
 SHARED_OPS = sorted(set(reference.__all__) - WORKER_CLASSES & set(fast.__all__))
@@ -102,7 +102,7 @@ def test_tree_build_verify_and_commit_are_single_launches(monkeypatch):
     """One Triton launch each, and no torch op beside it that would launch device work."""
     import torch
 
-    from tests.oracles import DraftedTree
+    from tests.helpers.oracles import DraftedTree
 
     launches = record_triton_launches(monkeypatch)
     tree = DraftedTree(B=2, K=4, S=3, W=12, V=50, seed=0)

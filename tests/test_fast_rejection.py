@@ -1,6 +1,6 @@
 """Equivalence of the fast verification-with-draft ops (fast/rejection.py) with the reference ones.
 
-Integer outputs are compared bit for bit through ``tests.equivalence.assert_equivalent``. The fast ops total
+Integer outputs are compared bit for bit through ``tests.helpers.equivalence.assert_equivalent``. The fast ops total
 rows over V in blocks, torch in its own order, so a decision or a draw within rounding of a tie may legitimately
 differ. Each op's definition is replayed here in float64, independently of both ops: every draw's uniform is
 moved off the cumulative-mass boundaries of the row it draws from (by more than ``BONUS_CDF_EPSILON``, the
@@ -21,8 +21,8 @@ import fast
 import fast.rejection as fast_rej
 import reference.rejection as ref_rej
 from fast.verify import BONUS_CDF_EPSILON
-from tests.equivalence import assert_equivalent, no_host_sync, raised
-from tests.oracles import fixed_tree, random_prob_rows, tree_links
+from tests.helpers.equivalence import assert_equivalent, no_host_sync, raised
+from tests.helpers.oracles import fixed_tree, random_prob_rows, tree_links
 
 # Every output compared here is an integer tensor: bit-equal, the tolerance table unused.
 QUANTITY = "index"

@@ -1,7 +1,7 @@
 """Equivalence of the fast Traversal Verification (fast/traversal.py) with the reference (reference/traversal.py).
 
-Integer outputs are compared bit for bit through ``tests.equivalence.assert_equivalent``. The fast op totals rows
-over V in blocks, torch in its own order, so a decision or a draw within rounding of a tie may legitimately differ.
+Integer outputs are compared bit for bit through ``tests.helpers.equivalence.assert_equivalent``. The fast op totals
+rows over V in blocks, torch in its own order, so a decision or a draw within rounding of a tie may legitimately differ.
 The walk is replayed here in float64, independently of both ops: the final uniform is moved off the
 cumulative-mass boundaries of the bonus row (by more than ``BONUS_CDF_EPSILON``), so the bonus must agree
 exactly; a request whose accept test lies within rounding of its coin is exempt, and every case asserts that such
@@ -21,8 +21,8 @@ import fast.traversal as fast_trav
 import reference.rejection as ref_rej
 import reference.traversal as ref_trav
 from fast.verify import BONUS_CDF_EPSILON
-from tests.equivalence import assert_equivalent, no_host_sync, raised
-from tests.oracles import random_prob_rows, tree_links
+from tests.helpers.equivalence import assert_equivalent, no_host_sync, raised
+from tests.helpers.oracles import random_prob_rows, tree_links
 
 QUANTITY = "index"  # integer outputs only: bit-equal
 # relative margin of an accept test (plus an absolute one for weights near 0, whose m cancels) inside which fp32

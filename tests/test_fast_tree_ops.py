@@ -1,6 +1,6 @@
 """Equivalence of the fast tree ops (fast/tree.py, fast/verify.py) with the reference ones.
 
-Integer outputs are compared bit for bit through ``tests.equivalence.assert_equivalent``, on the random
+Integer outputs are compared bit for bit through ``tests.helpers.equivalence.assert_equivalent``, on the random
 drafted trees of tests/oracles/ (the reference ladder's), malformed trees, chains and single requests. The sampling
 verify's accept decisions are compared exactly; its bonus token is compared exactly except when the
 final uniform lies within ``BONUS_CDF_EPSILON`` of a CDF boundary of the residual (decided here, in
@@ -23,9 +23,9 @@ import reference.tree as ref_tree
 import reference.verify as ref_verify
 from reference.naive import build_tree_naive
 from fast.verify import BONUS_CDF_EPSILON
-from tests.equivalence import assert_equivalent, no_host_sync, raised
+from tests.helpers.equivalence import assert_equivalent, no_host_sync, raised
 from tests.helpers import FALSE_FAILURE_RATE, chi_square_pvalue
-from tests.oracles import (FAST_GRID, FIXED_TARGET, FULL_GRID, DraftedTree, drafted_case, emitted_sequences,
+from tests.helpers.oracles import (FAST_GRID, FIXED_TARGET, FULL_GRID, DraftedTree, drafted_case, emitted_sequences,
                            exact_fixed_tree_distribution, fixed_tree, sampling_inputs, target_predict_for, tree_shapes,
                            valid_build_args, valid_verify_inputs)
 

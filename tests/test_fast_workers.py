@@ -12,7 +12,7 @@ import torch
 import fast
 import reference
 from specdec import Engine, SamplingParams, SpecConfig
-from tests.equivalence import no_host_sync
+from tests.helpers.equivalence import no_host_sync
 from tests.helpers import (CyclingSpec, assert_same_as_baseline, check_sampling_is_lossless, logprob_params,
                            near_bigram_target, perfect_eagle, perfect_mtp)
 

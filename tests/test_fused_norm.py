@@ -11,7 +11,7 @@ import fast.norm
 import reference
 from specdec.models import random_llama
 from specdec.models.layers import RMSNorm
-from tests.equivalence import cached_decode, ops_module
+from tests.helpers.equivalence import cached_decode, ops_module
 
 IMPLS = [reference, fast]
 #: where the fast kernels run: compiled on a GPU, else under Triton's CPU interpreter (inputs are built on the CPU)

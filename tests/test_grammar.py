@@ -21,7 +21,7 @@ from specdec.checks import ArgumentTypeError
 from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, chi_square_pvalue, near_bigram_target, perfect_eagle, \
     perfect_mtp
 from tests.helpers import ZOO_WORKERS as WORKERS
-from tests.oracles import exact_joint_grammar, grammar_allowed, grammar_greedy_decode
+from tests.helpers.oracles import exact_joint_grammar, grammar_allowed, grammar_greedy_decode
 
 OPS = {"reference": reference.apply_token_bitmask, "naive": apply_token_bitmask_naive,
        "fast": fast.apply_token_bitmask}

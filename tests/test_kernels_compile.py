@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.kernel_inventory import ALLOWED_SPILLS, TOLERATED_STACK_BYTES, fast_kernels, spilling_kernels
+from tests.helpers.kernel_inventory import ALLOWED_SPILLS, TOLERATED_STACK_BYTES, fast_kernels, spilling_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="on a GPU every kernel is compiled for the real device by the fast tests themselves")
 def test_every_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "tests.gpu_compile_check"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=900)
+    run = subprocess.run([sys.executable, "-m", "tests.helpers.gpu_compile_check"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [r for r in (json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")) if "kernel" in r]
     compiled = {r["kernel"] for r in rows}

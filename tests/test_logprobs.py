@@ -33,8 +33,8 @@ from hypothesis import strategies as st
 from fast.logprobs import compute_spec_v2_logprobs as fast_compute
 from reference.logprobs import compute_spec_v2_logprobs as reference_compute
 from specdec.ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
-from tests.equivalence import no_host_sync
-from tests.oracles import random_logprob_case
+from tests.helpers.equivalence import no_host_sync
+from tests.helpers.oracles import random_logprob_case
 
 ATOL = 1e-5
 FMIN = torch.finfo(torch.float32).min  # as a Python float: exactly float32's finite minimum

@@ -12,7 +12,7 @@ from specdec.models.ngram import NgramDraft, NgramTrie, verify_input
 from specdec.zoo import corpus
 from tests.helpers import (FALSE_FAILURE_RATE, CyclingSpec, assert_same_as_baseline, chi_square_pvalue,
                            logprob_params, near_bigram_target)
-from tests.oracles import exact_joint
+from tests.helpers.oracles import exact_joint
 
 
 def test_ngram_prob_trees_decode_as_target_only(small, prompts, baseline):

@@ -15,11 +15,11 @@ from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models import random_eagle_head, random_llama, random_mtp
 from specdec.workers.graphs import DecodeGraphs
 from specdec.zoo.corpus import heldout_prompts
-from tests.equivalence import assert_equivalent
+from tests.helpers.equivalence import assert_equivalent
 from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, assert_same_as_baseline, bigram_target, \
     chi_square_pvalue, near_bigram_target, perfect_eagle, perfect_mtp
 from tests.helpers import ZOO_WORKERS as WORKERS
-from tests.oracles import exact_joint_penalised, penalised_greedy_decode
+from tests.helpers.oracles import exact_joint_penalised, penalised_greedy_decode
 
 OPS = {"reference": reference.apply_penalties_tree, "naive": apply_penalties_tree_naive,
        "fast": fast.apply_penalties_tree}

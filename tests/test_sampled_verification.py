@@ -23,9 +23,9 @@ from specdec.models.eagle3 import random_eagle3_head
 from specdec.models.llama import random_llama
 from specdec.models.ngram import NgramDraft
 from specdec.workers.graphs import DecodeGraphs
-from tests.equivalence import no_host_sync
+from tests.helpers.equivalence import no_host_sync
 from tests.helpers import FALSE_FAILURE_RATE, chi_square_pvalue
-from tests.oracles import exact_joint, exact_joint_grammar, exact_joint_penalised, tree_links
+from tests.helpers.oracles import exact_joint, exact_joint_grammar, exact_joint_penalised, tree_links
 
 SAMPLE = {"draft_sampling": "sample"}
 

@@ -13,8 +13,8 @@ import fast.sampling as fast_ops
 import reference
 from specdec import SamplingParams
 from specdec.sampling import SamplingTensors
-from tests.equivalence import assert_equivalent, no_host_sync
-from tests.oracles import oracle_softmax, oracle_top_k, oracle_top_p
+from tests.helpers.equivalence import assert_equivalent, no_host_sync
+from tests.helpers.oracles import oracle_softmax, oracle_top_k, oracle_top_p
 
 OPS = ("softmax_with_temperature", "top_k_renorm_prob", "top_p_renorm_prob")
 BOTH = pytest.mark.parametrize("ops", [reference, fast_ops], ids=["reference", "fast"])

@@ -17,7 +17,7 @@ import reference
 from specdec.kv_cache import KVCache
 from specdec.models import AttentionMetadata, random_eagle3_head, random_llama
 from specdec.models.layers import LlamaMLP
-from tests.equivalence import NO_LAUNCH, TorchCalls, cached_decode, ops_module, record_triton_launches
+from tests.helpers.equivalence import NO_LAUNCH, TorchCalls, cached_decode, ops_module, record_triton_launches
 
 IMPLS = [reference, fast]
 #: where the fast kernels run: compiled on a GPU, else under Triton's CPU interpreter (inputs are built on the CPU)

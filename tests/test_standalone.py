@@ -11,7 +11,7 @@ from specdec.models import random_llama
 from specdec.zoo import corpus
 from tests.helpers import (FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue, logprob_params,
                            near_bigram_target)
-from tests.oracles import exact_joint
+from tests.helpers.oracles import exact_joint
 
 SPECS = [SpecConfig(3, 1), SpecConfig(5, 4, 16), SpecConfig(4, 2, 7)]
 

@@ -12,7 +12,7 @@ from specdec.models.bigram import near_bigram_target, perfect_eagle
 from specdec.models.llama import random_draft_lm
 from specdec.token_map import check_token_map, load_token_map, rank_token_ids, save_token_map
 from tests.helpers import FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue, logprob_params
-from tests.oracles import exact_joint
+from tests.helpers.oracles import exact_joint
 
 V = 64
 

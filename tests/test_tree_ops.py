@@ -22,7 +22,7 @@ from reference.tree import (build_tree_kernel_efficient, max_num_draft_tokens, o
                             select_top_k_tokens)
 from reference.verify import tree_speculative_sampling_target_only, verify_tree_greedy
 from tests.helpers import PROPERTY_CI, PROPERTY_SLOW, assert_same_tensors, chi_square_pvalue
-from tests.oracles import (FAST_GRID, FIXED_TARGET, FULL_GRID, DraftedTree, drafted_case, emitted_sequences,
+from tests.helpers.oracles import (FAST_GRID, FIXED_TARGET, FULL_GRID, DraftedTree, drafted_case, emitted_sequences,
                            exact_fixed_tree_distribution, fixed_tree, sampling_inputs, target_predict_for,
                            tree_shapes, tree_structure)
 

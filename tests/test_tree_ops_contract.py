@@ -15,7 +15,8 @@ from reference.tree import (build_tree_kernel_efficient, max_num_draft_tokens, o
                             select_top_k_tokens)
 from reference.verify import tree_speculative_sampling_target_only, verify_tree_greedy
 from tests.helpers import assert_same_tensors
-from tests.oracles import DraftedTree, target_predict_for, target_probs_for, valid_build_args, valid_verify_inputs
+from tests.helpers.oracles import (DraftedTree, target_predict_for, target_probs_for, valid_build_args,
+                                   valid_verify_inputs)
 
 @pytest.mark.parametrize(
     "fast,naive",

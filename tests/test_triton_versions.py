@@ -20,7 +20,7 @@ def test_pyproject_bounds_are_the_checked_tritons():
     assert triton, "pyproject must bound triton from both sides"
     assert tuple(int(x) for x in triton.group(1).split(".")) == interpreter.MIN_TRITON
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "tests.triton_version_check 3.6.0" in ci  # the lower bound is checked in CI, not only claimed
+    assert "tests.helpers.triton_version_check 3.6.0" in ci  # the lower bound is checked in CI, not only claimed
 
 
 @pytest.mark.parametrize("version", ["3.6.0", "3.9.0", "3.10.0+git1234"])
@@ -46,7 +46,7 @@ def test_the_interpreter_check_names_tests_that_exist():
     import subprocess
     import sys
 
-    from tests.triton_version_check import INTERPRETER_TESTS
+    from tests.helpers.triton_version_check import INTERPRETER_TESTS
 
     run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                           *INTERPRETER_TESTS], cwd=ROOT, capture_output=True, text=True)

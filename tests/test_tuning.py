@@ -14,7 +14,7 @@ from specdec.models.eagle import random_eagle_head
 from specdec.tuning import AdaptiveShapes, Bucket, Candidate, TunedSpec, fingerprint, parameters_entry
 from tests.helpers import (FALSE_FAILURE_RATE, CyclingSpec, assert_same_as_baseline, chi_square_pvalue,
                            logprob_params)
-from tests.oracles import exact_joint
+from tests.helpers.oracles import exact_joint
 
 
 def tuned_for(target, draft, buckets: dict, adaptive=False, kind="eagle") -> TunedSpec:

@@ -13,7 +13,7 @@ from specdec.models import random_eagle_head, random_llama, random_mtp
 from specdec.checks import calls_are_trusted, trusted_calls
 from specdec.ops.contract import TreeAttentionPlan
 from specdec.workers import EagleWorkerV2, MultiLayerEagleWorkerV2
-from tests.equivalence import no_host_sync
+from tests.helpers.equivalence import no_host_sync
 from tests.helpers import (assert_same_as_baseline, bigram_target, logprob_params, near_bigram_target,
                            perfect_drafts_by_kind, perfect_eagle, perfect_mtp)
 

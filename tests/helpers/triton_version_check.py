@@ -2,13 +2,13 @@
 (3.6.0), beside the pinned one that the test suite uses. Two checks, each in a subprocess with that triton
 first on PYTHONPATH:
 
-1. every fast kernel compiles for sm_90 (`tests.gpu_compile_check`, the same assertions as
+1. every fast kernel compiles for sm_90 (`tests.helpers.gpu_compile_check`, the same assertions as
    `tests/test_kernels_compile.py`), in bf16 (the GPU run's dtype; every kernel is reached in it; the pinned
    triton's check in the test suite compiles fp32 and fp16 too);
 2. the fast ops run under its CPU interpreter (`INTERPRETER_TESTS`: every kernel module at least once, fast
    against the reference) instead of failing inside a kernel.
 
-    python -m tests.triton_version_check 3.6.0 [--dir DIR]
+    python -m tests.helpers.triton_version_check 3.6.0 [--dir DIR]
 
 triton==VERSION is installed with `pip install --no-deps --target DIR` (DIR defaults to a directory under the
 system temp dir that is reused, so a second run installs nothing, and pip's cache keeps the wheel), never
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Interpreted fast-vs-reference tests, small, that together launch every kernel module of `fast` (about 10 s).
 INTERPRETER_TESTS = [
     "tests/test_fast_logprobs.py::test_default_launch_with_an_empty_split_at_a_tiny_temperature",  # split + merge
@@ -71,9 +71,9 @@ def _env(target: Path, interpret: bool, cache: Path) -> dict:
 
 
 def check_compile(version: str, target: Path, cache: Path) -> list[str]:
-    from tests.kernel_inventory import ALLOWED_SPILLS, fast_kernels, spilling_kernels
+    from tests.helpers.kernel_inventory import ALLOWED_SPILLS, fast_kernels, spilling_kernels
 
-    run = subprocess.run([sys.executable, "-m", "tests.gpu_compile_check", "--dtypes", "bfloat16"], cwd=ROOT,
+    run = subprocess.run([sys.executable, "-m", "tests.helpers.gpu_compile_check", "--dtypes", "bfloat16"], cwd=ROOT,
                          env=_env(target, False, cache), capture_output=True, text=True)
     if run.returncode != 0:
         return [f"the sm_90 compile check failed under triton {version}:\n{run.stderr[-3000:]}"]
@@ -103,7 +103,8 @@ def check_interpreter(version: str, target: Path, cache: Path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.triton_version_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.helpers.triton_version_check",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("version", help="the triton version to check, e.g. 3.6.0")
     parser.add_argument("--dir", type=Path, default=None, help="where triton is installed (reused when present)")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """Compile every fast kernel for an NVIDIA H100/H200 (sm_90) without a GPU: a check that the kernels are
 valid compiled Triton, not only valid for Triton's CPU interpreter.
 
-Run as a script (`python -m tests.gpu_compile_check [--dtypes bfloat16,float32]`, TRITON_INTERPRET unset). A
+Run as a script (`python -m tests.helpers.gpu_compile_check [--dtypes bfloat16,float32]`, TRITON_INTERPRET unset). A
 stand-in driver reports an sm_90 target; each kernel launch compiles the kernel with exactly the signature,
 specialisation and constexprs a GPU run with the same arguments would, through Triton's own ptxas, and launches
 nothing (the ops' outputs are left uninitialised). Prints a JSON line with the triton version, then one per
@@ -191,7 +191,7 @@ def exercise_every_op(dtypes=None):
 
 def main(argv=None):
     import argparse
-    parser = argparse.ArgumentParser(prog="python -m tests.gpu_compile_check")
+    parser = argparse.ArgumentParser(prog="python -m tests.helpers.gpu_compile_check")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated, of {', '.join(DTYPES)}")
     names = parser.parse_args(argv).dtypes.split(",")
     unknown = [n for n in names if n not in DTYPES]

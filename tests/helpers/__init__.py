@@ -1,6 +1,6 @@
 """Shared test utilities: the logprob tolerance, one statistical test, model constructions, the comparison of a
 run with its target-only baseline, and the sampling-losslessness check. The independent oracles and the tree
-builders used as test inputs are in tests/oracles/."""
+builders used as test inputs are in tests/helpers/oracles/."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.models.bigram import bigram_target, near_bigram_target, perfect_eagle, perfect_mtp  # noqa: F401
 from specdec.tuning import ShapePolicy
-from tests.oracles import exact_joint
+from tests.helpers.oracles import exact_joint
 
 # Max abs difference allowed between two computations of the same logprob (fp32 logits).
 LOGPROB_ATOL = 1e-4
