@@ -1,6 +1,7 @@
-"""The conftest shim that lets fast-op tests pass CPU tensors on a GPU: it must reach every tensor an op
-takes or returns, including those of a frozen `TreeAttentionPlan` (held in its `tensors` dict), without
-mutating the frozen plan. Checked on any machine with the `meta` device standing in for CUDA."""
+"""The CUDA shim that lets fast-op tests pass CPU tensors on a GPU (`tests.helpers.cuda_shim`, installed by the
+conftest): it must reach every tensor an op takes or returns, including those of a frozen `TreeAttentionPlan` (held
+in its `tensors` dict), without mutating the frozen plan. Checked on any machine with the `meta` device standing in
+for CUDA."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +11,7 @@ import torch
 import reference
 from specdec.ops.logprob_types import LogitsOutput
 from specdec.ops.contract import TreeAttentionPlan
-from tests.conftest import _back, _map_tensors, _to
+from tests.helpers.cuda_shim import _back, _map_tensors, _to
 
 
 def _plan() -> TreeAttentionPlan:
