@@ -19,17 +19,19 @@ from .pytest_plugin import OUT_ENV
 from .runner import setup_failed
 
 #: The fast-path test files run compiled on a GPU (the CUDA-only ones among them included), goal tests first.
-GPU_TEST_SUBSET = ["tests/test_fast_logprobs.py", "tests/test_fast_parity.py", "tests/test_decode_graphs.py",
-                   "tests/test_worker_contracts.py::test_cuda_graph_replay_equals_eager", "tests/test_fast_workers.py",
-                   "tests/test_fast_attention.py", "tests/test_fast_tree_ops.py", "tests/test_sampling_ops.py",
-                   "tests/test_fast_kv.py", "tests/test_cuda_shim.py", "tests/test_ngram.py",
-                   "tests/test_standalone.py", "tests/test_draft_kinds.py", "tests/test_bandwidth_probe.py"]
-SMOKE_TEST_SUBSET = ["tests/test_cuda_shim.py"]
+GPU_TEST_SUBSET = ["tests/ops/test_fast_logprobs.py", "tests/ops/test_fast_parity.py",
+                   "tests/workers/test_decode_graphs.py",
+                   "tests/workers/test_worker_contracts.py::test_cuda_graph_replay_equals_eager",
+                   "tests/workers/test_fast_workers.py", "tests/ops/test_fast_attention.py",
+                   "tests/ops/test_fast_tree_ops.py", "tests/ops/test_sampling_ops.py", "tests/ops/test_fast_kv.py",
+                   "tests/ops/test_cuda_shim.py", "tests/workers/test_ngram.py", "tests/workers/test_standalone.py",
+                   "tests/engine/test_draft_kinds.py", "tests/gpu_check/test_bandwidth_probe.py"]
+SMOKE_TEST_SUBSET = ["tests/ops/test_cuda_shim.py"]
 #: The subset's tests that compile grammars: left out without xgrammar (the GPU image has none and installs
 #: nothing). By node id: `-k grammar` would also match every parameter id that prints `draft_grammar=False`.
-GRAMMAR_TESTS = ["tests/test_ngram.py::test_ngram_under_penalties_grammars_and_a_ragged_mixed_batch",
-                 "tests/test_ngram.py::test_a_grammar_batch_takes_no_round_trip_of_its_own",
-                 "tests/test_standalone.py::test_penalties_grammars_and_a_ragged_batch"]
+GRAMMAR_TESTS = ["tests/workers/test_ngram.py::test_ngram_under_penalties_grammars_and_a_ragged_mixed_batch",
+                 "tests/workers/test_ngram.py::test_a_grammar_batch_takes_no_round_trip_of_its_own",
+                 "tests/workers/test_standalone.py::test_penalties_grammars_and_a_ragged_batch"]
 LOSSLESS_DRAWS_ENV = "SPECDEC_LOSSLESS_DRAWS"
 GPU_LOSSLESS_DRAWS = 2000
 #: pytest-xdist workers on a GPU machine (compiles run in parallel; one GPU is shared).

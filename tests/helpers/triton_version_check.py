@@ -3,7 +3,7 @@
 first on PYTHONPATH:
 
 1. every fast kernel compiles for sm_90 (`tests.helpers.gpu_compile_check`, the same assertions as
-   `tests/test_kernels_compile.py`), in bf16 (the GPU run's dtype; every kernel is reached in it; the pinned
+   `tests/ops/test_kernels_compile.py`), in bf16 (the GPU run's dtype; every kernel is reached in it; the pinned
    triton's check in the test suite compiles fp32 and fp16 too);
 2. the fast ops run under its CPU interpreter (`INTERPRETER_TESTS`: every kernel module at least once, fast
    against the reference) instead of failing inside a kernel.
@@ -28,26 +28,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 #: Interpreted fast-vs-reference tests, small, that together launch every kernel module of `fast` (about 10 s).
 INTERPRETER_TESTS = [
-    "tests/test_fast_logprobs.py::test_default_launch_with_an_empty_split_at_a_tiny_temperature",  # split + merge
-    "tests/test_fast_logprobs.py::test_tree_at_maximum_size",
-    "tests/test_fast_tree_ops.py::test_chains_and_single_request",  # tree build and both verifies
-    "tests/test_fast_attention.py::test_fast_equals_reference[decode T=1, MQA-dtype1]",
-    "tests/test_fast_attention.py::test_rope_and_kv_write_equal_the_reference[8-2-128-1-5-dtype1]",
-    "tests/test_fast_kv.py::test_chain_of_overlapping_moves",
-    "tests/test_sampling_ops.py::test_example_from_the_design_top_k_then_top_p_over_the_renormalised_probs[fast]",
-    "tests/test_sampling_ops.py::test_fast_equals_reference[bf16-1-1]",
-    "tests/test_draft_ops.py::test_large_vocabulary_single_row",  # the heuristic's split + merge
-    "tests/test_draft_ops.py::test_a_split_of_only_minus_inf_or_below_exp_range[bf16]",
-    "tests/test_penalties.py::test_a_node_is_penalised_by_its_own_path[fast]",
-    "tests/test_grammar.py::test_the_op_equals_the_per_token_loop[4-33-fast]",
-    "tests/test_fast_rejection.py::test_sample_without_replacement_strict_boundaries",
-    "tests/test_fast_rejection.py::test_tree_rejection_exact_rules",
-    "tests/test_fast_rejection.py::test_chain_block_exact_rules",
-    "tests/test_fast_traversal.py::test_traversal_exact_rules",
-    "tests/test_fused_norm.py::test_rows_wider_than_a_block_are_walked_in_blocks[dtype1]",
-    "tests/test_silu_and_mul.py::test_rows_wider_than_a_block_are_split_between_programs",
-    "tests/test_bandwidth_probe.py::test_a_buffer_of_ones_sums_exactly_and_out_is_reused",  # gpu-check's read probe
-    "tests/test_argmax_finite.py::test_every_vocabulary_split_gives_the_same_pick[100]",  # greedy pick, split + merge
+    "tests/ops/test_fast_logprobs.py::test_default_launch_with_an_empty_split_at_a_tiny_temperature",  # split + merge
+    "tests/ops/test_fast_logprobs.py::test_tree_at_maximum_size",
+    "tests/ops/test_fast_tree_ops.py::test_chains_and_single_request",  # tree build and both verifies
+    "tests/ops/test_fast_attention.py::test_fast_equals_reference[decode T=1, MQA-dtype1]",
+    "tests/ops/test_fast_attention.py::test_rope_and_kv_write_equal_the_reference[8-2-128-1-5-dtype1]",
+    "tests/ops/test_fast_kv.py::test_chain_of_overlapping_moves",
+    "tests/ops/test_sampling_ops.py::test_example_from_the_design_top_k_then_top_p_over_the_renormalised_probs[fast]",
+    "tests/ops/test_sampling_ops.py::test_fast_equals_reference[bf16-1-1]",
+    "tests/ops/test_draft_ops.py::test_large_vocabulary_single_row",  # the heuristic's split + merge
+    "tests/ops/test_draft_ops.py::test_a_split_of_only_minus_inf_or_below_exp_range[bf16]",
+    "tests/engine/test_penalties.py::test_a_node_is_penalised_by_its_own_path[fast]",
+    "tests/engine/test_grammar.py::test_the_op_equals_the_per_token_loop[4-33-fast]",
+    "tests/ops/test_fast_rejection.py::test_sample_without_replacement_strict_boundaries",
+    "tests/ops/test_fast_rejection.py::test_tree_rejection_exact_rules",
+    "tests/ops/test_fast_rejection.py::test_chain_block_exact_rules",
+    "tests/ops/test_fast_traversal.py::test_traversal_exact_rules",
+    "tests/ops/test_fused_norm.py::test_rows_wider_than_a_block_are_walked_in_blocks[dtype1]",
+    "tests/ops/test_silu_and_mul.py::test_rows_wider_than_a_block_are_split_between_programs",
+    # gpu-check's read probe
+    "tests/gpu_check/test_bandwidth_probe.py::test_a_buffer_of_ones_sums_exactly_and_out_is_reused",
+    # greedy pick, split + merge
+    "tests/ops/test_argmax_finite.py::test_every_vocabulary_split_gives_the_same_pick[100]",
 ]
 
 

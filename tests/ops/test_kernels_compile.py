@@ -13,7 +13,7 @@ import torch
 
 from tests.helpers.kernel_inventory import ALLOWED_SPILLS, TOLERATED_STACK_BYTES, fast_kernels, spilling_kernels
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="on a GPU every kernel is compiled for the real device by the fast tests themselves")
 def test_every_kernel_compiles_for_sm90():

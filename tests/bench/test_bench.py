@@ -293,7 +293,7 @@ def test_target_step_times_trees_and_transformers(tmp_path):
     from pathlib import Path
 
     from specdec.bench.suites.target_step import TRANSFORMERS, main
-    tree = str(Path(__file__).resolve().parents[1])
+    tree = str(Path(__file__).resolve().parents[2])
     assert main(["--trees", tree, "--labels", "this", "--model", "stdlib-byte-6l", "--transformers", "--rounds", "1",
                  "--prompts", "1", "--tokens", "6", "--repeats", "1", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("target-step-*.csv")
@@ -308,7 +308,7 @@ def test_target_step_times_a_speculative_workers_step_and_refuses_a_bad_shape(tm
     from pathlib import Path
 
     from specdec.bench.suites.target_step import main
-    tree = str(Path(__file__).resolve().parents[1])
+    tree = str(Path(__file__).resolve().parents[2])
     assert main(["--trees", tree, "--labels", "this", "--model", "stdlib-byte-6l", "--draft", "eagle", "--spec",
                  "2,2,4", "--rounds", "1", "--prompts", "1", "--tokens", "32", "--repeats", "3",
                  "--out", str(tmp_path)]) == 0
@@ -432,7 +432,7 @@ def test_case_label_names_every_row_of_the_committed_acceptance_csvs():
     from pathlib import Path
 
     from specdec.bench.report.figures import case_label, load_results
-    df = load_results(Path(__file__).resolve().parent.parent / "results", "acceptance-*.csv")
+    df = load_results(Path(__file__).resolve().parents[2] / "results", "acceptance-*.csv")
     labels = df.apply(case_label, axis=1)
     tuned = df[(df.get("shape_policy") == "tuned") & (df["num_steps"] == 0)]
     assert len(tuned) > 0 and set(labels[tuned.index]) <= {"NGRAM tuned"}

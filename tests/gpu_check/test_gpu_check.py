@@ -22,7 +22,7 @@ from specdec.gpu_check import runner as gpu_runner, summary as gpu_summary
 from specdec.gpu_check.rows import E2E, ENVIRONMENT, KERNELS, TESTS
 from tests.helpers import write_gpu_rows
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = {ENVIRONMENT: gpu_rows.EnvironmentRow, KERNELS: gpu_rows.GpuKernelRow, E2E: gpu_rows.DecodeRow,
            TESTS: gpu_rows.TestRow}
 FAULTS = "e2e:2:raise,tests:1:hang,logprob_kernels:1:abort"
@@ -471,9 +471,9 @@ def test_every_entry_of_the_gpu_subset_names_tests_that_collect():
         collected = [line for line in done.stdout.splitlines() if "::" in line]
         for entry in subset:
             assert any(line.startswith(entry) for line in collected), entry
-    assert gpu_tests.missing_tests(["tests/test_workers.py::test_cuda_graph_replay_equals_eager",
-                                    "tests/no_such_file.py", "tests/test_cuda_shim.py"]) == [
-        "tests/test_workers.py::test_cuda_graph_replay_equals_eager", "tests/no_such_file.py"]
+    assert gpu_tests.missing_tests(["tests/workers/test_workers.py::test_cuda_graph_replay_equals_eager",
+                                    "tests/no_such_file.py", "tests/ops/test_cuda_shim.py"]) == [
+        "tests/workers/test_workers.py::test_cuda_graph_replay_equals_eager", "tests/no_such_file.py"]
 
 
 def test_without_xgrammar_the_gpu_tests_leave_the_grammar_tests_out(monkeypatch, tmp_path):

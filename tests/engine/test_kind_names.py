@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specdec.draft_kinds import DRAFT_KINDS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "specdec"
 
 #: user-facing defaults and names: a command's default or choice, the word a user types
