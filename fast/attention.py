@@ -202,7 +202,7 @@ def _launch_tree_attention(q, k_cache, v_cache, slots, cache_start, write_offset
         HEAD_DIM=D, GROUP=group, NUM_KV_HEADS=Hkv, HAS_TREE=tree_mask is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d, FP32_DOT=fp32_dot,
         # IEEE fp32 products run on the FMA units with whole tiles in registers: 8 warps and 16-key blocks
-        # keep them from spilling (tests/gpu_compile_check.py reports registers and spills for sm_90)
+        # keep them from spilling (tests/helpers/gpu_compile_check.py reports registers and spills for sm_90)
         num_warps=8 if fp32_dot else 4)
     out = torch.empty(B, T, Hq, D, dtype=q.dtype, device=device)
     tree_attention_merge_kernel[(B * Hq * T,)](

@@ -55,7 +55,7 @@ def tree_speculative_sampling_traversal(
 
     Exact (the emitted tokens follow the target's law) when each node's children were drawn from its q row without
     replacement and the tree's shape does not depend on the drawn tokens; on the trees checked (exact enumeration
-    of six shapes, tests/test_sampled_verification.py) it accepts at least as much as recursive rejection in
+    of six shapes, tests/workers/test_sampled_verification.py) it accepts at least as much as recursive rejection in
     expectation.
     """
     B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)

@@ -1,6 +1,6 @@
 """Property-based tests (hypothesis): acceptance patterns, batch compositions, sampling parameters and stop
 positions. The tree ops' properties (random tree shapes through the ladder) sit beside their ladders, in
-tests/test_tree_ops.py and tests/test_fast_tree_ops.py.
+tests/ops/test_tree_ops.py and tests/ops/test_fast_tree_ops.py.
 
 The CI examples are derandomized and few (each property a few seconds); `-m slow` runs the same
 properties with many more, freshly drawn examples. A failing example found here becomes a named

@@ -5,7 +5,7 @@ table, integers bit-equal), except the top-k ids where values tie: the reference
 ids in an unspecified order, the kernel smaller id first. There each fast id must carry, in the reference's
 own full logprob row, exactly the value the reference lists at that position (which forces the very same id
 wherever the value is not tied), and a row's ids must be distinct. The contract tests of
-``tests/test_logprobs.py`` (the float64 oracle, padded slots, temperatures by request, target-only rows) run on
+``tests/ops/test_logprobs.py`` (the float64 oracle, padded slots, temperatures by request, target-only rows) run on
 both ops through its `compute_spec_v2_logprobs` fixture; this file keeps what only the kernels have (vocabulary
 splits, the top-k cap, the ids loop, the launch heuristics). Under ``TRITON_INTERPRET=1`` the kernels run on CPU.
 """

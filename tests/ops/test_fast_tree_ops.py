@@ -1,12 +1,12 @@
 """Equivalence of the fast tree ops (fast/tree.py, fast/verify.py) with the reference ones.
 
 Integer outputs are compared bit for bit through ``tests.helpers.equivalence.assert_equivalent``, on the random
-drafted trees of tests/oracles/ (the reference ladder's), malformed trees, chains and single requests. The sampling
-verify's accept decisions are compared exactly; its bonus token is compared exactly except when the
+drafted trees of tests/helpers/oracles/ (the reference ladder's), malformed trees, chains and single requests. The
+sampling verify's accept decisions are compared exactly; its bonus token is compared exactly except when the
 final uniform lies within ``BONUS_CDF_EPSILON`` of a CDF boundary of the residual (decided here, in
 float64, independently of both ops), and the fast op's own law is tested exactly with the reference
-tests' chi-square machinery (the fixed tree's exact law in tests/oracles/, the chi-square test in
-tests/helpers.py).
+tests' chi-square machinery (the fixed tree's exact law in tests/helpers/oracles/, the chi-square test in
+tests/helpers/).
 """
 
 from __future__ import annotations

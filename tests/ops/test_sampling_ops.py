@@ -1,6 +1,6 @@
 """The target distribution's ops: softmax_with_temperature, top_k_renorm_prob, top_p_renorm_prob.
 
-Each path against the independent float64 Python oracle (tests/oracles/; ties, boundaries, V = 1, -inf
+Each path against the independent float64 Python oracle (tests/helpers/oracles/; ties, boundaries, V = 1, -inf
 logits), fast against reference through the one equivalence helper, no host sync, equal signatures, bad input,
 and the engine's composition of the three (order, and filters skipped when nobody asked).
 """

@@ -6,7 +6,7 @@ independent checks that do not use the code under test: the test drafts its own 
 every candidate's token path and fp32 path score itself, and derives the expected selection, parents,
 mask, positions, child/sibling links and the greedy accepted path from those paths; the sampling
 verify is checked against the exact distribution of sequential target sampling by a chi-square test.
-The drafting simulator, the fixed tree and its exact law live in tests/oracles/ (the fast tests use them too).
+The drafting simulator, the fixed tree and its exact law live in tests/helpers/oracles/ (the fast tests use them too).
 """
 
 from __future__ import annotations

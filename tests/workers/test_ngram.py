@@ -1,6 +1,6 @@
 """NGRAM drafting: the verify input, the trie's capacity, and the worker lossless against target-only decoding under
 every option (greedy tokens and logprobs, the exact distribution when sampling, penalties, grammars, ragged batches).
-SGLang's tree rules are tests/test_ngram_sglang_rules.py's."""
+SGLang's tree rules are tests/models/test_ngram_sglang_rules.py's."""
 import random
 from collections import Counter
 
@@ -278,7 +278,7 @@ def test_a_tuned_file_for_the_older_parameters_is_refused_by_name(small):
 @pytest.mark.parametrize("option", ["per-request", "sequence", "frequency", "prob"])
 def test_every_option_is_lossless_as_the_shape_switches(small, prompts, baseline, option):
     """Each toolkit option (and PROB) under an adaptive tuned spec whose policy runs a tree, no draft, a chain and
-    a narrow tree in turn: the output stays target-only's (SGLang's rules: tests/test_tuning.py)."""
+    a narrow tree in turn: the output stays target-only's (SGLang's rules: tests/engine/test_tuning.py)."""
     from specdec.ops.contract import NO_DRAFT
     from specdec.tuning import Bucket, Candidate, TunedSpec, fingerprint, parameters_entry
     draft = NgramDraft(**OPTIONS[option])
