@@ -1,6 +1,10 @@
-"""Shared test utilities: the logprob tolerance, one statistical test, model constructions, the comparison of a
-run with its target-only baseline, and the sampling-losslessness check. The independent oracles and the tree
-builders used as test inputs are in tests/helpers/oracles/."""
+"""Shared test utilities, the one package test modules import (they never import each other): here the logprob
+tolerance, one statistical test, model constructions, the comparison of a run with its target-only baseline, and
+the sampling-losslessness check. Beside them: `oracles/` (the independent oracles and the tree builders used as
+test inputs), `equivalence` (reference vs fast: one comparison, one tolerance table, the host-sync guard),
+`cuda_shim` (CPU tensors into fast ops on a GPU, installed by the conftest), `kernel_inventory`, and two scripts:
+`python -m tests.helpers.gpu_compile_check` (every kernel compiled for sm_90) and
+`python -m tests.helpers.triton_version_check VERSION` (CI's check under the GPU machine's triton)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
