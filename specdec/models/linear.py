@@ -104,7 +104,7 @@ class Linear(nn.Linear):
 
     def _mkl(self, x, rows: int):
         """F.linear's product. One row without a bias is torch.mv, the same BLAS gemv F.linear reaches (bitwise
-        equal, tests/test_models.py) without its 2-D reshapes and transposes: a third less time per call for the
+        equal, tests/models/test_models.py) without its 2-D reshapes and transposes: a third less time per call for the
         decode step's small products on this machine."""
         params = self._parameters
         if rows == 1 and params["bias"] is None:

@@ -149,7 +149,7 @@ def rope_table(head_dim: int, theta: float, scaling: tuple | None, device: torch
     built on the CPU and copied would carry the CPU's cos and sin, not the GPU's). That an element's value does not
     depend on where it sits in a long tensor was measured on the CPU, not assumed: torch 2.13 with the AVX512, AVX2
     and default kernels, 1 and 2 threads, head_dim 6 to 128, 7 to 40,000 positions, rows against (B, T) calls
-    (B, T up to 17) and single positions: no bit differs; tests/test_rope_table.py pins it.
+    (B, T up to 17) and single positions: no bit differs; tests/models/test_rope_table.py pins it.
 
     Never evicts, as `rope_tables`: a captured CUDA graph reads the table at every replay. An entry is
     length * 2 * head_dim floats (4 MiB for 4096 positions of head_dim 128) per model config, device and length."""

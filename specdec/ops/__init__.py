@@ -7,5 +7,5 @@ from the check vocabulary in `specdec.checks`.
 
 This package imports nothing of specdec but `specdec.checks`: never the engine, the workers, the models, the
 benchmarks or the zoo. `reference` and `fast` import from specdec only this package and `specdec.checks`
-(`tests/test_fast_parity.py` holds all three to it).
+(`tests/ops/test_fast_parity.py` holds all three to it).
 """

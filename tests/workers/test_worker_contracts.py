@@ -184,7 +184,7 @@ def test_padded_static_buffer_steps_equal_eager_steps(kind):
     params = [logprob_params(max_new=6 + 5 * i, temperature=0.9 * (i % 2), top_k=-1 if i < 3 else 4) for i in range(5)]
     eager = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96)
     base = eager.generate(prompts, params, seed=3)
-    padded = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96)
+    padded = Engine(target, draft, spec, impl="reference", max_batch=6, max_seq_len=96, preallocate=True)
     graphs = DecodeGraphs(padded.worker, capture=False)
     padded._decode = graphs.decode_step
     outs = padded.generate(prompts, params, seed=3)

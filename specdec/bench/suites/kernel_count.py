@@ -46,7 +46,7 @@ B), the epilogue (`finish_decode`: the logprob kernel) and the engine's packing 
 buffer it copies to the host (`HostStep.pack`). The counted step is a steady one, the second after the
 prefill: the first makes the bucket's buffers and copies the prefill's state in. `KERNEL_BUDGETS` holds the kernels
 of one whole step (body and eager ops) of each budgeted worker at B = 1 with impl="fast", and `EAGER_OPS_GOAL` the
-most eager ops such a step may issue; tests/test_kernel_count.py fails when a change exceeds either. The roofline
+most eager ops such a step may issue; tests/bench/test_kernel_count.py fails when a change exceeds either. The roofline
 goals are 220 kernels for target-only and 450 for EAGLE tree S5 K4 W16; the budgets only go down, towards them.
 """
 from __future__ import annotations
