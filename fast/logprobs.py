@@ -107,14 +107,14 @@ def scan_vocab(row_ptr, lo, hi, temp, SCALE: tl.constexpr, BLOCK_V: tl.constexpr
     or 0 while every column so far is -inf.
 
     The max is reduced over each tile, the sum kept per lane and reduced once at the end: one cross-warp
-    reduction per tile instead of two. On the H200 (results/gpu-check-20261204/logprob-sweep) that took 256 x
-    151,936 bf16 without scaling from 72 % to 84 % of the copy at 1024-wide tiles, 98 % at 2048; a per-lane max
-    too (two exps per value) was slower than either."""
+    reduction per tile instead of two. On the H200 that brought 256 x 151,936 bf16 without scaling closer to the
+    copy's bandwidth at 1024-wide tiles, closer still at 2048 (results/gpu-check-20261204/logprob-sweep/sweep.csv);
+    a per-lane max too (two exps per value) was slower than either."""
     # Without top-k the scan divides nothing: dividing by a positive temperature is monotone and so is its
     # rounding, so the scaled max is the raw max divided once (exactly torch's max of x / T), and each exponent
     # is (x - max) * (1 / T), whose rounding error is relative to the small difference, not to x / T. An IEEE
-    # division per value bound the H200 pass at 48 % of the copy. The top-k keys need every x / T as torch
-    # rounds it, so with top-k each value is divided.
+    # division per value held the H200 pass far below the copy's bandwidth (measured on the GPU, no CSV kept). The
+    # top-k keys need every x / T as torch rounds it, so with top-k each value is divided.
     inv_temp = 1.0
     if SCALE and not TOP_K:
         inv_temp = 1.0 / temp

@@ -79,9 +79,10 @@ class Part:
 #: Headline first: the goal parts (logprob kernels, end to end, graph identity) before the op sweep and the tests
 #: (which find Triton's cache warm from the parts before), and the other engines last: their compiles are the run's
 #: least predictable seconds, so they take what every other part left. Their budget is an estimate until a GPU run
-#: measures it: about 45 s per compile of the 1.5B model's decode forward (transformers' or Inductor's, cold caches,
-#: a 16-core host) with its process, model and timed generations, 15 s for the profile: 200 s for the five
-#: configurations, 120 s the most one may take; the H200 run of 2026-12-04 left about 200 s of its 540 unused.
+#: measures it: one compile of the 1.5B model's decode forward (transformers' or Inductor's, cold caches, a 16-core
+#: host) per configuration with its process, model and timed generations, and the profile: 200 s for the five
+#: configurations, 120 s the most one may take; what the H200 run of 2026-12-04 used of its deadline is in
+#: results/gpu-check-20261204/SUMMARY.md.
 PARTS = [
     Part("environment", 20, 20, 20, 20, (ENVIRONMENT, KERNELS), (), False, parts.run_environment,
          summary.environment_headline),

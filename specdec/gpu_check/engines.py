@@ -372,7 +372,7 @@ def run_inductor(out: Path, B: int, smoke: bool) -> None:
     from .roofline import target_reads
     t0 = time.perf_counter()
     s = _setup(out, B, smoke)
-    # smoke: Dynamo's trace and AOTAutograd as on the GPU, without Inductor's C++ build (about 35 s a shape on a CPU)
+    # smoke: Dynamo's trace and AOTAutograd as on the GPU, without Inductor's C++ build (slow on a CPU)
     backend = "aot_eager" if smoke else "inductor"
     compiled = torch.compile(s.target.forward, backend=backend, dynamic=False)
     cuda = s.device.type == "cuda"

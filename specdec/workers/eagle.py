@@ -41,9 +41,8 @@ class EagleWorkerV2(SpeculativeWorkerBase):
     #: the draft's decoder layers, each with its own KV cache layer
     draft_cache_layers = 1
     #: the most NO_DRAFT steps in a row the draft skips before one catch-up extend over them all (`catch_up_draft`):
-    #: a catch-up's cost grows slowly with k (the small pair at B = 1, one thread: 1.6 ms for 1 token, 2.4 ms for
-    #: 8, 3.6 ms for 32; `results/no-draft-20261204/catchup_cost.py`), so a long run of no-draft steps pays 0.11 ms
-    #: per step for it
+    #: a catch-up's cost grows slowly with k (the small pair at B = 1, one thread:
+    #: `results/no-draft-20261204/catchup_cost.txt`), so a long run of no-draft steps pays little per step for it
     max_skipped_steps = 32
 
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False,
