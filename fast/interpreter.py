@@ -27,6 +27,7 @@ MIN_TRITON = (3, 6)
 def require_supported_triton(version: str | None = None) -> None:
     """ImportError naming the version needed when triton is older than MIN_TRITON (pyproject's bound)."""
     if version is None:
+        # lazy: TRITON_INTERPRET must be set (fast/__init__) before triton is imported
         import triton
         version = triton.__version__
     numbers = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
@@ -65,6 +66,7 @@ def _squeeze_scalar_index() -> bool:
     ``int(array.squeeze())``; the language patch that sets it is wrapped here to do the same (a no-op change
     where triton already does). Returns whether the wrap is in place."""
     try:
+        # lazy: TRITON_INTERPRET must be set (fast/__init__) before triton is imported
         from triton.runtime import interpreter
     except ImportError:
         return False
@@ -86,6 +88,7 @@ def _squeeze_scalar_index() -> bool:
 def _interpret_language_functions() -> int:
     """Replace every compiled-mode JITFunction of triton.language (module attributes and tensor methods)
     by an InterpretedFunction of the same Python function. Returns how many were replaced."""
+    # lazy: TRITON_INTERPRET must be set (fast/__init__) before triton is imported
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction

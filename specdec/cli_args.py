@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from .draft_kinds import DRAFT_KINDS
+from .config import VERIFY_RULES as RULES
 
 
 def about(seconds: float) -> str:
@@ -73,7 +76,6 @@ DEVICE_HELP = "where the models run: auto (cuda when a CUDA device is present, e
 
 def device_choice(text: str) -> str:
     """'auto' | a torch device string whose device exists here -> the device to run on."""
-    import torch
     if text == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -100,7 +102,6 @@ def top_p_list(text: str) -> list[float]:
 
 def verify_rules_arg(text: str) -> list[str]:
     """'target_only,block' -> ['target_only', 'block'] (each a `SpecConfig.verify` rule)."""
-    from .config import VERIFY_RULES as RULES
     rules = [p.strip() for p in text.split(",")]
     bad = [r for r in rules if r not in RULES]
     if bad:

@@ -17,6 +17,10 @@ from .draft_kinds import DRAFT_KINDS, kind_of
 from .token_map import load_token_map
 from .tuning import TunedSpec, parse_spec, shape_name, shape_spec
 from .workers.step import HostStep, StepTransfer
+from .workers.graphs import DecodeGraphs
+from .workers.base import TargetOnlyWorker
+from .grammar import GrammarCompiler, grammar_stop_ids, require_xgrammar
+from .workers.shaping import EMPTY_BY_PENALTIES
 
 #: an engine that grows its caches (`Engine(preallocate=False)`) starts with this many rows of this many slots
 INITIAL_ROWS, INITIAL_LENGTH = 4, 256
@@ -176,7 +180,6 @@ class Engine:
         if self.tuned is not None:
             self._allow_tuned_shapes()
         if self.cuda_graphs:
-            from .workers.graphs import DecodeGraphs
             self._decode = DecodeGraphs(self.worker, capture=True).decode_step
         else:
             self._decode = self.worker.decode_step
@@ -241,13 +244,13 @@ class Engine:
     @staticmethod
     def _ops_module(impl):
         if impl == "fast":
+            # lazy: fast imports triton; reference imports specdec.ops, whose package imports this module
             import fast
             return fast
         import reference
         return reference
 
     def _make_worker(self, ops, max_batch, max_seq_len, return_original_logprob):
-        from .workers.base import TargetOnlyWorker
         if self.draft is None:
             if self.spec is not None:
                 raise ValueError("a SpecConfig was given without a draft model")
@@ -315,7 +318,6 @@ class Engine:
         params gets those among its stop ids, so that they end it ("stop") and min_new_tokens holds them back."""
         if not any(sp.has_grammar for sp in params):
             return None
-        from .grammar import GrammarCompiler, grammar_stop_ids, require_xgrammar
         first = next(i for i, sp in enumerate(params) if sp.has_grammar)
         if self.tokenizer is None:
             raise ValueError(f"request {first}: a json_schema, regex or ebnf needs the engine's vocabulary: pass "
@@ -502,7 +504,6 @@ class Engine:
 
 def _empty_row_error(request: int, params: SamplingParams, cause: int, num_out: int) -> str:
     """The `error` of a request whose next token's logits had nothing left to decode (`StepOutput.empty`)."""
-    from .workers.shaping import EMPTY_BY_PENALTIES
     banned = "a logit_bias of -inf" if params.logit_bias and -float("inf") in params.logit_bias.values() else ""
     held = f"min_new_tokens={params.min_new_tokens} (holding the stop ids back)" if params.min_new_tokens else ""
     penalties = " and ".join(x for x in (banned, held) if x) or "the penalties"

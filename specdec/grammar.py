@@ -34,6 +34,7 @@ GRAMMAR_FIELDS = {"json_schema": "compile_json_schema", "regex": "compile_regex"
 def require_xgrammar():
     """-> the xgrammar module; ImportError naming the extra when it is not installed."""
     try:
+        # lazy: xgrammar is optional (specdec[grammar])
         import xgrammar
     except ImportError:
         raise ImportError(f"structured output (json_schema, regex, ebnf) needs xgrammar: {GRAMMAR_EXTRA}") from None

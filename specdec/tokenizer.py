@@ -17,6 +17,7 @@ This module sits below the engine: it imports nothing of specdec but the argumen
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -58,6 +59,7 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
     lstrip_blocks, the loop-controls extension, `raise_exception`, `strftime_now` and a `tojson` that does not
     escape HTML; the template sees `messages`, `add_generation_prompt`, `tools` / `documents` (None) and the
     special tokens' strings (bos_token, eos_token, ...). A template that raises is a ValueError."""
+    # lazy: jinja2 is slow to import and only chat templates need it
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -71,7 +73,6 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt):
-        from datetime import datetime
         return datetime.now().strftime(fmt)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
@@ -126,6 +127,7 @@ class ByteTokenizer:
         return self.encode(text) if tokenize else text
 
     def xgrammar_info(self, vocab_size: int):
+        # lazy: xgrammar is optional (specdec[grammar])
         import xgrammar as xgr
         # 256 single bytes, then the specials as empty strings (xgrammar's mark of a special token)
         vocab = [bytes([i]) for i in range(256)] + [""] * (self.vocab_size - 256)
@@ -170,6 +172,7 @@ class HFTokenizer:
     @staticmethod
     def _tokenizers():
         try:
+            # lazy: tokenizers is slow to import and only tokenizer.json needs it
             from tokenizers import Tokenizer as _Tokenizer
         except ImportError:
             raise ValueError("reading tokenizer.json needs the `tokenizers` package (pip install tokenizers)") from None
@@ -209,6 +212,7 @@ class HFTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
     def xgrammar_info(self, vocab_size: int):
+        # lazy: xgrammar and transformers are optional
         import xgrammar as xgr
         from transformers import PreTrainedTokenizerFast
         # xgrammar reads a transformers tokenizer to learn how the vocabulary encodes bytes

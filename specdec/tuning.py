@@ -36,6 +36,7 @@ import torch
 
 from .config import SpecConfig
 from .ops.contract import NO_DRAFT
+from .draft_kinds import kind_of
 
 FORMAT = "specdec-tuned/1"
 Shape = tuple[int, int, int]
@@ -239,7 +240,6 @@ class TunedSpec:
 
     def check_pair(self, target, draft) -> None:
         """ValueError naming the field when this file was tuned for another target or draft."""
-        from .draft_kinds import kind_of
         kind = kind_of(draft).name
         if self.draft["kind"] != kind:
             raise ValueError(f"tuned file {self.path}: draft.kind is {self.draft['kind']!r}, but the draft given is "
@@ -313,7 +313,6 @@ def parse_spec(spec, draft=None):
             if draft is None:
                 raise ValueError(f"spec {spec!r}: a tuned spec needs the draft it was tuned with (its kind picks "
                                  f"the file)")
-            from .draft_kinds import kind_of
             where = shipped_file(where, kind_of(draft).name)
         return TunedSpec.load(where, adaptive=how == "adaptive")
     return spec

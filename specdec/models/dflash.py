@@ -238,6 +238,7 @@ def _decoder_defaults(raw: dict, where: str) -> dict:
         return {}
     model_type = raw.get("model_type") or "qwen3"
     try:
+        # lazy: transformers is optional
         from transformers import AutoConfig
     except ImportError:
         raise ValueError(f"{where}: no {missing[0]} (its default is transformers' {model_type} config's; "

@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .io import load_strict
+from .io import load_strict, save_dir
 from .llama import LlamaConfig, LlamaForCausalLM
+from ..tokenizer import HFTokenizer, load_tokenizer
 
 #: llama.cpp's `general.architecture` -> the Hugging Face model_type this loader maps it to. Mistral's GGUF files
 #: say "llama" (its sliding window is off in the files llama.cpp writes).
@@ -60,6 +61,7 @@ _CONTROL, _USER_DEFINED = 3, 4
 def read_gguf(path):
     """A GGUF file -> `gguf.GGUFReader` over it; a file that is missing, not GGUF, or truncated (a tensor reaching
     past its end) is a one-line ValueError naming it."""
+    # lazy: gguf is needed only to read GGUF files
     import gguf
 
     path = Path(path)
@@ -175,6 +177,7 @@ def gguf_state_dict(reader, config: LlamaConfig, path) -> dict[str, torch.Tensor
     """Every tensor, dequantised to fp32 by the `gguf` package, under Hugging Face's names, with attn_q / attn_k
     rows in Hugging Face's order (Llama files only: llama.cpp leaves Qwen's NEOX-style rows as they are). A tensor
     type the package cannot dequantise is a ValueError naming the tensor and the type."""
+    # lazy: gguf is needed only to read GGUF files
     from gguf import GGMLQuantizationType, dequantize
 
     sd = {}
@@ -205,6 +208,7 @@ def gguf_state_dict(reader, config: LlamaConfig, path) -> dict[str, torch.Tensor
 def _pre_tokenizer(pre: str | None):
     """llama.cpp's pre-tokenizer rule (`tokenizer.ggml.pre`) for the byte-level files this loader reads; the
     default is GPT-2's, which is what llama.cpp's "smollm" rule adds single digits to."""
+    # lazy: tokenizers is slow to import and only GGUF tokenizers need it
     from tokenizers import pre_tokenizers
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
@@ -220,6 +224,7 @@ def _pre_tokenizer(pre: str | None):
 def gguf_tokenizer_files(reader, path) -> tuple[dict, dict, list[int]]:
     """The file's tokenizer metadata -> (tokenizer.json as a dict, tokenizer_config.json as a dict, eos ids).
     A file without tokenizer metadata, or with a tokenizer other than byte-level BPE, is a ValueError."""
+    # lazy: tokenizers is slow to import and only GGUF tokenizers need it
     from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
     model = _field(reader, "tokenizer.ggml.model")
@@ -310,7 +315,6 @@ def convert_gguf(path, out) -> Path:
     """Convert a GGUF file into a Hugging Face directory `out` (fp32 weights; the tokenizer and chat template when
     the file has tokenizer metadata); written to a temporary directory beside it and renamed, so that a reader
     never sees half a directory."""
-    from .io import save_dir
 
     path, out = Path(path), Path(out)
     reader = read_gguf(path)
@@ -380,7 +384,6 @@ def load_gguf(path, device="cpu", dtype: torch.dtype = torch.float32, cache: boo
 def load_gguf_tokenizer(path, cache: bool = True, cache_dir=None):
     """A GGUF file's tokenizer (`specdec.tokenizer.HFTokenizer`: byte-level BPE from its vocabulary and merges,
     its special tokens, end-of-sequence ids and chat template)."""
-    from ..tokenizer import HFTokenizer, load_tokenizer
 
     if cache:
         out = cached_gguf_dir(path, cache_dir)

@@ -9,6 +9,7 @@ from .draft_common import DraftConfig, DraftModelBase, draft_config_like, random
 from .linear import Linear
 from .layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm, rope_cos_sin
 from .outputs import ModelOutput
+from .io import load_strict, read_config, read_state_dict
 
 
 class MTPLayer(LlamaDecoderLayer):
@@ -78,7 +79,6 @@ def mtp_from_target_dir(path, target, layout: str, num_layers: int | None = None
     layout, as an MTPDraftModel on `target`. num_layers: how many (default: the config's
     num_nextn_predict_layers). The decoder block follows the target's family (Qwen2 biases for MiMo...); each
     layer's own embedding and shared_head.head, when present, are not loaded: SGLang runs them with the target's."""
-    from .io import load_strict, read_config, read_state_dict
     if layout not in ("deepseek", "mimo"):
         raise ValueError(f"layout must be 'deepseek' or 'mimo', got {layout!r}")
     raw = read_config(path)

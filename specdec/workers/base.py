@@ -25,6 +25,7 @@ from ..sampling import RequestRNG, SamplingTensors, sample_from_probs
 from .shaping import LogitShaping
 from .step import StepOutput, finite_rows
 from .timing import PhaseTimer  # noqa: F401 (the benches import it from here)
+from ..grammar import GrammarBatch
 
 
 _NO_PHASE = contextlib.nullcontext()
@@ -120,7 +121,6 @@ class WorkerBase(LogitShaping):
         B = len(prompts)
         self.grammar = None
         if grammars is not None and any(g is not None for g in grammars):
-            from ..grammar import GrammarBatch
             self.grammar = GrammarBatch(list(grammars), self.vocab_size)
         self.params = list(params)
         self.slot_list = self.cache.alloc(B)
