@@ -10,7 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..config import SpecConfig
-from ..draft_kinds import DRAFT_KINDS, worker_label
+from ..draft_kinds import DRAFT_KINDS, worker_label, draft_kind
+from ..tuning import TunedSpec, shape_spec
 
 
 @dataclass(frozen=True)
@@ -43,20 +44,17 @@ class WorkerCase:
         """The draft this case runs: the kind's `draft`, with `draft_options` in place of its own fields."""
         if not self.draft_options or draft is None:
             return draft
-        import dataclasses
         return dataclasses.replace(draft, **dict(self.draft_options))
 
     @property
     def shape_policy(self) -> str:
         """"static" (one SpecConfig, or none), "tuned" or "adaptive" (a tuned file)."""
-        from ..tuning import TunedSpec
         if not isinstance(self.spec, TunedSpec):
             return "static"
         return "adaptive" if self.spec.adaptive else "tuned"
 
     def shape_at(self, batch_size: int):
         """The SpecConfig this case runs at `batch_size` (a tuned file's bucket shape; None without a draft)."""
-        from ..tuning import shape_spec
         if self.shape_policy == "static":
             return self.spec
         return shape_spec(self.spec.bucket(batch_size).shape)
@@ -74,7 +72,6 @@ class WorkerCase:
     def label(self) -> str:
         if self.is_peer:
             return peer_label(self.kind, self.prompt_lookup)
-        from ..draft_kinds import draft_kind
         options = " ".join(name if value is True else f"{name}={value}" for name, value in self.draft_options)
         if self.shape_policy != "static":  # "EAGLE tuned", "EAGLE adaptive": the shape moves with the batch
             return " ".join(filter(None, (draft_kind(self.kind).label, options, self.shape_policy)))

@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tqdm import tqdm
+
+from ..workers.base import PhaseTimer
+from ..config import SamplingParams
+from ..engine import Engine
 
 #: The commit a row records when set (`specdec gpu-check --commit`): a tree copied without .git has no other.
 COMMIT_ENV = "SPECDEC_COMMIT"
@@ -43,6 +48,7 @@ def environment(device) -> dict:
         except (OSError, subprocess.SubprocessError):
             commit = "unknown"
     try:
+        # lazy: triton is optional here (no triton on some machines) and never imported by specdec
         import triton
         triton_version = triton.__version__
     except ImportError:
@@ -176,8 +182,6 @@ def time_calls(fn: Callable, device, repeats: int, warmup: bool = True, sync_eac
     (robust on a shared machine; at one thread it is the call's own work). warmup: one untimed call first.
     sync_each=False queues the calls back to back on a GPU (events still bracket each): the device's time for the
     work a call launches, without the host's launch gap (a bandwidth probe, a graph replay)."""
-    from ..workers.base import PhaseTimer
-
     cuda = torch.device(device).type == "cuda"
     if warmup:
         fn()
@@ -204,9 +208,6 @@ def target_only_batch_seconds(target, prompts, batch_sizes, max_new_tokens: int,
     """Batch size B -> process CPU seconds a batch of B of `prompts` takes to decode `max_new_tokens` target-only,
     measured now (what the long commands' estimates price every decode at): after a warm-up, a decode of one token
     (the prefill) and one of probe_tokens + 1, extrapolated linearly in the tokens."""
-    from ..config import SamplingParams
-    from ..engine import Engine
-
     max_len = max(len(p) for p in prompts) + max(max_new_tokens, probe_tokens + 1) + 8
     out = {}
     for B in batch_sizes:
@@ -226,15 +227,12 @@ def target_only_batch_seconds(target, prompts, batch_sizes, max_new_tokens: int,
 def progress_bar(total: int, desc: str, unit: str = "decode", disable: bool = False):
     """The long commands' tqdm bar, on stderr (their results go to stdout), refreshed at most every half second; off
     where stderr is no terminal (a log file keeps the results' lines, without the bar's carriage returns)."""
-    from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=0.5,
                 disable=True if disable else None)
 
 
 def above_bar(write: Callable = print) -> Callable:
     """`write` (print, a log function) wrapped so that its lines land above the active tqdm bars, not through them."""
-    from tqdm import tqdm
-
     def say(*args, **kwargs):
         with tqdm.external_write_mode():
             write(*args, **kwargs)

@@ -17,6 +17,7 @@ class HFGenerate:
     without any it decodes exactly max_new_tokens, the model's own EOS held back (`min_new_tokens`)."""
 
     def __init__(self, target_dir, prompt_lookup: int = 0, device="cpu", assistant_dir=None):
+        # lazy: transformers is optional (specdec[bench])
         from transformers import LlamaForCausalLM
         from transformers.utils import logging
 

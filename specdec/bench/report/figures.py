@@ -6,9 +6,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...draft_kinds import DRAFT_KINDS, worker_label
+from ..cases import kind_of_label, peer_label
+from ...config import SpecConfig
+
 
 def _pyplot():
     """matplotlib's pyplot on the Agg backend (files only, no display)."""
+    # lazy: matplotlib is slow to import and only the figures need it
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -17,6 +22,7 @@ def _pyplot():
 
 def _save(fig, out_png, rect=None) -> Path:
     """Lays out, writes and closes `fig` -> its path."""
+    # lazy: matplotlib is slow to import and only the figures need it
     import matplotlib.pyplot as plt
     fig.tight_layout(rect=rect)
     fig.savefig(out_png, dpi=110)
@@ -51,8 +57,6 @@ def read_results(path) -> pd.DataFrame:
     if "suite" not in df:
         df.insert(0, "suite", suite_of_name(path))
     if "label" not in df and "worker" in df and len(df):
-        from ...draft_kinds import DRAFT_KINDS
-        from ..cases import kind_of_label
         kinds = df["worker"].astype(str)
         if kinds.isin(["target-only", *DRAFT_KINDS]).all() or kinds.str.startswith("hf-").any():
             label = df.apply(case_label, axis=1)
@@ -67,9 +71,6 @@ def read_results(path) -> pd.DataFrame:
 def case_label(row) -> str:
     """A CSV row's worker, named as everywhere else (`WorkerCase.label`: `specdec.draft_kinds.worker_label`;
     peers as `transformers ...`), from its draft kind and shape."""
-    from ...config import SpecConfig
-    from ...draft_kinds import worker_label
-    from ..cases import peer_label
     if str(row["worker"]).startswith("hf-"):
         return peer_label(row["worker"], int(row.get("prompt_lookup_num_tokens", 0) or 0))
     if row["worker"] == "target-only":

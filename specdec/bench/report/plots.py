@@ -8,6 +8,7 @@ import pandas as pd
 
 from .figures import _pyplot, _save, read_results
 from .gpu_plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
+from ...draft_kinds import draft_kind
 
 
 def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
@@ -76,6 +77,7 @@ def plot_kernels(df: pd.DataFrame, out_png):
     one line per (impl, dtype). Error bars are the p20-p80 spread of the repeats."""
     plt = _pyplot()
 
+    # lazy: matplotlib is slow to import and only the figures need it
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     lp = df[(df["op"] == "compute_spec_v2_logprobs") & (df["top_logprobs_num"] == df["top_logprobs_num"].max())]
@@ -125,6 +127,7 @@ def plot_e2e(df: pd.DataFrame, out_png):
     bars p20-p80 of the repeats. Bottom row: the time of one decode step split into its phases (eager rows
     at the smallest batch size, one bar per worker and impl)."""
     plt = _pyplot()
+    # lazy: matplotlib is slow to import and only the figures need it
     from matplotlib.ticker import NullLocator
 
     df = df.copy()
@@ -305,7 +308,6 @@ def plot_tune(df: pd.DataFrame, out_png):
 def plot_draft_vocab(df: pd.DataFrame, out_png):
     """`specdec bench --suite draft-vocab`: per draft and draft vocabulary, tokens per step (left) and CPU tokens/s
     against target-only (right), both against the draft phase's milliseconds per step; one line per draft."""
-    from ...draft_kinds import draft_kind
     plt = _pyplot()
     if "worker" not in df:  # written before the suite ran several drafts: the EAGLE-3 head's
         df = df.assign(worker=["" if n == 0 else "eagle3" for n in df["draft_vocab_size"]])

@@ -15,6 +15,9 @@ import pandas as pd
 from ...draft_kinds import draft_kind
 from ..suites.verify_rules import verify_rules_section
 from .figures import read_results
+from .tables import accepts_more_table, goals_table, results_table
+from ..tune.search import held_out_ratio
+from ..suites.penalties import penalties_table
 
 #: the manifest of current results, relative to the repository root
 MANIFEST = Path("results") / "current.json"
@@ -50,7 +53,6 @@ def machine_line(df: pd.DataFrame) -> str:
 
 
 def acceptance_section(path: Path) -> list[str]:
-    from .tables import accepts_more_table, goals_table, results_table
     df = read_results(path)
     out = [results_table(df)]
     goals = goals_table(df)
@@ -84,7 +86,6 @@ def heads_section(path: Path) -> list[str]:
 
 
 def tune_section(path: Path) -> list[str]:
-    from ..tune.search import held_out_ratio
     df = pd.read_csv(path)
     check = df[df["source"] == "check"]
     head = ["prompts", "B", "tuned shape", "tuned tok/cpu-s", "best of the grid", "tuned / best",
@@ -119,7 +120,6 @@ def tune_section(path: Path) -> list[str]:
 
 
 def penalties_section(path: Path) -> list[str]:
-    from ..suites.penalties import penalties_table
     df = pd.read_csv(path, keep_default_na=False, dtype={"commit": str, "run_id": str})
     return [penalties_table(df)]
 

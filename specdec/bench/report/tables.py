@@ -8,6 +8,9 @@ from pathlib import Path
 import pandas as pd
 
 from .figures import read_results
+from ... import zoo
+from ...draft_kinds import DRAFT_KINDS
+from ..suites.penalties import penalties_table
 
 
 def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
@@ -109,7 +112,6 @@ REAL_TARGET_GOALS = (
 
 def goals_for(df: pd.DataFrame) -> tuple:
     """The goals a CSV is held to: a real target's (`REAL_TARGET_GOALS`) or the zoo pairs' (`GOALS`)."""
-    from ... import zoo
     models = set(df["model"].astype(str)) if "model" in df else set()
     return REAL_TARGET_GOALS if models & set(zoo.REAL_TARGETS) else GOALS
 
@@ -152,7 +154,6 @@ STANDALONE_KIND = "draft_lm"
 
 
 def _trained_head_kinds() -> list[str]:
-    from ...draft_kinds import DRAFT_KINDS
     return [name for name, kind in DRAFT_KINDS.items() if name != STANDALONE_KIND and not kind.untrained]
 
 
@@ -233,7 +234,6 @@ def print_report(csv_path) -> int:
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     if path.name.startswith("penalties-"):
-        from ..suites.penalties import penalties_table
         df = pd.read_csv(path, keep_default_na=False, dtype={"commit": str, "run_id": str})
         info = df.iloc[0]
         repeats = next((r for r in df["repeats"] if r != ""), "?")

@@ -23,6 +23,10 @@ from ..cases import (ASSISTED_CASE, CASES, NGRAM_OPTION_CASES, PEER_CASES, Worke
 from ...cli_args import about
 from ..common import (DTYPES, Run, RunRow, above_bar, cpu_model, dtype_name, median_of, progress_bar, quantile,
                      target_only_batch_seconds)
+from ...workers.base import PhaseTimer
+from ..peers import HFGenerate
+from ...models.linear import cpu_linear_summary as linear_summary
+from ...tuning import names_a_pair, shipped_files, shipped_names, TunedSpec
 
 #: the phases of a decode step that are model forwards (drafting, the draft's extend, the target's verify)
 FORWARD_PHASES = ("draft", "draft_extend", "verify_forward")
@@ -122,7 +126,6 @@ def _forward_pass(runner, batches, params, tick=None):
     took another process's burst whole (a bound below the measured speedup, in an idle-machine run)."""
     if not isinstance(runner, Engine):
         return None
-    from ...workers.base import PhaseTimer
     worker = runner.worker
     worker.timer = PhaseTimer(worker.device, clock=time.process_time)
     steps = 0
@@ -210,7 +213,6 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
     """
     if not cases or cases[0].kind != "target-only":
         raise ValueError("the first benchmark case must be target-only (the speedup baseline)")
-    from ...models.linear import cpu_linear_summary as linear_summary
     run = Run("acceptance", target.device)
     env_cpu = cpu_model()
     rows = []
@@ -233,7 +235,6 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                 if c.is_peer:
                     key = (c.kind, c.prompt_lookup)
                     if key not in peers:
-                        from ..peers import HFGenerate
                         assistant = assistant_dir if c.kind == "hf-assisted" else None
                         peers[key] = HFGenerate(peer_dir, prompt_lookup=c.prompt_lookup, device=target.device,
                                                 assistant_dir=assistant)
@@ -312,7 +313,6 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
 def tuned_paths(values: list[str], pair: str) -> list[Path]:
     """`--tuned` values: a file's path, or the bench's pair name for every tuned file shipped for that pair
     (`specdec.tuning.shipped_files`); a one-line ValueError for another pair's name or a pair with none."""
-    from ...tuning import names_a_pair, shipped_files, shipped_names
     out = []
     for value in values:
         if not names_a_pair(value):
@@ -352,6 +352,7 @@ def main_bench(args) -> int:
     (`specdec.zoo.chat_prompts`, rendered by its chat template) and stops at its tokenizer's EOS ids, as generation
     does; the transformers peers stop at the same ids and load the same weights, from the directory its GGUF file
     was converted into (`cached_gguf_dir`)."""
+    # lazy: the CLI imports this module at start; the zoo, the report (pandas) and transformers load on use
     from ... import zoo
     from ...zoo.corpus import heldout_prompts
     from ..report.figures import load_results
@@ -380,7 +381,6 @@ def main_bench(args) -> int:
             shapes == "demo" or c.spec == DRAFT_KINDS[c.kind].default_spec(drafts[c.kind])))]
     cases = with_verify_rules(cases, args.verify)
     for path in tuned_paths(args.tuned or [], bundle.name):
-        from ...tuning import TunedSpec
         tuned = TunedSpec.load(path)
         if tuned.draft["kind"] not in drafts:
             drafts[tuned.draft["kind"]] = getattr(bundle, tuned.draft["kind"])
@@ -418,7 +418,6 @@ def draft_step_cost(target, eagle_head, prompts, max_new_tokens=32, num_steps=5,
     EAGLE chain of `num_steps` (S - 1 per step inside the draft phase, with their top-K and tree bookkeeping,
     so the figure errs high); the target-only step is the difference of a long and a short decode, so the
     prefill cancels."""
-    from ...workers.base import PhaseTimer
     params = SamplingParams(max_new_tokens=max_new_tokens)
     max_len = max(len(p) for p in prompts) + max_new_tokens + 64
     base = Engine(target, max_batch=1, max_seq_len=max_len, impl="reference")

@@ -12,6 +12,11 @@ from pathlib import Path
 import torch
 
 from .acceptance import draft_step_cost
+from ... import zoo
+from ...draft_kinds import DRAFT_KINDS
+from ...zoo.corpus import heldout_prompts
+from ...zoo.train.card import MODEL_CARD, read_card, render_model_cards, write_card
+from ...zoo import WEIGHTS_DIR, names
 
 
 def step_cost(target, draft, prompts) -> dict:
@@ -34,10 +39,6 @@ def record_step_costs(out, name: str, kinds=None, num_prompts: int = 4, log=prin
     """Measure the step cost of each of `kinds` (default: every kind whose stage has `card_cost`) that the pair
     `name` under the weights root `out` has trained, and store it as `card.json`'s training[kind]["step_cost"].
     -> {kind: cost}. Prompts: `num_prompts` held-out prompts of 64 bytes."""
-    from ... import zoo
-    from ...draft_kinds import DRAFT_KINDS
-    from ...zoo.corpus import heldout_prompts
-    from ...zoo.train.card import read_card, write_card
     out = Path(out)
     card = read_card(out, name)
     if not card:
@@ -59,7 +60,6 @@ def record_step_costs(out, name: str, kinds=None, num_prompts: int = 4, log=prin
 
 def record_trained_step_costs(out, name: str, stages, num_prompts: int) -> None:
     """`specdec zoo train`'s step after training: the step costs of the stages just trained whose card states one."""
-    from ...draft_kinds import DRAFT_KINDS
     kinds = [k for k in stages if k in DRAFT_KINDS and DRAFT_KINDS[k].zoo and DRAFT_KINDS[k].zoo.card_cost]
     if kinds:
         record_step_costs(out, name, kinds, num_prompts)
@@ -68,8 +68,6 @@ def record_trained_step_costs(out, name: str, stages, num_prompts: int) -> None:
 def main_draft_cost(args) -> int:
     """`specdec bench --suite draft-cost`: re-measure the shipped pairs' card costs (`--model`, auto: every pair) and
     rewrite their cards and MODEL_CARD.md."""
-    from ...zoo import WEIGHTS_DIR, names
-    from ...zoo.train.card import MODEL_CARD, read_card, render_model_cards
     for name in names() if args.model == "auto" else [args.model]:
         record_step_costs(WEIGHTS_DIR, name, num_prompts=args.num_prompts)
     MODEL_CARD.write_text(render_model_cards([read_card(WEIGHTS_DIR, n) for n in names()]))

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ... import Engine, SamplingParams
+from ... import Engine, SamplingParams, zoo
 from ...draft_kinds import DRAFT_KINDS, draft_kind
 from .acceptance import _forward_pass, _measure
 from ..common import DTYPES, Run, RunRow, dtype_name, median_of, progress_bar
+from ...zoo.chat_prompts import chat_prompt_ids
+from ..report.plots import plot_csv
 
 #: the vocabularies the suite runs when none are given (None: the target's whole vocabulary)
 DEFAULT_SIZES = (None, 32768, 16384, 8192, 4096)
@@ -147,9 +149,6 @@ def run_draft_vocab(bundle, sizes, prompts, max_new_tokens: int, repeats: int, s
 def main_draft_vocab(args) -> int:
     """`specdec bench --suite draft-vocab --model NAME`: held-out chat prompts (--num-prompts, --max-new-tokens,
     --repeats), written to args.out."""
-    from ... import zoo
-    from ...zoo.chat_prompts import chat_prompt_ids
-
     if args.model not in zoo.REAL_TARGETS:
         raise ValueError(f"--suite draft-vocab runs a real target's drafts: --model one of "
                          f"{sorted(zoo.REAL_TARGETS)}, got {args.model!r}")
@@ -157,6 +156,5 @@ def main_draft_vocab(args) -> int:
     prompts = chat_prompt_ids(bundle.tokenizer, "heldout", args.num_prompts, seed=0)
     path = run_draft_vocab(bundle, args.vocab_sizes or DEFAULT_SIZES, prompts, args.max_new_tokens, args.repeats,
                            bundle.tokenizer.eos_token_ids, args.out, kinds=args.workers)
-    from ..report.plots import plot_csv
     print(f"wrote {path} and {plot_csv(path)}")
     return 0

@@ -14,10 +14,15 @@ from pathlib import Path
 
 import torch
 
-from ... import Engine, SamplingParams
+from ... import Engine, SamplingParams, zoo
 from ...workers.base import PhaseTimer
 from ..cases import CASES, by_kind
 from ..common import Run, RunRow, dtype_name, quantile
+from ...zoo.corpus import heldout_prompts
+from ...models import random_llama
+from ...draft_kinds import DRAFT_KINDS
+from ..report.figures import load_results
+from ..report.plots import plot_e2e
 
 PHASES = ("draft", "verify_forward", "verify", "logprobs", "draft_extend")
 #: (impl, cuda_graphs) in the order measured; graphs only where there is CUDA.
@@ -74,9 +79,6 @@ class E2EModel:
 
 
 def shipped_model(num_prompts: int, prompt_len: int, device, dtype=torch.float32) -> E2EModel:
-    from ... import zoo
-    from ...zoo.corpus import heldout_prompts
-
     b = zoo.load(zoo.SMALL_NAME)
     cast = dict(device=device, dtype=dtype)
     drafts = {kind: draft.to(**cast) for kind, draft in b.drafts.items()}
@@ -86,8 +88,6 @@ def shipped_model(num_prompts: int, prompt_len: int, device, dtype=torch.float32
 def random_1b_target(device, dtype=torch.bfloat16):
     """A random Llama with Llama-3.2-1B's shapes (hidden 2048, 16 layers, 32 heads / 8 KV heads, MLP 8192,
     V 128,256), drawn on `device`."""
-    from ...models import random_llama
-
     return random_llama(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                         num_attention_heads=32, num_key_value_heads=8, seed=0, dtype=dtype, device=device,
                         max_position_embeddings=4096)
@@ -95,8 +95,6 @@ def random_1b_target(device, dtype=torch.bfloat16):
 
 def random_1b_model(num_prompts: int, prompt_len: int, device, dtype=torch.bfloat16) -> E2EModel:
     """`random_1b_target` with a random draft of every kind that runs in the e2e suite (`DraftKind.random_draft`)."""
-    from ...draft_kinds import DRAFT_KINDS
-
     target = random_1b_target(device, dtype)
     gen = torch.Generator().manual_seed(1)
     prompts = torch.randint(128256, (num_prompts, prompt_len), generator=gen).tolist()
@@ -187,9 +185,6 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
 
 def main_e2e(args) -> int:
     """`specdec bench --suite e2e`."""
-    from ..report.figures import load_results
-    from ..report.plots import plot_e2e
-
     device = args.device
     sizes = tuple(args.batch_sizes) if args.batch_sizes else (1, 8, 32)
     path = run_e2e_benchmark(device, batch_sizes=sizes, max_new_tokens=args.max_new_tokens,

@@ -23,6 +23,7 @@ from ...config import SamplingParams, SpecConfig
 from ...engine import Engine
 from ..cases import CASES, WorkerCase, offered_cases
 from ..common import Run, RunRow, median_of, quantile
+from ...grammar import GrammarBatch
 
 #: The schema the tests and this benchmark decode: a string, an integer and an enum field.
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -135,6 +136,7 @@ def fill_walk(m, cand, nt, ns, rows):
 
 def fill_fork_batch(m, cand, nt, ns, rows, batch=None):
     """A fork per node (the parent's fork accepting the node's token), then one batch fill over the forks."""
+    # lazy: xgrammar is optional
     import xgrammar as xgr
     cand, nt, ns = cand.tolist(), nt.tolist(), ns.tolist()
     forks, index, stack = [], [], [(0, m.fork())]
@@ -162,7 +164,6 @@ def fill_rows(run: Run, bundle, model: str, max_new_tokens: int) -> list[FillRow
     method on each of them."""
     engine = _engine(bundle, WorkerCase("eagle", SpecConfig(5, 4, 16)), False)
     taken = []
-    from ...grammar import GrammarBatch
     original = GrammarBatch.fill_tree
 
     def recording(self, candidates, next_token, next_sibling):

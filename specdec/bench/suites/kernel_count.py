@@ -62,6 +62,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..common import Run, RunRow, dtype_name
+from ...models import random_llama
+from ...draft_kinds import draft_kind, worker_label
+from ... import Engine, SamplingParams
+from ...engine import HostStep
+from ...workers.graphs import DecodeGraphs
+from ..cases import CASES, by_kind
 
 #: The whole step's kernels (the graph's body + the eager ops around it) at B = 1, impl="fast", measured; a budget
 #: is the measurement rounded up to a multiple of 10 unless the budget before was lower. Lower a budget when a change
@@ -209,6 +215,7 @@ def _kernel_classes() -> list[type]:
     where triton has it, the interpreter's InterpretedFunction. An autotuner's `run` calls its function's, so it
     is counted there, once."""
     try:
+        # lazy: triton is imported only through fast, on use
         from triton.runtime.jit import JITFunction
     except ImportError:
         return []
@@ -252,8 +259,6 @@ def e2e_structure_target(width: int = 64, vocab_size: int = 512, dtype=torch.bfl
     """A random Llama with `e2e.random_1b_target`'s structure (16 layers, MLP 4x the hidden size, GQA groups of 4,
     untied embeddings) at hidden size `width`, with at least 4 heads (one KV head): hidden 64 has heads of 16 lanes,
     the smallest Triton's tiles take."""
-    from ...models import random_llama
-
     heads = max(E2E_GQA_GROUP, width // E2E_HEAD_DIM)
     if width % heads:
         raise ValueError(f"width {width} must be a multiple of {heads} heads")
@@ -268,7 +273,6 @@ def _draft_and_spec(worker_kind: str, target, spec):
         if spec is not None:
             raise ValueError("target-only takes no spec")
         return None, None
-    from ...draft_kinds import draft_kind
 
     kind = draft_kind(worker_kind)
     draft = kind.new_random_draft(target)
@@ -290,12 +294,8 @@ def count_step_kernels(worker_kind: str = "target-only", batch_size: int = 1, im
     `body_kernels` (the graph's) and `eager_ops` (the launches outside it), `host_reads` (in the body), `by_op`
     (Counter of the step's launches by name), `body_by_op` and `eager_by_op` (the two parts'), and `label` / `spec`
     of the worker."""
-    from ... import Engine, SamplingParams
-    from ...draft_kinds import worker_label
-    from ...engine import HostStep
-    from ...workers.graphs import DecodeGraphs
-
     if impl == "fast":
+        # lazy: fast imports triton
         import fast
         if not fast.INTERPRETED:  # compiled kernels would be handed the CPU model's tensors
             raise ValueError("impl='fast' is counted under Triton's CPU interpreter, which is off in this process "
@@ -372,9 +372,6 @@ class KernelCountRow(RunRow):
 
 def worker_cases(kinds) -> list:
     """`cases.CASES` of the named kinds ("target-only", "eagle", ...): each kind's e2e shapes, else its demo ones."""
-    from ...draft_kinds import draft_kind
-    from ..cases import CASES, by_kind
-
     cases = []
     for kind in kinds:
         if kind != "target-only":

@@ -18,6 +18,9 @@ import torch
 
 from ...ops.logprob_types import LogitsOutput, SamplingInfo, SpecBatch
 from ..common import Run, RunRow, dtype_name, quantile, time_calls, time_in_turn
+import reference
+from ..report.figures import load_results
+from ..report.plots import plot_kernels
 
 
 @dataclass
@@ -94,6 +97,7 @@ def logprob_launches(logits, predict, accept, temps, top_k, copies: int, num_spl
     """The fused logprob kernels' launches (`fast.logprobs.compute_spec_v2_logprobs_launch`) over `copies`
     copies of the logits (the first is `logits` itself), with the launch arguments the op passes; `num_splits`
     forces the vocabulary split count (None: the op's heuristic)."""
+    # lazy: fast imports triton
     import triton
 
     from fast.logprobs import compute_spec_v2_logprobs_launch
@@ -125,8 +129,6 @@ def sampling_cases(B, T, V, dtype, device, gen) -> list[OpCase]:
 
 def tree_cases(B, V, device, gen) -> list[OpCase]:
     """Tree build and both verifies for the EAGLE tree (S, K, W) = (5, 4, 16), drafted by the reference."""
-    import reference
-
     S, K, W = 5, 4, 16
     score_list, token_list, parents_list = [], [], []
     topk_p = torch.rand(B, K, generator=gen, device=device).sort(-1, descending=True).values
@@ -264,8 +266,6 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
                          vocab_sizes=None, dtypes=(torch.bfloat16, torch.float32), top_logprobs_nums=(0, 5),
                          repeats=20, out_dir="results", progress=print) -> Path:
     """Measure every op at every shape of the sweep; write one CSV; return its path."""
-    import reference
-
     device = torch.device(device)
     sweep = GPU_SWEEP if device.type == "cuda" else CPU_SWEEP
     batch_sizes = batch_sizes or sweep["batch_sizes"]
@@ -277,6 +277,7 @@ def run_kernel_benchmark(device="cuda", impls=("reference", "fast", "compiled"),
             progress("note: no CUDA device, so the fast kernels would run under Triton's interpreter: "
                      "their rows are skipped (interpreted time is not speed)")
         else:
+            # lazy: fast imports triton; torch._dynamo is slow to import
             import fast
             modules["fast"] = fast
     compiled = {}
@@ -354,9 +355,6 @@ class _Namespace:
 
 def main_kernels(args) -> int:
     """`specdec bench --suite kernels`: the sweep on this machine's device; one CSV + its plot in args.out."""
-    from ..report.figures import load_results
-    from ..report.plots import plot_kernels
-
     device = args.device
     path = run_kernel_benchmark(device, repeats=args.repeats if device == "cuda" else max(args.repeats, 5),
                                 out_dir=args.out)

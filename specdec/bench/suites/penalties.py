@@ -13,10 +13,11 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import Engine, SamplingParams, SpecConfig
+from ... import Engine, SamplingParams, SpecConfig, zoo
 from ...models.linear import cpu_linear_backend
 from ..cases import CASES, WorkerCase, offered_cases
 from ..common import Run, RunRow, cpu_model, median_of, quantile, time_in_turn
+from ...zoo.corpus import heldout_prompts
 
 #: name -> the SamplingParams fields of a penalty setting (greedy; "none" is the reference point)
 SETTINGS = {
@@ -149,8 +150,6 @@ def penalties_table(df) -> str:
 
 def main_penalties(args) -> int:
     """`specdec bench --suite penalties` on the zoo pair `args.model` (default: the deep pair)."""
-    from ... import zoo
-    from ...zoo.corpus import heldout_prompts
     bundle = zoo.load(zoo.speed_pair() if args.model == "auto" else args.model)
     cases = offered_cases(bundle, CASES, args.workers)
     drafts = {c.kind: getattr(bundle, c.kind) for c in cases if c.spec is not None}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...config import VERIFY_RULES
+from ..report.figures import read_results
 
 #: the goals a `--verify` run decides: (what, the rule's label, the target-only label, temperature, top-p, the goal
 #: on accepted tokens per step)
@@ -96,7 +97,6 @@ def verify_rules_goals(df: pd.DataFrame) -> str:
 
 def verify_rules_section(path: Path) -> list[str]:
     """The results page's section of a `--verify` acceptance CSV."""
-    from ..report.figures import read_results
     df = read_results(path)
     out = [verify_rules_table(df)]
     goals = verify_rules_goals(df)
@@ -110,6 +110,7 @@ def verify_rules_section(path: Path) -> list[str]:
 def plot_verify_rules(df: pd.DataFrame, path) -> Path:
     """Two panels per (T, top-p) setting of a `--verify` CSV: accepted tokens per step and CPU tokens/s per case,
     one bar per rule."""
+    # lazy: matplotlib is slow to import and only the figures need it
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

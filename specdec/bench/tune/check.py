@@ -9,6 +9,7 @@ from ... import SamplingParams
 from ...tuning import TunedSpec, shape_name
 from ..common import Run, cpu_model, dtype_name
 from .search import CHECK_GRID, FIXED_TREE, Measurer, TuneRow, batches_of, by_pass, held_out_ratio
+from ...draft_kinds import kind_of
 
 def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, repeats, rows_out: list,
                run: Run, model_name: str, progress=print) -> dict:
@@ -18,7 +19,6 @@ def check_grid(m: Measurer, tuned: TunedSpec, prompt_sets: dict, batch_sizes, re
     is a few short decodes, and the machine's noise moves each by more than the shapes differ).
     -> per (prompt set, bucket) the ratios."""
     passes = dict(zip(batch_sizes, [repeats] * len(batch_sizes) if isinstance(repeats, int) else repeats))
-    from ...draft_kinds import kind_of
     kind = kind_of(m.draft).name
     adaptive = tuned.with_adaptive(True)
     out = {}

@@ -35,10 +35,12 @@ import time
 from dataclasses import dataclass
 
 import torch
+
 from ... import Engine, SamplingParams, SpecConfig
 from ...ops.contract import NO_DRAFT, max_num_draft_tokens
 from ...tuning import Bucket, Candidate, TunedSpec, fingerprint, parameters_entry, shape_name
 from ..common import Run, RunRow, cpu_model, dtype_name, median_of
+from ...draft_kinds import kind_of
 
 #: the 12 shapes the goal compares the tuned one with: chains, narrow and wide trees
 CHECK_GRID = ((2, 1, 3), (3, 1, 4), (4, 1, 5), (5, 1, 6), (3, 2, 6), (4, 2, 8), (5, 2, 12), (3, 4, 8), (4, 4, 12),
@@ -111,7 +113,6 @@ def fixed_shape_spec(target, draft, shape, batch_size: int) -> TunedSpec:
     """An in-memory tuned spec that runs `shape` at every step (NO_DRAFT included), for measuring it."""
     drafting = shape if shape != NO_DRAFT else (1, 1, 2)
     bucket = Bucket(drafting, (Candidate(shape, 1.0, 1.0),))
-    from ...draft_kinds import kind_of
     return TunedSpec({"fingerprint": fingerprint(target)}, {"kind": kind_of(draft).name,
                                                              "fingerprint": fingerprint(draft)},
                      {}, {batch_size: bucket}, adaptive=True, path="<fixed shape>")
@@ -331,8 +332,6 @@ def tune(target, draft, tune_prompts, batch_sizes, max_new_tokens: int, shapes=N
     """-> (the TunedSpec, the TuneRows, the Measurer with its engines). Acceptance is measured on the first
     `acceptance_prompts` of `tune_prompts` (all by default), costs at batch B on all of them. Every figure is process
     CPU time at the current thread count. bar: a tqdm bar counting the batches decoded (`planned_decodes`)."""
-    from ...draft_kinds import kind_of
-
     shapes = list(shapes or candidate_shapes())
     kind = kind_of(draft).name
     run = run or Run("tune", target.device)
