@@ -7,18 +7,16 @@ import textwrap
 
 import torch
 
-from . import Engine, SamplingParams
+from . import Engine, SamplingParams, zoo
 from .bench.cases import CASES
+from .zoo.chat_prompts import chat_prompt_ids
+from .zoo.corpus import heldout_prompts
 
 
 def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, device="cpu", model=None) -> int:
     """model: a zoo pair's name (default `zoo.speed_pair()`, the deep pair when it ships), or a real target
     (`zoo.REAL_TARGETS`), which answers held-out chat prompts through its chat template, stops at its EOS ids and
     runs the drafts trained for it."""
-    from . import zoo
-    from .zoo.chat_prompts import chat_prompt_ids
-    from .zoo.corpus import heldout_prompts
-
     bundle = zoo.load(model or zoo.speed_pair(), device=device)
     tok = bundle.tokenizer
     cases = CASES

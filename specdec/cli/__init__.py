@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from importlib.metadata import version
+
+import torch
 
 from ..cli_args import HelpFormatter
 from . import bench, demo, generate, gpu_check, plot, report, token_map, tune, zoo
@@ -20,7 +23,6 @@ COMMANDS = {c.NAME: c for c in (demo, generate, token_map, gpu_check, tune, zoo,
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
         return version("specdec")
     except Exception:  # not installed as a distribution (a source checkout on sys.path)
         return "unknown"
@@ -52,7 +54,6 @@ def main(argv=None) -> int:
     if problem:
         parser.error(problem)
     if args.threads:  # the one place --threads is applied, for every command
-        import torch
         torch.set_num_threads(args.threads)
     try:
         return command.run(args)

@@ -6,13 +6,15 @@ import argparse
 from ..cli_args import (DEVICE_HELP, IMPL_HELP, MODEL_HELP, THREADS_HELP, HelpFormatter, device_choice, draft_kinds_arg,
                         float_list, positive_int, positive_int_list, top_p_list, verify_rules_arg)
 from ..draft_kinds import DRAFT_KINDS
+from ..bench.common import DTYPES
+from ..bench.suites.acceptance import main_bench
 
 NAME = "bench"
 
 
 def add_parser(subparsers):
+    # lazy: the CLI builds its parser before importing command implementations (the zoo)
     from .. import zoo
-    from ..bench.common import DTYPES
     p = subparsers.add_parser(NAME, formatter_class=HelpFormatter,
                               help="acceptance and tokens/s of every worker against target-only; writes a CSV to "
                                    "results/ and its plot (about half an hour with the defaults on a CPU: it prints "
@@ -97,6 +99,7 @@ def check(args) -> str | None:
 
 def run(args) -> int:
     if args.suite == "kernels":
+        # lazy: the CLI builds its parser before importing command implementations
         from ..bench.suites.kernels import main_kernels
         return main_kernels(args) or 0
     if args.suite == "e2e":
@@ -111,5 +114,4 @@ def run(args) -> int:
     if args.suite == "draft-cost":
         from ..bench.suites.draft_cost import main_draft_cost
         return main_draft_cost(args) or 0
-    from ..bench.suites.acceptance import main_bench
     return main_bench(args) or 0

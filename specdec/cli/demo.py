@@ -7,6 +7,7 @@ NAME = "demo"
 
 
 def add_parser(subparsers):
+    # lazy: the CLI builds its parser before importing command implementations (the zoo)
     from .. import zoo
     p = subparsers.add_parser(NAME, formatter_class=HelpFormatter,
                               help="decode held-out prompts target-only and with every draft of a shipped pair, side "
@@ -29,6 +30,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    # lazy: the CLI builds its parser before importing command implementations
     from ..demo import run_demo
     return run_demo(impl=args.impl, max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts,
                     device=args.device, model=None if args.model == "auto" else args.model) or 0

@@ -10,8 +10,12 @@ from ..config import SamplingParams, SpecConfig
 from ..draft_kinds import DRAFT_KINDS, draft_kind, kind_of
 from ..engine import Engine
 from ..tokenizer import eos_ids_of, load_tokenizer
-from ..tuning import shape_name
+from .. import tuning
+from ..tuning import shape_name, shape_spec, shipped_files, TunedSpec
 from ..cli_args import IMPL_HELP, THREADS_HELP, HelpFormatter, positive_int
+from ..models.io import read_config
+from ..models.mtp import mtp_from_target_dir
+from ..models import LlamaForCausalLM
 
 NAME = "generate"
 #: the kind an `--draft-layout auto` checkpoint loads as when its architectures name no kind's model: EAGLE-1/2
@@ -24,8 +28,6 @@ def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
     """-> the draft model (None without one) and the SpecConfig its kind suggests (`DraftKind.default_spec`).
     layout: "auto" (the kind whose model's architecture the draft's config.json names), a draft kind's name, or
     "mtp-deepseek" / "mtp-mimo" (MTP layers beside a target's weights)."""
-    from ..models.io import read_config
-    from ..models.mtp import mtp_from_target_dir
     if layout in ("mtp-deepseek", "mtp-mimo"):
         draft = mtp_from_target_dir(draft_dir or target_dir, target, layout.removeprefix("mtp-"))
         return draft, kind_of(draft).default_spec(draft)
@@ -49,6 +51,7 @@ def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
 def is_causal_lm_dir(path: Path) -> bool:
     """Whether a checkpoint directory holds a whole causal LM (a STANDALONE draft) rather than an EAGLE-1/2 head,
     which is published under the same architecture names: a head has `fc`, an LM has every layer and a norm."""
+    # lazy: safetensors is kept lazy where it was (a heavy dependency)
     from safetensors import safe_open
     keys = set()
     for f in sorted(Path(path).glob("*.safetensors")):
@@ -90,7 +93,6 @@ def measured_default(bundle):
     tuned files (`specdec tune`), the one whose batch-size-1 shape measured the largest speed-up over target-only
     in its own run (accepted tokens per step over the step's cost against target-only's step, both measured by
     that run) -> (kind, SpecConfig), or (None, why) where no tuned file measured a draft faster than target-only."""
-    from .. import tuning
     best, best_gain = None, 1.0
     for (pair, kind), path in sorted(tuning.shipped_files().items()):
         if pair != bundle.name or getattr(bundle, kind) is None:
@@ -113,7 +115,6 @@ def zoo_draft(bundle, kind: str | None):
     """A zoo pair and a --draft value (a kind's name, "none", or None for the measured default, `measured_default`)
     -> (its draft or None, the SpecConfig to run it with: the pair's tuned shape at batch size 1 where a tuned file
     ships, else the kind's default; a note for the user or None)."""
-    from ..tuning import shape_spec, shipped_files
     if kind == "none":
         return None, None, None
     if kind is None:
@@ -129,7 +130,6 @@ def zoo_draft(bundle, kind: str | None):
         raise ValueError(f"--draft {kind}: zoo pair {bundle.name!r} ships no {kind} draft (it ships: {shipped})")
     tuned = shipped_files().get((bundle.name, kind))
     if tuned is not None:
-        from ..tuning import TunedSpec
         spec = shape_spec(TunedSpec.load(tuned).bucket(1).shape)
         if spec is not None:  # the tuned file may say that batch size 1 is best served without drafting
             return draft, spec, None
@@ -158,6 +158,7 @@ def load_models(args):
     """--model / --target, --draft, --draft-layout -> (name, target, tokenizer, draft or None, its SpecConfig,
     whether the target is an instruct model)."""
     if args.target is None:
+        # lazy: the CLI builds its parser before importing command implementations (the zoo)
         from .. import zoo
         if args.draft_layout != "auto":
             raise ValueError("--draft-layout reads --draft DIR with --target; with --model, --draft names a kind")
@@ -166,7 +167,6 @@ def load_models(args):
         if note:
             print(note, file=sys.stderr)
         return bundle.name, bundle.target, bundle.tokenizer, draft, spec, is_instruct(bundle.name, bundle.card)
-    from ..models import LlamaForCausalLM
     target_dir = Path(args.target)
     if not target_dir.is_dir():
         raise ValueError(f"--target {target_dir}: no such directory")
@@ -252,6 +252,7 @@ def run(args) -> int:
 
 
 def add_parser(subparsers):
+    # lazy: the CLI builds its parser before importing command implementations (the zoo)
     from .. import zoo
     p = subparsers.add_parser(NAME, formatter_class=HelpFormatter,
                               help="decode a prompt (text) with a zoo pair or checkpoint directories, streaming the "

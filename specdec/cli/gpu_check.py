@@ -14,5 +14,6 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    # lazy: the CLI builds its parser before importing command implementations
     from ..gpu_check.driver import main
     return main(args.argv)

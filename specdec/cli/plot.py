@@ -19,6 +19,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    # lazy: the CLI builds its parser before importing command implementations
     from ..bench.report.plots import plot_all, plot_csv
     written = [plot_csv(c) for c in args.csv] if args.csv else plot_all(args.results)
     for png in filter(None, written):

@@ -20,6 +20,7 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     if args.csv is None:
+        # lazy: the CLI builds its parser before importing command implementations
         from ..bench.report.results_page import render_page
         print(render_page("."), end="")
         return 0

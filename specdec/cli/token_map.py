@@ -1,12 +1,20 @@
 """`specdec token-map`: a hot-vocabulary token map (SGLang's --speculative-token-map format) from a corpus's counts."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
+
 from ..cli_args import THREADS_HELP, HelpFormatter, positive_int
+from ..token_map import rank_token_ids, save_token_map
+from ..tokenizer import load_tokenizer
 
 NAME = "token-map"
 
 
 def add_parser(subparsers):
+    # lazy: the CLI builds its parser before importing command implementations (the zoo)
     from .. import zoo
     p = subparsers.add_parser(NAME, formatter_class=HelpFormatter,
                               help="write a hot-vocabulary token map (SGLang's --speculative-token-map format): the "
@@ -33,14 +41,9 @@ def run(args) -> int:
     """`specdec token-map`: --model (a zoo entry) or --target (a directory with tokenizer.json), ranked by
     --corpus's token counts or, for a zoo entry without --corpus, by its shipped ranking; the first --size ids
     written to --out."""
-    import json
-    from pathlib import Path
 
-    import numpy as np
-
+    # lazy: the CLI builds its parser before importing command implementations (the zoo)
     from .. import zoo
-    from ..token_map import rank_token_ids, save_token_map
-    from ..tokenizer import load_tokenizer
 
     if args.model is not None:
         bundle = zoo.load(args.model)

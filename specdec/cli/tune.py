@@ -10,10 +10,11 @@ from pathlib import Path
 import torch
 
 from ..tuning import TunedSpec, names_a_pair, shipped_file
-from ..cli_args import about
-from ..bench.common import Run, above_bar, cpu_model, progress_bar, target_only_batch_seconds
+from ..cli_args import about, MODEL_HELP, THREADS_HELP, HelpFormatter
+from ..bench.common import Run, above_bar, cpu_model, progress_bar, target_only_batch_seconds, DTYPES, write_csv
 from ..bench.tune.check import check_grid, mixed_prompts, sampled_prompts
 from ..bench.tune.search import CHECK_SETS, Measurer, candidate_shapes, planned_decodes, tune
+from ..draft_kinds import DRAFT_KINDS, draft_kind
 
 
 NAME = "tune"
@@ -33,10 +34,8 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
+    # lazy: the CLI builds its parser before importing command implementations (the zoo)
     from .. import zoo
-    from ..cli_args import MODEL_HELP, THREADS_HELP, HelpFormatter
-    from ..draft_kinds import DRAFT_KINDS
-    from ..bench.common import DTYPES
 
     p = argparse.ArgumentParser(prog="specdec tune", formatter_class=HelpFormatter,
                                 description="Measure the best speculative shape (num_steps, topk, num_draft_tokens) "
@@ -117,6 +116,7 @@ def estimate(target, prompts, planned: dict, max_new_tokens: int) -> str:
 
 def _prompts(bundle, n: int, prompt_len: int, seed: int) -> list[list[int]]:
     """Held-out prompts: a real target's chat prompts through its chat template, a byte pair's stdlib code."""
+    # lazy: the CLI builds its parser before importing command implementations (the zoo)
     from .. import zoo
     if bundle.name in zoo.REAL_TARGETS:
         from ..zoo.chat_prompts import chat_prompt_ids
@@ -126,10 +126,9 @@ def _prompts(bundle, n: int, prompt_len: int, seed: int) -> list[list[int]]:
 
 
 def _tune_command(a, sizes) -> int:
+    # lazy: the CLI builds its parser before importing command implementations (the zoo, the report's pandas)
     from .. import zoo
-    from ..draft_kinds import draft_kind
     from ..zoo.corpus import prose_prompts
-    from ..bench.common import DTYPES, write_csv
 
     kind = draft_kind(a.kind)
     if not hasattr(kind.worker_class(), "use_shape"):

@@ -27,6 +27,7 @@ def run(args) -> int:
         print(ZOO_HELP)
         return 0
     if rest[:1] == ["train-draft"]:
+        # lazy: the CLI builds its parser before importing command implementations
         from ..zoo.train.for_target import main as train_draft_main
         return train_draft_main(rest[1:]) or 0
     if rest[:1] != ["train"]:
@@ -40,6 +41,7 @@ def run(args) -> int:
 def zoo_list() -> int:
     """`specdec zoo list`: each shipped pair, its models and their sizes; each real target, where its weights come
     from (an installed package, never a model hub) and the drafts trained for it."""
+    # lazy: the CLI builds its parser before importing command implementations (the zoo)
     from .. import zoo
     for e in zoo.entries():
         if e["kind"] == "pair":
