@@ -13,15 +13,24 @@ near-tie from a bug.
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 import time
 from pathlib import Path
 
+import torch
+
 from ..draft_kinds import DRAFT_KINDS
-from .parts import gpu_device, gpu_run, error_writer
+from .parts import gpu_device, gpu_run, error_writer, read_ceiling
 from .rows import E2E, DecodeRow, writer
 from .runner import Config, lazy, run_configs
+from .roofline import blank_roofline, roofline_fields, step_reads
+from ..models.bigram import near_bigram_target, perfect_eagle, perfect_mtp
+from ..bench.cases import CASES, by_kind
+from .. import Engine, SamplingParams
+from ..workers.graphs import DecodeGraphs, batch_buckets
+from ..models import random_llama
+from ..bench.suites.e2e import random_1b_target
+from ..bench.common import dtype_name, median_of
 
 #: e2e batch sizes in the order measured: the goal rows (B = 32 and B = 1) before B = 8.
 E2E_SIZES = (32, 1, 8)
@@ -75,7 +84,6 @@ def first_difference(this: list, other: list, buckets: list[int]) -> dict:
 
 def blank_decode_fields() -> dict:
     """Every DecodeRow column past the shared E2ECase ones, empty (status ok)."""
-    from .roofline import blank_roofline
     return dict(**first_difference([], [], []), decode_steps="", decode_tokens="", decode_s="", tokens_per_s="",
                 tokens_per_s_min="", tokens_per_s_max="", speedup_vs_reference="", compared_with="",
                 identical_requests="", token_identical="", max_logprob_diff="", **blank_roofline(), note="",
@@ -86,19 +94,16 @@ def blank_decode_fields() -> dict:
 def _small_models(device):
     """A small fp32 near-bigram target and its bigram-perfect drafts (`specdec.models.bigram`): steps accept
     several tokens, and often not all of them."""
-    from ..models.bigram import near_bigram_target, perfect_eagle, perfect_mtp
     target = near_bigram_target(seed=6, mix=0.4).to(device)
     return target, {"eagle": perfect_eagle(target), "mtp_chain": perfect_mtp(target, 3, True)}
 
 
 def _cases(kinds) -> list:
     """The shared worker cases (`cases.CASES`, by kind) of target-only and the given draft kinds."""
-    from ..bench.cases import CASES, by_kind
     return [c for c in by_kind(CASES) if c.spec is None or c.kind in kinds]
 
 
 def _replay_params(mode: str, B: int):
-    from ..config import SamplingParams
     sampled = dict(temperature=0.7, top_k=20, top_p=0.9)
     return [SamplingParams(max_new_tokens=10 + 3 * i, return_logprob=True, top_logprobs_num=REPLAY_TOP_LOGPROBS,
                            **(sampled if mode == "sampled" or (mode == "mixed" and i % 2) else {}))
@@ -127,10 +132,6 @@ def run_graph_replay(out: Path, smoke: bool) -> None:
 
 
 def _replay_case(case, B, mode, smoke, device, models, engines, run, w) -> None:
-    import torch
-
-    from .. import Engine
-    from ..workers.graphs import DecodeGraphs, batch_buckets
 
     t0 = time.perf_counter()
     target, drafts = models()
@@ -174,10 +175,6 @@ def _replay_case(case, B, mode, smoke, device, models, engines, run, w) -> None:
 def e2e_target(device, smoke: bool):
     """-> (label, target): the e2e part's target, the same weights in every process of the run (drawn from one
     seed on the device)."""
-    import torch
-
-    from ..models import random_llama
-    from ..bench.suites.e2e import random_1b_target
     if smoke:
         return "random-llama-tiny", random_llama(vocab_size=256, hidden_size=64, intermediate_size=128,
                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -256,11 +253,6 @@ def run_e2e(out: Path, smoke: bool) -> None:
 
 
 def _e2e_case(B, case, impl, graphs, smoke, device, models, state, run, w) -> None:
-    import torch
-
-    from .. import Engine, SamplingParams
-    from ..workers.graphs import batch_buckets
-    from ..bench.common import dtype_name, median_of
 
     t0 = time.perf_counter()
     label, target, drafts, params_m = models()
@@ -316,7 +308,6 @@ def _e2e_case(B, case, impl, graphs, smoke, device, models, state, run, w) -> No
 def _roofline(engine, B: int, context_len: float, step_s: float, ceiling) -> dict:
     """The row's columns against the read ceiling; empty ones (and a line in the log) where the step's bytes have
     no rule, rather than costing the row."""
-    from .roofline import roofline_fields, step_reads
     try:
         nbytes = step_reads(engine.worker).bytes(B, context_len)
     except Exception as e:
@@ -327,7 +318,6 @@ def _roofline(engine, B: int, context_len: float, step_s: float, ceiling) -> dic
 
 def read_ceiling_or_blank(out: Path, device, smoke: bool):
     """The run's read ceiling in GB/s, or '' when it cannot be had (no triton): the rows keep their other columns."""
-    from .parts import read_ceiling
     try:
         return read_ceiling(out, device, smoke)
     except Exception as e:
@@ -337,8 +327,6 @@ def read_ceiling_or_blank(out: Path, device, smoke: bool):
 
 def _decode_pass(engine, prompts, params, device) -> dict:
     """One generate, timed from the end of its prefill (the prefill's token excluded) to its last token."""
-    import torch
-
     worker = engine.worker
     prefill = worker.prefill
     marks = []

@@ -36,10 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from . import compiled_tests, decode, engines, ops, parts, runner, summary
 from ..bench.common import COMMIT_ENV, new_run_id
 from .rows import (E2E, ENVIRONMENT, KERNELS, LOG, OUTPUT_FILES, RUN_ID_ENV, SUMMARY, TESTS, driver_prefix,
                        write_error_row)
+from ..cli_args import HelpFormatter
 
 ROOT = parts.ROOT
 #: 600 s of a lent machine's command less 60 s for copying the files back.
@@ -269,7 +272,6 @@ def run_all(out: Path, deadline_s: float, smoke: bool, only: list[str] | None = 
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        import torch
         has_cuda = torch.cuda.is_available()
         wanted = [p for p in PARTS if not only or p.name in only]
         reasons = {}
@@ -426,7 +428,6 @@ def _commit(text: str) -> str:
 
 
 def build_parser(prog="specdec gpu-check") -> argparse.ArgumentParser:
-    from ..cli_args import HelpFormatter  # each default stated once
     parser = argparse.ArgumentParser(
         prog=prog, formatter_class=HelpFormatter,
         description="Measure and check the fast path on this machine's GPU in one offline run: environment and "
@@ -464,7 +465,6 @@ def main(argv=None, prog="specdec gpu-check") -> int:
         if part is None:
             parser.error(f"unknown part {args.part!r}")
         if args.smoke:
-            import torch
             torch.set_num_threads(1)
         part.run(out, args.smoke)
         return 0

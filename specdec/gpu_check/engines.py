@@ -42,12 +42,22 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 from .parts import ROOT, error_writer, gpu_device, gpu_run
 from .rows import E2E, KERNELS, DecodeRow, GpuKernelRow, writer
 from .runner import PROGRESS_ENV, Config, describe_exit, last_line, run_configs
+from .decode import e2e_target, blank_decode_fields, first_difference, read_ceiling_or_blank
+from .. import Engine, SamplingParams, checks
+from ..bench.common import dtype_name, quantile, time_calls
+from .roofline import roofline_fields, target_reads
+from ..workers.graphs import DecodeGraphs
 
 #: Batch sizes of the transformers and Inductor rows, in the order measured (smoke: 1 and 2).
 ENGINE_SIZES, SMOKE_ENGINE_SIZES = (1, 32), (1, 2)
@@ -142,13 +152,11 @@ def main(argv=None) -> int:
     if config is None:
         parser.error(f"unknown configuration {args.config!r}")
     if args.smoke:
-        import torch
         torch.set_num_threads(1)
     try:
         {"profile": run_profile, "transformers": run_transformers, "inductor": run_inductor}[config.engine](
             Path(args.out), config.batch_size, args.smoke)
     except BaseException as e:  # KeyboardInterrupt too: the part's deadline
-        import traceback
         traceback.print_exc()
         path = os.environ.get(CHILD_ERROR_ENV)
         if path:
@@ -174,9 +182,6 @@ class _Setup:
 
 
 def _setup(out: Path, B: int, smoke: bool) -> _Setup:
-    import torch
-
-    from .decode import e2e_target
     device = gpu_device(smoke)
     t0 = time.perf_counter()
     label, target = e2e_target(device, smoke)
@@ -190,7 +195,6 @@ def _setup(out: Path, B: int, smoke: bool) -> _Setup:
 
 
 def _sync(device) -> None:
-    import torch
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -228,7 +232,6 @@ class _Tokens:
 
 def _reference_tokens(s: _Setup) -> list[list[int]]:
     """The first `compared` tokens of each request from specdec's reference eager."""
-    from .. import Engine, SamplingParams
     engine = Engine(s.target, impl="reference", max_batch=len(s.prompts), max_seq_len=s.prompt_len + s.compared + 8,
                     cuda_graphs=False)
     return [o.token_ids for o in engine.generate(s.prompts, SamplingParams(max_new_tokens=s.compared))]
@@ -236,9 +239,6 @@ def _reference_tokens(s: _Setup) -> list[list[int]]:
 
 def _engine_row(s: _Setup, impl: str, graphs: bool, diffs: list[float], tokens: list[list[int]], reads, note: str,
                 t0: float) -> DecodeRow:
-    from ..bench.common import dtype_name
-    from .decode import blank_decode_fields, first_difference, read_ceiling_or_blank
-    from .roofline import roofline_fields
     B = len(s.prompts)
     short, long = s.lengths
     steps = long - short
@@ -268,7 +268,7 @@ def _engine_row(s: _Setup, impl: str, graphs: bool, diffs: list[float], tokens: 
 def transformers_twin(target):
     """transformers' LlamaForCausalLM with `target`'s config, dtype, device and weights (its state dict, whose keys
     are transformers' names). ValueError for a target whose config transformers' Llama would read otherwise."""
-    import torch
+    # lazy: transformers is optional (specdec[bench])
     import transformers
 
     c = target.config
@@ -288,12 +288,11 @@ def transformers_twin(target):
 
 
 def run_transformers(out: Path, B: int, smoke: bool) -> None:
-    import torch
+    # lazy: transformers is optional (specdec[bench]); torch._dynamo is slow to import
     import torch._dynamo.utils
     import transformers
     from transformers.utils import logging
 
-    from .roofline import target_reads
     logging.disable_progress_bar()
     t0 = time.perf_counter()
     s = _setup(out, B, smoke)
@@ -362,14 +361,9 @@ class _DecodeCompiled:
 
 
 def run_inductor(out: Path, B: int, smoke: bool) -> None:
-    import torch
+    # lazy: torch._dynamo is slow to import
     import torch._dynamo.utils
-
-    from .. import checks
     checks._TRUSTED = _PlainFlag()  # before any check runs: see the module docstring
-    from .. import Engine, SamplingParams
-    from ..workers.graphs import DecodeGraphs
-    from .roofline import target_reads
     t0 = time.perf_counter()
     s = _setup(out, B, smoke)
     # smoke: Dynamo's trace and AOTAutograd as on the GPU, without Inductor's C++ build (slow on a CPU)
@@ -425,9 +419,6 @@ def run_inductor(out: Path, B: int, smoke: bool) -> None:
 def run_profile(out: Path, B: int, smoke: bool) -> None:
     """The fast path's target-only decode step at B, captured as its CUDA graph by a short generate, then replayed:
     timed (CUDA events), then profiled. On a CPU the same static-buffer body, eagerly, with CPU activity."""
-    from .. import Engine, SamplingParams
-    from ..workers.graphs import DecodeGraphs
-    from ..bench.common import dtype_name, quantile, time_calls
     s = _setup(out, B, smoke)
     cuda = s.device.type == "cuda"
     # Each replay advances the state in the graph's buffers (its last nodes copy the new state back): the cache
@@ -467,9 +458,6 @@ def run_profile(out: Path, B: int, smoke: bool) -> None:
 def profile_kernels(replay, device, replays: int) -> list[tuple[str, float, float]]:
     """`replays` calls of `replay` under torch.profiler -> (kernel name, launches per replay, device microseconds per
     replay), the heaviest first. On a CPU: the ops' self CPU time instead of kernels."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:

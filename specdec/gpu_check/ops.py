@@ -19,9 +19,14 @@ import statistics
 import time
 from pathlib import Path
 
+import torch
+
 from .parts import gpu_device, graph_timer_name, op_timer_name, gpu_run, error_writer, copy_ceiling
 from .rows import KERNELS, GpuKernelRow, writer
 from .runner import Config, last_line, run_configs
+from ..bench.common import DTYPES, time_calls, dtype_name, quantile
+from ..bench.suites.kernels import commit_case, penalty_case, sampling_cases, tree_cases, OpCase, time_rotated
+import reference
 
 #: (B, S+1 of a chain, V, dtype, attention shape (W, Hq, Hkv, D, committed tokens)) on a GPU and in smoke mode.
 GPU_SHAPE = dict(sizes=(32, 1), T=4, V=151936, dtype="bfloat16", attention=(16, 32, 8, 64, 1024))
@@ -52,9 +57,6 @@ def run_decode_ops(out: Path, smoke: bool) -> None:
 
 def op_case(op: str, B: int, shape: dict, device, gen):
     """The `kernels.OpCase` of `op` at batch size B."""
-    from ..bench.common import DTYPES
-    from ..bench.suites.kernels import commit_case, penalty_case, sampling_cases, tree_cases
-
     V, T, dtype = shape["V"], shape["T"], DTYPES[shape["dtype"]]
     if op in ("build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only"):
         return next(c for c in tree_cases(B, V, device, gen) if c.op == op)
@@ -76,9 +78,6 @@ def op_case(op: str, B: int, shape: dict, device, gen):
 
 def bitmask_case(N: int, V: int, dtype, device, gen):
     """`apply_token_bitmask` on N rows (a tree's nodes): the logits read, the packed mask read, fp32 written."""
-    import torch
-
-    from ..bench.suites.kernels import OpCase
     logits = torch.randn(N, V, generator=gen, device=device).to(dtype)
     words = -(-V // 32)
     bitmask = torch.randint(-2**31, 2**31 - 1, (N, words), generator=gen, device=device, dtype=torch.int64)
@@ -90,9 +89,6 @@ def bitmask_case(N: int, V: int, dtype, device, gen):
 
 def topk_case(N: int, V: int, dtype, device, gen):
     """The draft's `softmax_topk` (K = 4) over N rows: the logits read once."""
-    import torch
-
-    from ..bench.suites.kernels import OpCase
     logits = torch.randn(N, V, generator=gen, device=device).to(dtype)
     return OpCase("softmax_topk", dtype, N // 4, 1, 4, V, 0, N, N * V * logits.element_size(),
                   lambda ops: ops.softmax_topk(logits, 4))
@@ -101,9 +97,6 @@ def topk_case(N: int, V: int, dtype, device, gen):
 def attention_case(B: int, T: int, Hq: int, Hkv: int, D: int, context: int, dtype, device, gen):
     """`tree_attention` of a W = T node tree (causal over the in-flight nodes) after `context` committed
     tokens: every key and value of the request read once, the queries read and the output written."""
-    import torch
-
-    from ..bench.suites.kernels import OpCase
     max_seq = context + T + 16
     q = torch.randn(B, T, Hq, D, generator=gen, device=device).to(dtype)
     k_cache = torch.randn(B, max_seq, Hkv, D, generator=gen, device=device).to(dtype)
@@ -118,13 +111,9 @@ def attention_case(B: int, T: int, Hq: int, Hkv: int, D: int, context: int, dtyp
 
 
 def _measure_op(op: str, B: int, shape: dict, device, run, copy, w, repeats: int, graphs: bool) -> None:
-    import torch
-
+    # lazy: fast imports triton
     import fast
-    import reference
 
-    from ..bench.common import time_calls
-    from ..bench.suites.kernels import time_rotated
 
     t0 = time.perf_counter()
     gen = torch.Generator(device=device).manual_seed(0)
@@ -154,7 +143,6 @@ def _measure_op(op: str, B: int, shape: dict, device, run, copy, w, repeats: int
 
 
 def _op_row(run, case, impl, timer, times, copy_gbps, ref_us, basis, error) -> GpuKernelRow:
-    from ..bench.common import dtype_name, quantile
     med = statistics.median(times) if times else ""
     gbps = case.bytes / med / 1e3 if times else ""
     return GpuKernelRow(

@@ -22,8 +22,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rows import ENVIRONMENT, KERNELS, RUN_ID_ENV, EnvironmentRow, GpuKernelRow, writer
+import torch
+import numpy
+
+from .rows import (ENVIRONMENT, KERNELS, RUN_ID_ENV, EnvironmentRow, GpuKernelRow, driver_prefix, read_rows, writer,
+                   write_error_row)
 from .runner import Config, run_configs
+from ..bench.common import Run, quantile, time_calls, dtype_name, DTYPES
+from ..bench.suites.kernels import COPY_CEILING_BYTES, time_rotated, copy_bandwidth, logprob_case, rotation_copies
+from .bandwidth import SHAPES, read_sum, read_sum_programs
+import reference
+from ..ops.logprob_types import LogitsOutput
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: |logprob - float64 logprob| a row may show: fp32 sums over up to 152k exponentials, and fp32 division by
@@ -34,12 +43,10 @@ GOAL_ROWS, GOAL_VOCAB = 256, 151936
 
 
 def gpu_run(device):
-    from ..bench.common import Run
     return Run("gpu-check", device, run_id=os.environ.get(RUN_ID_ENV))
 
 
 def gpu_device(smoke: bool):
-    import torch
     return torch.device("cpu" if smoke else "cuda")
 
 
@@ -56,7 +63,6 @@ def op_timer_name(device) -> str:
 def error_writer(out: Path):
     """error_row(config, message) for `run_configs`: the configuration's naming fields, status error."""
     def write(config: Config, message: str) -> None:
-        from .rows import driver_prefix, write_error_row
         write_error_row(out, config.file, driver_prefix(out, os.environ.get(RUN_ID_ENV, "")), config.fields,
                         message)
     return write
@@ -64,8 +70,6 @@ def error_writer(out: Path):
 
 # ---- environment (and the ceilings) ----------------------------------------------------------------------
 def run_environment(out: Path, smoke: bool) -> None:
-    import torch
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env_w = writer(out, ENVIRONMENT)
 
@@ -75,7 +79,6 @@ def run_environment(out: Path, smoke: bool) -> None:
 
     def versions():
         info = {k: str(v) for k, v in gpu_run(device).prefix().items()}
-        import numpy
         info.update(python=platform.python_version(), platform=platform.platform(), numpy=numpy.__version__,
                     cuda_runtime=str(torch.version.cuda), cpu_count=os.cpu_count(), smoke=smoke)
         for name in ("pytest", "xdist", "pytest_timeout", "hypothesis", "transformers", "xgrammar"):
@@ -115,7 +118,6 @@ def run_environment(out: Path, smoke: bool) -> None:
 
 
 def _ceiling_row(run, timer, op, dtype, times, nbytes, rows=0, **extra) -> GpuKernelRow:
-    from ..bench.common import quantile
     med = statistics.median(times)
     gbps = nbytes / med / 1e3
     values = dict(timer=timer, op=op, impl="ceiling", dtype=dtype, batch_size=0, num_slots=0,
@@ -132,9 +134,6 @@ def _ceiling_row(run, timer, op, dtype, times, nbytes, rows=0, **extra) -> GpuKe
 def _copy_ceiling(run, smoke: bool) -> GpuKernelRow:
     """The device copy every kernel row divides by: >= 2 GiB of sources copied in turn from one CUDA graph
     (bytes = read + write); on a CPU a small buffer."""
-    import torch
-
-    from ..bench.suites.kernels import COPY_CEILING_BYTES, time_rotated
     device = gpu_device(smoke)
     if device.type == "cuda":
         chunks = 4
@@ -145,7 +144,6 @@ def _copy_ceiling(run, smoke: bool) -> GpuKernelRow:
                                                   device, 10)]
         nbytes = 2 * n * 4 * chunks
     else:
-        from ..bench.common import time_calls
         n = (8 << 20) // 2 // 4
         src, dst = torch.randn(n), torch.empty(n)
         times = time_calls(lambda: dst.copy_(src), device, 5)
@@ -169,6 +167,7 @@ def _read_ceiling(out: Path, run, smoke: bool) -> GpuKernelRow:
     best = max(shapes, key=lambda s: s["gbps"])
     err = max(abs(s["total"] - n) for s in shapes)
     copy = copy_ceiling(out, device, smoke)
+    # lazy: fast imports triton
     from fast.logprobs import device_sm_count
     sm = device_sm_count(device) if device.type == "cuda" else 0  # no programs per SM on a CPU
     row = _ceiling_row(run, timer, "device_read", "bfloat16", best["times"], n * 2, rows=best["programs"],
@@ -185,11 +184,7 @@ def measure_read(device, smoke: bool) -> tuple[list[dict], int, str]:
     writes almost nothing) at each launch shape of `bandwidth.SHAPES`: CUDA events around each of 20 launches
     after an untimed one; on a CPU a small buffer under Triton's interpreter, process time. -> (per shape: shape,
     programs, microseconds per launch, median GB/s and the partial sums' total; elements read; the timer's name)."""
-    import torch
 
-    from .bandwidth import SHAPES, read_sum, read_sum_programs
-
-    from ..bench.common import time_calls
     n = (READ_CEILING_BYTES if device.type == "cuda" else SMOKE_READ_CEILING_BYTES) // 2
     x = torch.ones(n, dtype=torch.bfloat16, device=device)
     repeats = 3 if smoke else 20
@@ -206,7 +201,6 @@ def measure_read(device, smoke: bool) -> tuple[list[dict], int, str]:
 
 def read_ceiling(out: Path, device, smoke: bool) -> float:
     """GB/s of the run's read ceiling (environment's row), or one measured here when it has none."""
-    from .rows import read_rows
     rows = [r for r in read_rows(Path(out) / KERNELS) if r["op"] == "device_read" and r["status"] == "ok"]
     if rows:
         return float(rows[0]["gbps"])
@@ -214,10 +208,6 @@ def read_ceiling(out: Path, device, smoke: bool) -> float:
 
 
 def _matmul_ceiling(run, smoke: bool) -> GpuKernelRow:
-    import torch
-
-    from ..bench.common import dtype_name
-    from ..bench.suites.kernels import time_rotated
     device = gpu_device(smoke)
     n, dtype = (256, torch.float32) if smoke else (8192, torch.bfloat16)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -233,8 +223,6 @@ def _matmul_ceiling(run, smoke: bool) -> GpuKernelRow:
 
 def copy_ceiling(out: Path, device, smoke: bool) -> float:
     """GB/s of the run's copy ceiling (environment's row), or a copy measured here when it has none."""
-    from .rows import read_rows
-    from ..bench.suites.kernels import COPY_CEILING_BYTES, copy_bandwidth
     rows = [r for r in read_rows(Path(out) / KERNELS) if r["op"] == "device_copy" and r["status"] == "ok"]
     if rows:
         return float(rows[0]["gbps"])
@@ -304,15 +292,10 @@ def run_logprob_kernels(out: Path, smoke: bool) -> None:
 
 
 def _measure_logprobs(shape: LogprobShape, device, run, copy, w, repeats: int) -> None:
-    import torch
-
+    # lazy: fast imports triton
     import fast
-    import reference
     from fast.logprobs import device_sm_count, num_vocab_splits
 
-    from ..ops.logprob_types import LogitsOutput
-    from ..bench.common import DTYPES, time_calls
-    from ..bench.suites.kernels import logprob_case, rotation_copies, time_rotated
 
     t0 = time.perf_counter()
     dtype = DTYPES[shape.dtype]
@@ -378,7 +361,6 @@ def _measure_logprobs(shape: LogprobShape, device, run, copy, w, repeats: int) -
 
 def _logprob_row(run, case, shape, impl, timer, times, copy_gbps, ref_us, basis, num_splits, splits_used,
                  programs_per_sm, err, finite) -> GpuKernelRow:
-    from ..bench.common import dtype_name, quantile
     med = statistics.median(times)
     gbps = case.bytes / med / 1e3
     return GpuKernelRow(

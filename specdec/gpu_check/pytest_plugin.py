@@ -21,9 +21,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from .runner import (CONFIG_TIMEOUT_ENV, DEADLINE_ENV, FAULTS_ENV, PROGRESS_ENV, SKIP_ENV, Progress, inject,
                          parse_faults, read_progress)
+from .rows import TESTS, writer, RUN_ID_ENV, TestRow
+from ..bench.common import Run
 
 OUT_ENV = "SPECDEC_GPU_CHECK_OUT"
 DEADLINE_SKIP = "gpu-check: the tests part's deadline passed before this test started"
@@ -178,17 +181,12 @@ def _finish(nodeid: str) -> None:
 
 def _writer():
     if "writer" not in _state:
-        from .rows import TESTS, writer
         _state["writer"] = writer(Path(os.environ[OUT_ENV]), TESTS)
     return _state["writer"]
 
 
 def _row(nodeid: str, status: str, message: str, seconds: float):
-    from .rows import RUN_ID_ENV, TestRow
     if "run" not in _state:
-        import torch
-
-        from ..bench.common import Run
         _state["run"] = Run("gpu-check", "cuda" if torch.cuda.is_available() else "cpu",
                             run_id=os.environ.get(RUN_ID_ENV))
     plan = _state["plan"] or []

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import nn
+
+from ..workers.hot_vocab import HotVocabDraft
+
 
 def min_step_bytes(target_weights: int, target_kv_per_token: int, batch_size: int, context_len: float,
                    draft_weights: int = 0, draft_forwards: int = 0, draft_kv_per_token: int = 0) -> float:
@@ -33,8 +37,6 @@ def min_step_bytes(target_weights: int, target_kv_per_token: int, batch_size: in
 def forward_weight_bytes(model) -> int:
     """Bytes of the parameters one forward of `model` reads in full: each tensor once (a tied one too), except the
     tables only an `nn.Embedding` reads (a gather of the step's rows, not the table)."""
-    from torch import nn
-
     read = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
@@ -89,7 +91,6 @@ def step_reads(worker) -> StepReads:
     forwards, layers = kind.forwards_per_step(worker.num_steps), kind.layers_per_forward
     if forwards == 0:
         return target
-    from ..workers.hot_vocab import HotVocabDraft
     draft, hot_head = worker.draft_model, None
     if isinstance(draft, HotVocabDraft):  # a token map: its n rows replace whichever full head the logits read
         draft, hot_head = draft.draft, draft.lm_head.weight

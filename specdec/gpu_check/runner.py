@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+import traceback
 
 PROGRESS_ENV = "SPECDEC_GPU_CHECK_PROGRESS"  # the part's progress file (JSON lines), in the scratch dir
 DEADLINE_ENV = "SPECDEC_GPU_CHECK_DEADLINE"  # epoch seconds: no configuration starts after it
@@ -97,6 +98,7 @@ def inject(fault: Fault) -> None:
         while True:
             time.sleep(3600)
     # abort: the process dies at once, as on a device-side assert; no core file may land in the checkout
+    # lazy: resource is POSIX-only
     import resource
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     sys.stdout.flush()
@@ -215,8 +217,6 @@ def run_configs(part: str, configs: list[Config], error_row: Callable[[Config, s
     error_row(config, message) writes a failed configuration's row. A context-poisoning error exits the
     process with POISONED_EXIT after its row; SIGINT (the driver at the part's deadline) ends the run after
     the configuration in flight is recorded."""
-    import traceback
-
     env = os.environ if env is None else env
     progress = Progress(env.get(PROGRESS_ENV))
     keys = [c.key for c in configs]
