@@ -10,6 +10,8 @@ the card records the exact command.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,8 @@ import torch
 
 from ..draft_kinds import DRAFT_KINDS, draft_kind
 from ..tokenizer import ByteTokenizer
+from ..models import LlamaForCausalLM
+from ..models.gguf import load_gguf, load_gguf_tokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 #: the small pair, what the tests run for speed: a 6-layer target whose draft step costs ~1/4 of its step
@@ -76,8 +80,6 @@ def target_fingerprint(target) -> str:
     """16 hex digits of sha256 over the target's config (its dtype aside) and a strided sample of every weight
     rounded to bfloat16 (so the fp32 and bf16 loads of one checkpoint agree): what a draft trained for a given
     target records in its config.json (`specdec_target_fingerprint`) and is checked against when loaded."""
-    import hashlib
-
     cfg = {k: v for k, v in target.config.to_dict().items() if k not in ("torch_dtype", "dtype")}
     h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
     for name, p in sorted(target.state_dict().items()):
@@ -103,8 +105,6 @@ def load_draft_for(kind: str, path: Path, target, device="cpu", dtype: torch.dty
 def load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) -> Bundle:
     """A pair's directory (its target/, one directory per trained draft kind, card.json) -> its Bundle, as `load`
     reads the shipped ones; for a pair trained elsewhere (`specdec zoo train --out`)."""
-    from ..models import LlamaForCausalLM
-
     root = Path(root)
     target = LlamaForCausalLM.from_pretrained(root / "target", device=device, dtype=dtype)
     b = Bundle(name=name, target=target, path=root)
@@ -157,8 +157,6 @@ REAL_TARGETS = {t.name: t for t in [
 def real_target_gguf(name: str) -> Path:
     """The installed GGUF file of real target `name`; a missing package is a one-line ValueError naming the pip
     command that installs it."""
-    import importlib.util
-
     t = REAL_TARGETS.get(name)
     if t is None:
         raise ValueError(f"unknown real target {name!r}; known: {sorted(REAL_TARGETS)}")
@@ -176,8 +174,6 @@ def load_gguf_bundle(name: str, gguf_path, drafts_root, device="cpu", dtype: tor
     """A GGUF target (`specdec.models.gguf.load_gguf`, converted once into the GGUF cache) with its tokenizer, and
     every draft trained for it in drafts_root/<kind>/ (`zoo_kinds()`); drafts_root/card.json is its card when
     there is one. A draft that does not fit the target (another vocabulary or width) is a ValueError."""
-    from ..models.gguf import load_gguf, load_gguf_tokenizer
-
     target = load_gguf(gguf_path, device=device, dtype=dtype, cache_dir=cache_dir)
     tokenizer = load_gguf_tokenizer(gguf_path, cache_dir=cache_dir)
     root = Path(drafts_root)

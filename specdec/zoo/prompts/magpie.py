@@ -16,6 +16,11 @@ from pathlib import Path
 
 import torch
 
+from ...config import SamplingParams
+from ...engine import Engine
+from .. import target_fingerprint
+from ..train.for_target import load_target
+
 BATCH = 64
 MARK = "\x00MAGPIE\x00"
 MIN_CHARS, MAX_CHARS = 12, 1500
@@ -34,9 +39,6 @@ def sample_requests(target, tokenizer, n: int, seed: int = 0, temperature: float
                     batch_size: int = 32, log=print) -> list[str]:
     """-> up to n distinct user requests the target wrote (those that ended at a stop id, of MIN_CHARS to
     MAX_CHARS characters)."""
-    from ...config import SamplingParams
-    from ...engine import Engine
-
     header = user_header_ids(tokenizer)
     engine = Engine(target, max_batch=batch_size, max_seq_len=len(header) + max_new_tokens + 1)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
@@ -55,9 +57,6 @@ def sample_requests(target, tokenizer, n: int, seed: int = 0, temperature: float
 
 
 def main(argv=None) -> int:
-    from .. import target_fingerprint
-    from ..train.for_target import load_target
-
     p = argparse.ArgumentParser(prog="python -m specdec.zoo.prompts.magpie", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="the target (default: %(default)s)")

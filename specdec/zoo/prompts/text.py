@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..chat_prompts import SPLITS, subjects
+
 MAN_ROOT = Path("/usr/share/man")
 DOC_ROOT = Path("/usr/share/doc")
 #: a passage is cut at a paragraph end below this many characters (prompts stay short)
@@ -117,8 +119,6 @@ def man_passages(limit: int, language: str | None = None, workers: int = 4) -> l
 
 def stdlib_passages(split_of_source=None) -> list[Passage]:
     """The long docstrings (modules, classes, functions) of the standard library, one passage each."""
-    from ..chat_prompts import SPLITS, subjects
-
     out = []
     for split in SPLITS:
         for s in subjects(split):

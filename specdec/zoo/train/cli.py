@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .. import SMALL_NAME, WEIGHTS_DIR
+from .. import SMALL_NAME, WEIGHTS_DIR, names
 from ...tokenizer import ByteTokenizer
-from ...cli_args import about
+from ...cli_args import HelpFormatter, about  # HelpFormatter: each default stated once
 from .card import MODEL_CARD, read_card, render_model_card, render_model_cards
 from .hparams import STAGES, TargetShape, default_opts
 from .pipeline import train_all
@@ -22,8 +22,6 @@ def main(argv=None, after_training=None) -> int:
     """`specdec zoo train`. after_training(out, name, stages, cost_prompts), when given, runs after the stages
     trained and before the model card is written (`specdec zoo train` measures the drafts' step costs there, a bench
     step the trainer does not import)."""
-    from ...cli_args import HelpFormatter
-
     d = default_opts()
     p = argparse.ArgumentParser(prog="specdec zoo train", formatter_class=HelpFormatter,
                                 description="Train the zoo's checkpoints on the Python standard library (a target, "
@@ -134,7 +132,6 @@ def main(argv=None, after_training=None) -> int:
     if md is None and Path(a.out).resolve() == WEIGHTS_DIR:
         md = str(MODEL_CARD)
     if md and Path(md).resolve() == MODEL_CARD and Path(a.out).resolve() == WEIGHTS_DIR:
-        from .. import names
         Path(md).write_text(render_model_cards([read_card(WEIGHTS_DIR, n) for n in names()]))
     elif md:
         Path(md).write_text(render_model_card(card))
@@ -146,7 +143,6 @@ def estimate(stages, opts: dict, shape: TargetShape) -> str:
     """The line `specdec zoo train` prints before it starts: how long its stages will take, from the training speed
     (seconds per window byte, each stage its own) recorded on a shipped pair's card, that of the target shape asked
     for or else the nearest in layers x hidden^2 scaled by that product."""
-    from .. import names
     cards = [read_card(WEIGHTS_DIR, n) for n in names()]
     cards = [c for c in cards if c.get("training") and c.get("models", {}).get("target")]
     if not stages:

@@ -15,6 +15,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+import argparse
 
 import numpy as np
 import torch
@@ -27,6 +28,12 @@ from .. import target_fingerprint
 from .card import shape_summary
 from .hparams import StageOpts
 from .loop import freeze, num_params
+from ... import zoo
+from ...models import LlamaForCausalLM
+from ...models.gguf import load_gguf, load_gguf_tokenizer
+from ...tokenizer import load_tokenizer
+from ...cli_args import HelpFormatter
+from .record import RecordedData, load_recordings
 
 #: the kinds trained for a given target, in the order `specdec zoo train-draft --kind all` trains them
 TARGET_DRAFT_KINDS = ("eagle3", "eagle", "dflash", "draft_lm")
@@ -181,6 +188,7 @@ def render_target_card(card: dict, name: str) -> str:
 def update_card(out: Path, fields: dict, kind: str, row: dict) -> None:
     """out/card.json with `fields` and drafts[kind] = row, under a file lock (drafts train side by side), and the
     README.md rendered from it."""
+    # lazy: fcntl is POSIX-only
     import fcntl
 
     out.mkdir(parents=True, exist_ok=True)
@@ -197,7 +205,6 @@ def update_card(out: Path, fields: dict, kind: str, row: dict) -> None:
 def reslice_eagle3(target, out: Path, size: int, command: str = "", heldout: torch.Tensor | None = None) -> dict:
     """Rewrite out/eagle3 with the `size` most frequent recorded ids (out/token_ranking.npy) as its draft vocabulary,
     the same head (`with_draft_vocabulary`), and record it on its card row -> the row's `reslice` entry."""
-    from ... import zoo
     path = out / "eagle3"
     head = zoo.load_draft_for("eagle3", path, target)
     ranking = torch.from_numpy(np.load(out / "token_ranking.npy").astype(np.int64))
@@ -219,10 +226,6 @@ def reslice_eagle3(target, out: Path, size: int, command: str = "", heldout: tor
 def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):
     """A target named as `specdec zoo train-draft --target` takes it: a zoo real target (`specdec zoo list`), a GGUF
     file or a Hugging Face directory -> (target, tokenizer, the default drafts directory or None)."""
-    from ... import zoo
-    from ...models import LlamaForCausalLM
-    from ...models.gguf import load_gguf, load_gguf_tokenizer
-
     if spec in zoo.REAL_TARGETS:
         b = zoo.load_real_target(spec, device=device, dtype=dtype)
         return b.target, b.tokenizer, zoo.WEIGHTS_DIR / spec
@@ -233,7 +236,6 @@ def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):
     if path.is_file() and path.suffix == ".gguf":
         return load_gguf(path, device=device, dtype=dtype), load_gguf_tokenizer(path), None
     if path.is_dir() and (path / "config.json").is_file():
-        from ...tokenizer import load_tokenizer
         return LlamaForCausalLM.from_pretrained(path, device=device, dtype=dtype), load_tokenizer(path), None
     raise ValueError(f"--target {spec!r} is neither a zoo target ({sorted(zoo.REAL_TARGETS) + zoo.names()}), a .gguf "
                      f"file nor a Hugging Face directory with a config.json")
@@ -241,10 +243,6 @@ def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):
 
 def main(argv=None) -> int:
     """`specdec zoo train-draft`."""
-    import argparse
-
-    from ...cli_args import HelpFormatter
-    from .record import RecordedData, load_recordings
 
     p = argparse.ArgumentParser(
         prog="specdec zoo train-draft", formatter_class=HelpFormatter,

@@ -13,7 +13,7 @@ import torch
 
 from ...draft_kinds import DRAFT_KINDS
 from ...models import LlamaForCausalLM
-from .. import SMALL_NAME, WEIGHTS_DIR, corpus
+from .. import SMALL_NAME, WEIGHTS_DIR, corpus, load_dir
 from ...tokenizer import ByteTokenizer
 from .card import read_card, shape_summary, write_card
 from .evaluate import evaluate_bundle
@@ -30,8 +30,6 @@ def train_all(out=WEIGHTS_DIR, name: str = SMALL_NAME, seed: int = 0, stages=STA
     """Train `stages` in order and write out/name/target/, a directory per draft kind (out/name/eagle/, ...) and
     out/name/card.json. A stage after `target` loads the existing target from out/name/target.
     -> the card (dict)."""
-    from .. import load_dir
-
     out = Path(out)
     shape = shape or TargetShape()
     opts = opts or default_opts()

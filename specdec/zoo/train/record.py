@@ -28,6 +28,10 @@ import torch
 
 from ...models.outputs import ModelOutput
 from .. import target_fingerprint
+from ... import Engine, SamplingParams, zoo
+from ...prompt_files import read_prompts
+from ...models.eagle3 import default_feature_layers
+from ..chat_prompts import chat_prompt_ids
 
 
 class _RecordingTarget:
@@ -103,8 +107,6 @@ def record_conversations(target, prompts, layers, max_new_tokens: int, temperatu
     (n, topk) float16]), the answers' token ids): each conversation is its prompt and the target's answer (up to
     max_new_tokens, ending at a stop id) without its last token, with the streams entering `layers` at every token
     and the target's next-token distribution after it."""
-    from ... import Engine, SamplingParams  # the engine imports the zoo's package: import it when called
-
     if len(temperatures) != len(prompts):
         raise ValueError(f"got {len(temperatures)} temperatures for {len(prompts)} prompts")
     rec = _RecordingTarget(target, layers, topk)
@@ -293,9 +295,7 @@ class RecordedData:
 
 def _file_main(a, p) -> int:
     """`--prompts FILE`: the sharded, resumable recording (`shards`)."""
-    from ...prompt_files import read_prompts
-    from ...models.eagle3 import default_feature_layers
-    from .. import target_fingerprint
+    # lazy: for_target and shards import this module
     from .for_target import load_target
     from .shards import RecordPlan, record_shards, sha256_of, summary
 
@@ -326,10 +326,6 @@ def _shard_arg(text, p):
 
 
 def main(argv=None) -> int:
-    from ... import zoo
-    from ..chat_prompts import chat_prompt_ids
-    from ...models.eagle3 import default_feature_layers
-
     p = argparse.ArgumentParser(prog="python -m specdec.zoo.train.record", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct",

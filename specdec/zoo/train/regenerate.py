@@ -21,13 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ... import Engine, SamplingParams, zoo
+from .. import corpus
+
 
 def regenerate_segments(target, stream: np.ndarray, n: int, prefix: int, new_tokens: int, seed: int,
                         batch_size: int = 64, log=print) -> np.ndarray:
     """-> (n, prefix + new_tokens) uint16: row i is stream[s_i : s_i + prefix] (s_i seeded, uniform) followed by
     the target's first `new_tokens` greedy tokens after it (no stop ids: every segment has its full length)."""
-    from ... import Engine, SamplingParams  # the engine imports the zoo's package: import it when called
-
     if n < 1 or prefix < 1 or new_tokens < 1 or batch_size < 1:
         raise ValueError(f"n, prefix, new_tokens and batch_size must be >= 1, got {n}, {prefix}, {new_tokens}, "
                          f"{batch_size}")
@@ -83,9 +84,6 @@ class SegmentWindows:
 
 
 def main(argv=None) -> int:
-    from ... import zoo
-    from .. import corpus
-
     p = argparse.ArgumentParser(prog="python -m specdec.zoo.train.regenerate", description=__doc__)
     p.add_argument("--model", default=zoo.DEEP_NAME, help="zoo pair whose target writes (default: %(default)s)")
     p.add_argument("--segments", type=int, required=True)

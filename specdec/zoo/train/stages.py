@@ -18,6 +18,8 @@ from .. import corpus
 from .hparams import StageOpts, TargetShape, Windows
 from .regenerate import SegmentWindows, load_segments
 from .loop import train_autocast, freeze, position_grid, run_stage_loop, init_weights_
+from ...models.dflash import DFlashDraftModel, build_target_layer_ids, dflash_config_like
+from ...tokenizer import ByteTokenizer
 
 
 def on_target_device(module: torch.nn.Module, target) -> torch.nn.Module:
@@ -561,9 +563,6 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     frozen; its embedding and LM head are the drafter's; the mask token is opts.extra['mask_token_id'] (default the
     byte vocabulary's BOS id, never inside a window). data: as `train_eagle`. Its
     block cost is measured after training, by the bench (`specdec.bench.suites.draft_cost`)."""
-    from ...models.dflash import DFlashDraftModel, build_target_layer_ids, dflash_config_like
-    from ...tokenizer import ByteTokenizer
-
     ex = opts.extra
     L, bs = int(ex.get("num_layers", 2)), int(ex.get("block_size", 8))
     freeze(target)
