@@ -25,7 +25,7 @@ def _params(**kw):
 
 
 def _all_free(engine):
-    return all(c.num_free == engine.max_batch for c in engine.worker.caches())
+    return all(c.num_free == c.max_batch for c in engine.worker.caches())
 
 
 @pytest.mark.parametrize("kind", KINDS)

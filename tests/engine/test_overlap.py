@@ -53,7 +53,7 @@ def run(target, draft, spec, overlap: bool, graphs: bool = False, prompts=PROMPT
         engine._decode = DecodeGraphs(engine.worker, capture=False).decode_step
     counted = engine._decode = CountedDecode(engine._decode)
     outs = engine.generate(prompts, params or requests(), seed=5)
-    assert all(c.num_free == engine.max_batch for c in engine.worker.caches())
+    assert all(c.num_free == c.max_batch for c in engine.worker.caches())
     return outs, counted.calls, engine.last_stats.num_decode_steps
 
 

@@ -79,7 +79,7 @@ def soak(num_calls: int, seed: int = 0):
         steps += n
         if n:
             per_step.append((call, dt / n))
-        assert all(c.num_free == engine.max_batch for c in engine.worker.caches()), (call, name)
+        assert all(c.num_free == c.max_batch for c in engine.worker.caches()), (call, name)
         assert len(outs) == len(prompts)
         last = (name, prompts, params, call, outs)
     rss_end = _rss_mb()
