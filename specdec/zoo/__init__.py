@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..draft_kinds import DRAFT_KINDS, draft_kind
-from ..tokenizer import ByteTokenizer
+from ..tokenizer import ByteTokenizer, load_tokenizer
 from ..models import LlamaForCausalLM
 from ..models.gguf import load_gguf, load_gguf_tokenizer
 
@@ -33,7 +33,7 @@ DEEP_NAME = "stdlib-byte-24l"
 DEFAULT_NAME = DEEP_NAME
 
 __all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "SMALL_NAME", "load", "load_dir",
-           "load_draft_for", "names", "speed_pair", "target_fingerprint", "zoo_kinds"]
+           "load_draft_for", "load_target", "names", "speed_pair", "target_fingerprint", "zoo_kinds"]
 
 
 @dataclass
@@ -194,6 +194,24 @@ def load_real_target(name: str, device="cpu", dtype: torch.dtype = torch.float32
     """Real target `name` from its installed package (see `real_target_gguf`), with its drafts from
     weights/<name>/<kind>/ when they ship."""
     return load_gguf_bundle(name, real_target_gguf(name), WEIGHTS_DIR / name, device=device, dtype=dtype)
+
+
+def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):
+    """A target as the recorder and `specdec zoo train-draft` name it: a zoo real target or pair (`specdec zoo list`),
+    a GGUF file or a Hugging Face directory -> (target, tokenizer, the default drafts directory or None)."""
+    if spec in REAL_TARGETS:
+        b = load_real_target(spec, device=device, dtype=dtype)
+        return b.target, b.tokenizer, WEIGHTS_DIR / spec
+    if spec in names():  # a byte-level pair: its target (its drafts directory is the zoo's own, not written to)
+        b = load(spec, device=device, dtype=dtype)
+        return b.target, b.tokenizer, None
+    path = Path(spec)
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf(path, device=device, dtype=dtype), load_gguf_tokenizer(path), None
+    if path.is_dir() and (path / "config.json").is_file():
+        return LlamaForCausalLM.from_pretrained(path, device=device, dtype=dtype), load_tokenizer(path), None
+    raise ValueError(f"target {spec!r} is neither a zoo target ({sorted(REAL_TARGETS) + names()}), a .gguf file nor a "
+                     f"Hugging Face directory with a config.json")
 
 
 def entries() -> list[dict]:

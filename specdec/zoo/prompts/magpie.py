@@ -18,8 +18,7 @@ import torch
 
 from ...config import SamplingParams
 from ...engine import Engine
-from .. import target_fingerprint
-from ..train.for_target import load_target
+from .. import load_target, target_fingerprint
 
 BATCH = 64
 MARK = "\x00MAGPIE\x00"

@@ -29,9 +29,6 @@ from .card import shape_summary
 from .hparams import StageOpts
 from .loop import freeze, num_params
 from ... import zoo
-from ...models import LlamaForCausalLM
-from ...models.gguf import load_gguf, load_gguf_tokenizer
-from ...tokenizer import load_tokenizer
 from ...cli_args import HelpFormatter
 from .record import RecordedData, load_recordings
 
@@ -223,24 +220,6 @@ def reslice_eagle3(target, out: Path, size: int, command: str = "", heldout: tor
     return entry
 
 
-def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):
-    """A target named as `specdec zoo train-draft --target` takes it: a zoo real target (`specdec zoo list`), a GGUF
-    file or a Hugging Face directory -> (target, tokenizer, the default drafts directory or None)."""
-    if spec in zoo.REAL_TARGETS:
-        b = zoo.load_real_target(spec, device=device, dtype=dtype)
-        return b.target, b.tokenizer, zoo.WEIGHTS_DIR / spec
-    if spec in zoo.names():  # a byte-level pair: its target (its drafts directory is the zoo's own, not written to)
-        b = zoo.load(spec, device=device, dtype=dtype)
-        return b.target, b.tokenizer, None
-    path = Path(spec)
-    if path.is_file() and path.suffix == ".gguf":
-        return load_gguf(path, device=device, dtype=dtype), load_gguf_tokenizer(path), None
-    if path.is_dir() and (path / "config.json").is_file():
-        return LlamaForCausalLM.from_pretrained(path, device=device, dtype=dtype), load_tokenizer(path), None
-    raise ValueError(f"--target {spec!r} is neither a zoo target ({sorted(zoo.REAL_TARGETS) + zoo.names()}), a .gguf "
-                     f"file nor a Hugging Face directory with a config.json")
-
-
 def main(argv=None) -> int:
     """`specdec zoo train-draft`."""
 
@@ -282,7 +261,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     deadline = time.time() + 60 * a.minutes if a.minutes > 0 else 0.0
     torch.set_num_threads(a.threads)
-    target, tokenizer, default_out = load_target(a.target, device=a.device)
+    target, tokenizer, default_out = zoo.load_target(a.target, device=a.device)
     ckpt_dir = Path(a.checkpoint_dir) if a.checkpoint_dir else (
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec" / "train"
         / target_fingerprint(target))

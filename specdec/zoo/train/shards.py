@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .record import record_conversations
+from .capture import record_conversations
 
 ARRAYS = ("tokens", "features", "starts", "topk_ids", "topk_probs")
 
