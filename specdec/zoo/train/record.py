@@ -10,9 +10,11 @@ trains without running the target again.
 A recording is a directory: `tokens.npy` (N,) int32, the conversations end to end, each without its last token;
 `features.npy` (N, len(layers) * H) float16, aligned with the tokens; `starts.npy` the offset of each conversation;
 `meta.json` (layers, target fingerprint, prompts, sampling, time). Several recordings (written on several cores)
-are read together by `load_recordings`.
+are read together by `load_recordings`; a directory of shards (`shards`, a prompt file recorded resumably, each shard
+a recording of this layout) reads as its sealed shards, memory-mapped.
 
-`python -m specdec.zoo.train.record --model smollm2-135m-instruct --prompts N --shard I/K --out DIR`
+`python -m specdec.zoo.train.record --model NAME --prompts FILE --out DIR` (a prompt file, in shards), or
+`--prompts N --shard I/K` (the first N stdlib chat prompts, the shipped drafts' recipe)
 """
 from __future__ import annotations
 
