@@ -201,23 +201,38 @@ class DFlashDraftModel(DraftModelBase):
     def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None):
         """A DFlash checkpoint directory in z-lab's layout (architectures ["DFlashDraftModel"]), read as z-lab's
         code and SGLang read it (`read_dflash_config`). Tensors the drafter does not use (an `lm_head.weight`,
-        say) are ignored with a warning naming them; a missing tensor, a hidden size, vocabulary or layer ids that
-        do not fit `target`, or sliding-window layers: a ValueError naming it."""
+        say) are ignored with a warning naming them; a tensor of a layer the config does not have, a missing
+        tensor, a hidden size, vocabulary or layer ids that do not fit `target`, or sliding-window layers: a
+        ValueError naming it."""
         config = read_dflash_config(path, target.config.num_hidden_layers)
         model = cls(config, target)
         own = model.state_dict()
         sd, unused = {}, []
         for name, tensor in read_state_dict(path).items():
-            if name.removeprefix("model.") in own:
-                sd[name.removeprefix("model.")] = tensor
-            else:
-                unused.append(name)
+            key = name.removeprefix("model.")
+            if key in own:
+                sd[key] = tensor
+                continue
+            layer = _layer_index(key)
+            if layer is not None and layer >= config.num_hidden_layers:
+                # weights of a layer the config leaves out: a checkpoint cut or configured wrongly, never an extra
+                raise ValueError(f"{path}: tensor {name} is of layer {layer}, but config.json has "
+                                 f"num_hidden_layers={config.num_hidden_layers}")
+            unused.append(name)
         if unused:  # transformers and SGLang skip them too; the drafter shares the target's embedding and head
             unused.sort()
             warnings.warn(f"{path}: ignoring {len(unused)} tensor(s) the DFlash drafter does not use: "
                           f"{unused[:5]}{' ...' if len(unused) > 5 else ''}", stacklevel=2)
         load_strict(model, sd, path)
         return model.to(device=device or target.device, dtype=dtype or target.dtype).eval()
+
+
+def _layer_index(key: str) -> int | None:
+    """`layers.3.mlp.up_proj.weight` -> 3; None for a tensor outside the decoder layers."""
+    parts = key.split(".")
+    if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit():
+        return int(parts[1])
+    return None
 
 
 def _dflash_field(raw: dict, dflash: dict, name: str, where: str):

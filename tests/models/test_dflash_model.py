@@ -179,6 +179,37 @@ def test_drafters_that_do_not_fit_are_one_line_value_errors(target, tmp_path):
                           lambda: Engine(shallow, draft, SpecConfig(3)))
 
 
+def _two_layers_in_config(cfg):
+    cfg.update(num_hidden_layers=2, layer_types=["full_attention"] * 2)
+
+
+def test_a_tensor_of_a_layer_the_config_lacks_is_a_one_line_value_error(target, tmp_path):
+    """Weights of three layers under a config of two (a config written wrongly: the drafter would run without its
+    last layer), or one stray tensor of layer 7 under the "model." prefix, name the tensor and the layer count."""
+    zlab_dir(tmp_path / "cut", target, layers=3, layout=_two_layers_in_config)
+    _one_line_value_error(r"tensor layers\.2\.[a-z_.]+weight is of layer 2, but config\.json has num_hidden_layers=2",
+                          lambda: DFlashDraftModel.from_pretrained(tmp_path / "cut", target))
+    zlab_dir(tmp_path / "stray", target, extra={"model.layers.7.mlp.up_proj.weight": torch.randn(48, H)})
+    _one_line_value_error(r"tensor model\.layers\.7\.mlp\.up_proj\.weight is of layer 7, but config\.json has "
+                          r"num_hidden_layers=2", lambda: DFlashDraftModel.from_pretrained(tmp_path / "stray", target))
+
+
+def test_extras_of_zlabs_checkpoints_load_with_a_warning_naming_them(target, tmp_path):
+    """The embedding and LM head z-lab's checkpoints carry (the drafter shares the target's) and a buffer of a layer
+    the config has (an old transformers' rotary inv_freq) are skipped with one warning; the weights loaded are the
+    checkpoint's own, tensor for tensor."""
+    extra = dict(_EXTRA, **{"layers.0.self_attn.rotary_emb.inv_freq": torch.rand(4)})
+    cfg, sd = zlab_dir(tmp_path, target, extra=extra)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = DFlashDraftModel.from_pretrained(tmp_path, target)
+    notes = [str(w.message) for w in caught]
+    assert len(notes) == 1 and "ignoring 3 tensor(s) the DFlash drafter does not use" in notes[0], notes
+    assert all(f"'{name}'" in notes[0] for name in extra), notes[0]
+    loaded = model.state_dict()
+    assert set(loaded) == set(sd) and all(torch.equal(loaded[k], sd[k]) for k in sd)
+
+
 # ---- every layout z-lab publishes -------------------------------------------------------------------------
 
 TOKENS, BLOCK = [5, 9, 2, 44, 17, 3, 30], [11, 63, 63, 63]
