@@ -31,7 +31,7 @@ def add_parser(subparsers):
                         "kernels: every op of the decode step, reference / fast / torch.compile, against "
                         "the copy bandwidth (the full B x S+1 x V sweep on CUDA, a corner of it on CPU); "
                         "e2e: every worker, reference / fast / fast + CUDA graphs, tokens/s and the phases "
-                        "of a step, on the shipped model and (CUDA) a random 1.2B Llama; penalties: per "
+                        "of a step, on the shipped model and (CUDA) a random 1.5B Llama; penalties: per "
                         "penalty setting, how often SGLang's approximation leaves target-only's output, "
                         "acceptance under it and under exact penalties, and what exact penalties cost a step; "
                         "draft-cost: each shipped draft's step against a target step (the kinds whose model "

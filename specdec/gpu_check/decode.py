@@ -29,7 +29,7 @@ from ..bench.cases import CASES, by_kind
 from .. import Engine, SamplingParams
 from ..workers.graphs import DecodeGraphs, batch_buckets
 from ..models import random_llama
-from ..bench.suites.e2e import random_1b_target
+from ..bench.suites.e2e import RANDOM_1B_NAME, random_1b_target
 from ..bench.common import dtype_name, median_of
 
 #: e2e batch sizes in the order measured: the goal rows (B = 32 and B = 1) before B = 8.
@@ -180,7 +180,7 @@ def e2e_target(device, smoke: bool):
                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                                  seed=0, device=device)
     # Llama-3.2-1B's shapes with an untied 128,256 x 2,048 head: 1.5B parameters, drawn on the GPU
-    return "random-llama-1.5b", random_1b_target(device, torch.bfloat16)
+    return RANDOM_1B_NAME, random_1b_target(device, torch.bfloat16)
 
 
 def _e2e_models(device, smoke: bool):

@@ -184,6 +184,20 @@ def test_old_csvs_read_in_todays_schema(tmp_path):
     (tmp_path / "acceptance-2.csv").write_text("suite,run_id,commit\nacceptance,20261202-161310,43e4079\n")
     assert read_results(tmp_path / "acceptance-2.csv")["commit"].tolist() == ["43e4079"]  # not inf
     assert list(e2e["label"]) == ["target-only", "EAGLE-3 tree S5 K4 W16", "MTP Step-3.5 S3"]
+    # the random model of Llama-3.2-1B's shapes, named for 1.2B parameters before its count was fixed
+    counts = read_results("results/kernel-count-20261206-200539.csv")
+    assert set(counts["model"]) == {"random-llama-1.5b"}
+
+
+def test_the_random_1b_models_name_states_its_parameter_count():
+    """Counted from its shapes on the meta device (nothing allocated): two 128,256 x 2,048 matrices (embedding and
+    untied LM head) and 16 layers of 60.8M make 1.5B, which the name in every CSV says."""
+    from specdec.bench.suites.e2e import RANDOM_1B_NAME, RANDOM_1B_SHAPES
+    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**RANDOM_1B_SHAPES))
+    billions = sum(p.numel() for p in model.parameters()) / 1e9
+    assert RANDOM_1B_NAME == f"random-llama-{billions:.1f}b"
 
 
 def test_the_grammar_benchmark_rows():

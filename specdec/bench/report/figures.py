@@ -30,6 +30,11 @@ def _save(fig, out_png, rect=None) -> Path:
     return Path(out_png)
 
 
+#: model names that files of results/ wrote before the name was fixed -> today's: the random Llama of Llama-3.2-1B's
+#: shapes has 1.5B parameters (`bench.suites.e2e.RANDOM_1B_NAME`)
+MODEL_RENAMES = {"random-llama-1.2b": "random-llama-1.5b"}
+
+
 def load_results(results_dir="results", pattern="*.csv") -> pd.DataFrame:
     """Every CSV of `results_dir` matching `pattern` (`read_results` each), one frame with a `file` column."""
     files = sorted(Path(results_dir).glob(pattern))
@@ -50,12 +55,15 @@ def read_results(path) -> pd.DataFrame:
     """One benchmark CSV in today's schema, however old the file: a file without a `suite` column takes it
     from its name (`<suite>-<run_id>.csv`); a file without a `label` column gets one, and where its `worker`
     column held the label (e2e and gpu-check files before the `label` column) `worker` becomes the draft
-    kind, as in every file since. `commit` and `run_id` read as text."""
+    kind, as in every file since; a model named before its name was fixed reads as today's (`MODEL_RENAMES`).
+    `commit` and `run_id` read as text."""
     path = Path(path)
     # a short commit hash of digits around one "e" (43e4079) would otherwise read as a float: inf
     df = pd.read_csv(path, dtype={"commit": str, "run_id": str})
     if "suite" not in df:
         df.insert(0, "suite", suite_of_name(path))
+    if "model" in df:
+        df["model"] = df["model"].replace(MODEL_RENAMES)
     if "label" not in df and "worker" in df and len(df):
         kinds = df["worker"].astype(str)
         if kinds.isin(["target-only", *DRAFT_KINDS]).all() or kinds.str.startswith("hf-").any():

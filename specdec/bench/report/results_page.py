@@ -14,7 +14,7 @@ import pandas as pd
 
 from ...draft_kinds import draft_kind
 from ..suites.verify_rules import verify_rules_section
-from .figures import read_results
+from .figures import MODEL_RENAMES, read_results
 from .tables import accepts_more_table, goals_table, results_table
 from ..tune.search import held_out_ratio
 from ..suites.penalties import penalties_table
@@ -234,7 +234,8 @@ def archive_lines(root: Path, current: set[str]) -> list[str]:
         if not date:
             m = re.search(r"(\d{4})(\d{2})(\d{2})", rel)
             date = f"{m[1]}-{m[2]}-{m[3]}" if m else ""
-        model = ", ".join(sorted({str(x) for x in df["model"] if x != ""})) if "model" in df else ""
+        model = ", ".join(sorted({MODEL_RENAMES.get(str(x), str(x)) for x in df["model"] if x != ""})) \
+            if "model" in df else ""
         rows.append((suite, date, rel, model, len(df)))
     rows.sort(key=lambda r: (r[0], r[1], r[2]), reverse=True)
     lines = ["| suite | date | file | model | rows |", "|---|---|---|---|---|"]

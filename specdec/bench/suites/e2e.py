@@ -2,9 +2,9 @@
 time of one decode step split into its phases.
 
 One tidy CSV per run (`results/e2e-<run_id>.csv`, schema in results/README.md). Models: the shipped
-`stdlib-byte-6l` (trained drafts) and, on a GPU, a random-weight Llama of about 1.2B parameters with
-V = 128,256 (bf16; random drafts, so about one token per step: the rows measure each path's cost, not
-acceptance). Greedy decoding; every impl's tokens are checked against the reference's.
+`stdlib-byte-6l` (trained drafts) and, on a GPU, a random-weight Llama of Llama-3.2-1B's shapes with an untied LM
+head (`random-llama-1.5b`: 1.5B parameters, V = 128,256, bf16; random drafts, so about one token per step: the rows
+measure each path's cost, not acceptance). Greedy decoding; every impl's tokens are checked against the reference's.
 """
 from __future__ import annotations
 
@@ -85,12 +85,18 @@ def shipped_model(num_prompts: int, prompt_len: int, device, dtype=torch.float32
     return E2EModel(b.name, b.target.to(**cast), drafts, heldout_prompts(num_prompts, prompt_len, seed=0))
 
 
-def random_1b_target(device, dtype=torch.bfloat16):
-    """A random Llama with Llama-3.2-1B's shapes (hidden 2048, 16 layers, 32 heads / 8 KV heads, MLP 8192,
-    V 128,256), drawn on `device`."""
-    return random_llama(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                        num_attention_heads=32, num_key_value_heads=8, seed=0, dtype=dtype, device=device,
+#: Llama-3.2-1B's shapes (hidden 2048, 16 layers, 32 heads / 8 KV heads, MLP 8192, V 128,256) with an untied LM head
+RANDOM_1B_SHAPES = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                        num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
                         max_position_embeddings=4096)
+#: `random_1b_target`'s name in every CSV: 1.5B parameters, since its 128,256 x 2,048 embedding and LM head are two
+#: matrices; files written before the name was fixed call it random-llama-1.2b (`figures.MODEL_RENAMES`)
+RANDOM_1B_NAME = "random-llama-1.5b"
+
+
+def random_1b_target(device, dtype=torch.bfloat16):
+    """A random Llama of `RANDOM_1B_SHAPES` (`RANDOM_1B_NAME`), drawn on `device`."""
+    return random_llama(**RANDOM_1B_SHAPES, seed=0, dtype=dtype, device=device)
 
 
 def random_1b_model(num_prompts: int, prompt_len: int, device, dtype=torch.bfloat16) -> E2EModel:
@@ -100,7 +106,7 @@ def random_1b_model(num_prompts: int, prompt_len: int, device, dtype=torch.bfloa
     prompts = torch.randint(128256, (num_prompts, prompt_len), generator=gen).tolist()
     drafts = {kind.name: kind.new_random_draft(target) for kind in DRAFT_KINDS.values()
               if kind.e2e_specs and kind.random_draft}
-    return E2EModel("random-llama-1.2b", target, drafts, prompts)
+    return E2EModel(RANDOM_1B_NAME, target, drafts, prompts)
 
 
 def _measure(engine: Engine, batches, params, repeats: int, phases: bool):
@@ -134,7 +140,7 @@ def run_e2e_benchmark(device="cuda", models=None, batch_sizes=(1, 8, 32), max_ne
         models = ["shipped"] + (["random-1b"] if on_cuda else [])
     if not on_cuda:
         progress("note: no CUDA device: only the reference rows are measured (the fast kernels would run "
-                 "under Triton's interpreter, which is not speed), and the 1.2B model is skipped")
+                 "under Triton's interpreter, which is not speed), and the 1.5B model is skipped")
     run = Run("e2e", device)
     rows = []
     for model_name in models:

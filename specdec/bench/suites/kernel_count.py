@@ -68,6 +68,7 @@ from ... import Engine, SamplingParams
 from ...engine import HostStep
 from ...workers.graphs import DecodeGraphs
 from ..cases import CASES, by_kind
+from .e2e import RANDOM_1B_NAME
 
 #: The whole step's kernels (the graph's body + the eager ops around it) at B = 1, impl="fast", measured; a budget
 #: is the measurement rounded up to a multiple of 10 unless the budget before was lower. Lower a budget when a change
@@ -82,7 +83,7 @@ E2E_LAYERS = 16
 E2E_MLP_RATIO = 4  # intermediate 8192 / hidden 2048
 E2E_HEAD_DIM = 64  # 32 heads of hidden 2048 ...
 E2E_GQA_GROUP = 4  # ... sharing 8 KV heads
-E2E_MODEL_NAME = "random-llama-1.2b"
+E2E_MODEL_NAME = RANDOM_1B_NAME
 
 _aten = torch.ops.aten
 #: ops that only allocate: the caching allocator serves them without a kernel
