@@ -248,7 +248,8 @@ def render_page(root: Path | str = ".") -> str:
     root = Path(root)
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():
-        raise ValueError(f"{manifest_path}: no such file (run `specdec report` from the repository root)")
+        raise ValueError(f"{manifest_path}: no such file (run `specdec report` from a checkout's root, or name "
+                         f"one with --root)")
     manifest = json.loads(manifest_path.read_text())
     out = [HEADER]
     for section in manifest["sections"]:
