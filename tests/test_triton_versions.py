@@ -1,6 +1,6 @@
 """The tritons the project claims: pyproject's bounds, the clear refusal of an older triton, and the interpreter
-fix that lets the fast ops run under the GPU machine's triton 3.6 on a CPU (tests/helpers/triton_version_check.py runs
-them under 3.6.0 itself, in CI)."""
+fix that lets the fast ops run under the GPU runs' triton 3.6 (with torch 2.11) on a CPU
+(tests/helpers/triton_version_check.py runs them under 3.6.0 itself, in CI)."""
 from __future__ import annotations
 
 import re

@@ -1,6 +1,6 @@
 """`specdec gpu-check --out DIR` (or `python3 -m specdec.gpu_check --out DIR` from a checkout): everything the
-fast path needs a GPU to show, in one offline run that fits a short lease of a machine and loses nothing
-whatever breaks on the way.
+fast path needs a GPU to show, in one offline run with a deadline that loses nothing whatever breaks on the
+way.
 
 It installs nothing and imports the project from the checkout it lives in. Parts run in order, each in its own
 process (`PARTS`: environment and ceilings, the fused logprob kernels, end to end, graph replay, every op of a
@@ -45,7 +45,7 @@ from .rows import (E2E, ENVIRONMENT, KERNELS, LOG, OUTPUT_FILES, RUN_ID_ENV, SUM
 from ..cli_args import HelpFormatter
 
 ROOT = parts.ROOT
-#: 600 s of a lent machine's command less 60 s for copying the files back.
+#: A 600 s job (a batch queue's or a remote runner's limit) less 60 s for copying the files back.
 DEFAULT_DEADLINE_S = 540.0
 #: Seconds kept back from the deadline for the summary and the scratch directory's removal.
 SUMMARY_RESERVE_S = 5.0

@@ -33,7 +33,8 @@ RUN_ID_ENV = "SPECDEC_GPU_CHECK_RUN_ID"
 SIGNIFICANT = 6
 ENVIRONMENT, KERNELS, E2E, TESTS, LOG, SUMMARY = ("environment.csv", "kernels.csv", "e2e.csv", "tests.csv",
                                                   "log.txt", "SUMMARY.md")
-#: Every file a run may leave under its out directory (at most 6: two under the 8 a lent machine returns).
+#: Every file a run may leave under its out directory (at most 6, flat: few enough for a runner that copies back a
+#: handful of files).
 OUTPUT_FILES = [ENVIRONMENT, KERNELS, E2E, TESTS, LOG, SUMMARY]
 
 

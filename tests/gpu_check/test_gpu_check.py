@@ -60,7 +60,7 @@ def _rows(out: Path, name: str) -> list[dict]:
 
 
 def _smoke(tmp_path: Path, *args: str, timeout: float = 400):
-    """Run `python3 -m specdec.gpu_check --smoke` as a lent machine would (from elsewhere, OUT set), with pip
+    """Run `python3 -m specdec.gpu_check --smoke` as a remote runner would (from elsewhere, OUT set), with pip
     replaced by a recorder and HOME / TMPDIR fresh. Returns (the run, the out dir, seconds, the env)."""
     out, home, tmp, bin_dir, guard = (tmp_path / n for n in ("out", "home", "tmp", "bin", "guard"))
     for d in (home, tmp, bin_dir, guard):

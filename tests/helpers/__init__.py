@@ -4,7 +4,7 @@ the sampling-losslessness check. Beside them: `oracles/` (the independent oracle
 test inputs), `equivalence` (reference vs fast: one comparison, one tolerance table, the host-sync guard),
 `cuda_shim` (CPU tensors into fast ops on a GPU, installed by the conftest), `kernel_inventory`, and two scripts:
 `python -m tests.helpers.gpu_compile_check` (every kernel compiled for sm_90) and
-`python -m tests.helpers.triton_version_check VERSION` (CI's check under the GPU machine's triton)."""
+`python -m tests.helpers.triton_version_check VERSION` (CI's check under the GPU runs' triton 3.6)."""
 from __future__ import annotations
 
 from collections.abc import Mapping

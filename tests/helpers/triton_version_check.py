@@ -1,6 +1,6 @@
-"""The fast kernels under a triton other than the installed one: CI runs it for the GPU machine's triton
-(3.6.0), beside the pinned one that the test suite uses. Two checks, each in a subprocess with that triton
-first on PYTHONPATH:
+"""The fast kernels under a triton other than the installed one: CI runs it for the GPU runs' triton (3.6.0, with
+torch 2.11), beside the pinned one that the test suite uses. Two checks, each in a subprocess with that triton first
+on PYTHONPATH:
 
 1. every fast kernel compiles for sm_90 (`tests.helpers.gpu_compile_check`, the same assertions as
    `tests/ops/test_kernels_compile.py`), in bf16 (the GPU run's dtype; every kernel is reached in it; the pinned

@@ -1,7 +1,7 @@
 """Drafts for a target in one command: record its answers to a prompt file, train each kind on them, write the
 drafts with their card. Run it again and it continues where it stopped (sealed shards are kept, training resumes
-from its checkpoints), so it suits a device lent for a while as well as a CPU left running: with `--device cuda`
-the target records and the drafts train there.
+from its checkpoints), so it suits a GPU job that a scheduler may stop as well as a CPU left running: with
+`--device cuda` the target records and the drafts train there.
 
 `python -m specdec.zoo.train.offline --model NAME|FILE.gguf|HF_DIR --prompts TRAIN.jsonl --heldout-prompts
 HELDOUT.jsonl --kinds eagle3,eagle --device cuda --out DIR` writes DIR/recordings/{train,heldout} and DIR/drafts.
