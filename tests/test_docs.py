@@ -81,3 +81,49 @@ def test_docs_links_resolve():
             if not (doc.parent / target).exists():
                 missing.append(f"{doc.relative_to(ROOT)} -> {target}")
     assert not missing, "\n".join(missing)
+
+
+def module_map_paths(design: str) -> dict[str, str]:
+    """design.md's module map (the first code block under "## Module map", a tree indented by two spaces a level)
+    -> {path of each file or folder it names: its line}."""
+    block = design.split("## Module map", 1)[1].split("```", 2)[1]
+    named, folders = {}, []  # folders: (indent, "name/") from the root down to the current line
+    for line in block.splitlines()[1:]:
+        m = re.match(r"( *)(\S+)", line)
+        if not m or not m[2].endswith(("/", ".py")):
+            continue  # a description's continuation
+        indent, name = len(m[1]), m[2]
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        path = "".join(f for _, f in folders) + name
+        named[path] = line
+        if name.endswith("/"):
+            folders.append((indent, name))
+    return named
+
+
+def test_module_map_names_every_module_of_the_package():
+    """Every module of specdec/ has its line in design.md's module map, under its own folder (a package's __init__
+    and __main__ may be said on the package's line), and the map names no module that is not there."""
+    named = module_map_paths((ROOT / "docs" / "design.md").read_text())
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "specdec").rglob("*.py") if "__pycache__" not in p.parts}
+    missing = []
+    for module in sorted(modules):
+        folder, name = module.rsplit("/", 1)
+        if module in named or name == "__init__.py":
+            continue
+        if name == "__main__.py" and "__main__.py" in named.get(folder + "/", ""):
+            continue
+        missing.append(module)
+    assert not missing, f"docs/design.md's module map lacks: {missing}"
+    stale = sorted(p for p in named if p.startswith("specdec/") and p.endswith(".py") and p not in modules)
+    assert not stale, f"docs/design.md's module map names modules that do not exist: {stale}"
+
+
+def test_module_map_reader_places_a_module_under_its_folder():
+    """The reader of the map above, on a map written by hand: nesting, a continuation line, a folder closed by a
+    line less indented."""
+    design = "## Module map\n\n```\nspecdec/\n  a.py  one\n        more words\n  sub/  a folder\n    b.py  two\n" \
+             "  c.py  three\nreference/\n```\n"
+    assert set(module_map_paths(design)) == {"specdec/", "specdec/a.py", "specdec/sub/", "specdec/sub/b.py",
+                                             "specdec/c.py", "reference/"}
