@@ -100,8 +100,20 @@ def test_report_of_a_run_without_the_peers(capsys):
     assert main(["report", "results/acceptance-20261204-151630.csv"]) == 0
     out = capsys.readouterr().out
     assert "relative to specdec's target-only (a run without the peers)" in out
+    assert "| CPU tok/s vs specdec's target-only (B=2) | CPU tok/s vs specdec's target-only (B=4) |" in out
+    assert "transformers'" not in out.split("\n\n", 1)[1]
     assert "| target-only | 1.00 | 1.00 | 1.00 | 1.00x | 1.00x | 1.00x |" in out
     assert "| NGRAM tuned / specdec's target-only, B = 2 | 1.74x |" in out
+
+
+def test_report_of_a_run_with_the_peers_names_transformers_as_the_baseline(capsys):
+    """A run with the peers: CPU tokens/s relative to transformers' target-only, and the column says so (specdec's
+    own target-only row then reads above 1); the bound stays relative to specdec's target-only."""
+    assert main(["report", "results/acceptance-20261205-004625.csv"]) == 0
+    out = capsys.readouterr().out
+    assert "| step cost in target-only steps (B=1) | bound vs specdec's target-only (B=1) | " \
+           "CPU tok/s vs transformers' target-only (B=1) |" in out
+    assert "| target-only | 1.00 | 1.00 | 1.00x | 1.21x |" in out
 
 
 def test_report_errors_are_one_line(capsys):

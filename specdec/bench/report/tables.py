@@ -14,14 +14,17 @@ from ..suites.penalties import penalties_table
 
 
 def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
-    """Markdown: one row per worker (peers last), accepted tokens per step, step cost at the smallest batch
-    size (and, where the CSV has it, the speedup over specdec target-only that the step's model forwards
-    allow with zero overhead), and CPU tokens/s relative to transformers' target-only at each batch size;
-    then the baseline. A run without the peers (`--no-peers`) is relative to specdec's target-only instead."""
+    """Markdown: one row per worker (peers last), accepted tokens per step, step cost in target-only steps at the
+    smallest batch size (and, where the CSV has it, the speedup over specdec target-only that the step's model
+    forwards allow with zero overhead), and CPU tokens/s relative to transformers' target-only at each batch size;
+    then the baseline. A run without the peers (`--no-peers`) is relative to specdec's target-only instead. Each
+    ratio's header names what it is relative to."""
     df = df[df["temperature"] == temperature].copy()
     if df.empty:
         raise ValueError(f"no rows at temperature {temperature}")
-    speedup = "cpu_speedup_vs_hf_target_only" if has_peers(df) else "cpu_speedup_vs_target_only"
+    peers = has_peers(df)
+    speedup = "cpu_speedup_vs_hf_target_only" if peers else "cpu_speedup_vs_target_only"
+    baseline = "transformers' target-only" if peers else "specdec's target-only"
     df["case"] = df["label"]
     sizes = sorted(df["batch_size"].unique())
     cases = list(dict.fromkeys(df["case"]))
@@ -29,8 +32,9 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
                                                                       and c != "transformers target-only"]
     bound = "speedup_bound" in df and not pd.to_numeric(df["speedup_bound"], errors="coerce").isna().all()
     accepted = ["accepted / step"] if len(sizes) == 1 else [f"accepted / step (B={b})" for b in sizes]
-    head = ["worker"] + accepted + [f"step cost (B={sizes[0]})"] + ([f"bound (B={sizes[0]})"] if bound else [])
-    head += [f"B={b}" for b in sizes]
+    head = ["worker"] + accepted + [f"step cost in target-only steps (B={sizes[0]})"]
+    head += [f"bound vs specdec's target-only (B={sizes[0]})"] if bound else []
+    head += [f"CPU tok/s vs {baseline} (B={b})" for b in sizes]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in cases:
         rows = df[df["case"] == case].set_index("batch_size")
