@@ -53,13 +53,19 @@ def machine_line(df: pd.DataFrame) -> str:
 
 
 def acceptance_section(path: Path) -> list[str]:
+    """An acceptance CSV's tables at its greedy rows, or at its one temperature when it ran sampled requests only."""
     df = read_results(path)
-    out = [results_table(df)]
-    goals = goals_table(df)
+    temperatures = sorted(set(df["temperature"]))
+    if 0.0 not in temperatures and len(temperatures) != 1:
+        raise ValueError(f"{path}: no greedy rows and several temperatures {temperatures}: name one section per "
+                         f"temperature")
+    temperature = 0.0 if 0.0 in temperatures else temperatures[0]
+    out = [results_table(df, temperature)]
+    goals = goals_table(df, temperature)
     if goals:
         out += ["", "Against the project's goals (CPU tokens/s, the median over passes of the per-pass ratio):", "",
                 goals]
-    more = accepts_more_table(df)
+    more = accepts_more_table(df, temperature=temperature)
     if more:
         out += ["", "STANDALONE against the workers with a trained head, B = 1, on the prompts where STANDALONE "
                     "accepts more per step:", "", more]
@@ -210,9 +216,39 @@ def draft_vocab_section(path: Path) -> list[str]:
     return lines
 
 
+def kernel_count_section(path: Path, earlier: list[dict] = ()) -> list[str]:
+    """`python -m specdec.bench.suites.kernel_count`: per worker and batch size, the kernels one decode step launches,
+    those the CUDA graph replays and those around it, against the worker's budget; then, at B = 1, each earlier run
+    the manifest lists (`earlier`: {"csv", "before": what it predates, "path": the file}) beside this one."""
+    df = read_results(path)
+    head = ["worker", "B", "kernels per step", "in the CUDA graph", "launched around it", "aten ops",
+            "Triton launches", "host reads in the step", "budget"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in df.iterrows():
+        budget = _num(r.get("budget"))
+        lines.append("| " + " | ".join([
+            str(r["label"]), str(r["batch_size"]), str(r["total_kernels"]), str(r["body_kernels"]),
+            str(r["eager_ops"]), str(r["aten_kernels"]), str(r["triton_launches"]), str(r["host_reads"]),
+            "" if budget is None else f"{budget:.0f}"]) + " |")
+    if not earlier:
+        return lines
+    runs = [(e, read_results(e["path"])) for e in earlier]
+    head = ["worker, B = 1"] + [f"before {e['before']} (`{e['csv']}`)" for e, _ in runs] + ["this run"]
+    lines += ["", "The same count at B = 1 in earlier runs, each made before the change it names:", "",
+              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label in dict.fromkeys(df["label"]):
+        cells = []
+        for _, run in runs + [(None, df)]:
+            row = run[(run["label"] == label) & (run["batch_size"] == 1)]
+            cells.append(str(row["total_kernels"].iloc[0]) if len(row) else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 SECTIONS = {"acceptance": acceptance_section, "draft-vocab": draft_vocab_section, "heads": heads_section,
             "tune": tune_section, "tune-choice": tune_choice_section, "penalties": penalties_section,
-            "grammar": grammar_section, "gpu-e2e": gpu_e2e_section, "verify-rules": verify_rules_section}
+            "grammar": grammar_section, "gpu-e2e": gpu_e2e_section, "verify-rules": verify_rules_section,
+            "kernel-count": kernel_count_section}
 
 
 def _read_any(path: Path) -> pd.DataFrame:
@@ -262,7 +298,12 @@ def render_page(root: Path | str = ".") -> str:
         out += [f"## {section['title']}", "", section["scope"], "",
                 f"`{section['csv']}`, {machine_line(df) if 'device' in df else 'one thread'}; command:", "",
                 "```bash", section["command"], "```", ""]
-        out += SECTIONS[section["kind"]](path)
+        earlier = [dict(e, path=root / e["csv"]) for e in section.get("earlier", [])]
+        for e in earlier:
+            if not e["path"].is_file():
+                raise ValueError(f"{manifest_path}: {e['csv']}: no such file")
+        # the earlier runs a section sets beside its own, each by what it predates
+        out += SECTIONS[section["kind"]](path, earlier) if earlier else SECTIONS[section["kind"]](path)
         for note in section.get("notes", []):
             out += ["", note]
         out.append("")
