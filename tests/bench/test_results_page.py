@@ -1,6 +1,7 @@
-"""The results page's sections (`specdec.bench.report.results_page`): the kernel-count section quotes its CSV's counts
-and, at B = 1, each earlier run's, read here with the csv module; an acceptance CSV of sampled requests only is
-tabled at its temperature, one of several temperatures and no greedy rows is refused in one line."""
+"""What the documents show from results/: the results page's sections (`specdec.bench.report.results_page`) and the
+README's figure (`plots.speedup_figure`). The kernel-count section quotes its CSV's counts and, at B = 1, each earlier
+run's, read here with the csv module; an acceptance CSV of sampled requests only is tabled at its temperature, one of
+several temperatures and no greedy rows is refused in one line; the figure's bars are the CSV's ratios."""
 import csv
 from pathlib import Path
 
@@ -67,3 +68,32 @@ def test_an_acceptance_csv_of_sampled_requests_only_is_tabled_at_its_temperature
     with pytest.raises(ValueError, match=r"no greedy rows and several temperatures \[0\.7, 1\.0\]") as e:
         acceptance_section(_acceptance_csv(tmp_path / "acceptance-2.csv", ["0.7", "1.0"]))
     assert "\n" not in str(e.value)
+
+
+def test_the_speedup_figure_draws_each_rows_ratio_and_names_its_sources(tmp_path, monkeypatch):
+    """The README's figure: one bar per row of the CSV at B = 1, T = 0, its width the row's CPU tokens/s over
+    transformers' target-only as the CSV holds it (read here with the csv module), best on top; the figure's text
+    names the CSV, the bench command results/current.json records for it and the command that drew it."""
+    from specdec.bench.report import plots
+    drawn = {}
+
+    def keep(fig, out_png, rect=None):
+        drawn["fig"] = fig
+        return Path(out_png)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    source = ROOT / "results" / "acceptance-20261206-070202.csv"
+    plots.speedup_figure(source, tmp_path / "speedup.png")
+    fig = drawn["fig"]
+    ax = fig.axes[0]
+    want = sorted(float(r["cpu_speedup_vs_hf_target_only"]) for r in _rows(source)
+                  if r["batch_size"] == "1" and float(r["temperature"]) == 0)
+    assert [round(p.get_width(), 6) for p in ax.patches] == [round(w, 6) for w in want]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[-1].startswith("NGRAM chain S3") and "(1.63 tokens/step)" in labels[-1]
+    text = "\n".join(t.get_text() for t in fig.texts)
+    assert source.as_posix() in text.replace("\n", "")
+    assert "--workers eagle3,eagle,dflash,draft_lm,ngram" in text and "AMD EPYC" in text
+    assert f"specdec plot --speedup-by-kind {source.as_posix()}" in " ".join(text.split())
+    with pytest.raises(ValueError, match="draws an acceptance CSV"):
+        plots.speedup_figure(KERNELS, tmp_path / "kernels.png")

@@ -116,6 +116,16 @@ def test_report_of_a_run_with_the_peers_names_transformers_as_the_baseline(capsy
     assert "| target-only | 1.00 | 1.00 | 1.00x | 1.21x |" in out
 
 
+def test_plot_speedup_by_kind_needs_its_out_and_no_other_csv(capsys):
+    for argv in (["plot", "--speedup-by-kind", "results/x.csv"], ["plot", "--out", "x.png"],
+                 ["plot", "a.csv", "--speedup-by-kind", "b.csv", "--out", "x.png"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "--speedup-by-kind" in capsys.readouterr().err
+    assert main(["plot", "--speedup-by-kind", "results/no-such-file.csv", "--out", "x.png"]) == 1
+    assert "no such file" in capsys.readouterr().err
+
+
 def test_report_errors_are_one_line(capsys):
     assert main(["report", "results/no-such-file.csv"]) == 1
     assert "no such file" in capsys.readouterr().err

@@ -2,13 +2,15 @@
 `specdec plot` (`plot_csv`, `plot_all`); the shared helpers are in `figures`, gpu-check's figures in `gpu_plots`."""
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 
 from .figures import _pyplot, _save, read_results
 from .gpu_plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
-from ...draft_kinds import draft_kind
+from ...draft_kinds import DRAFT_KINDS, draft_kind
 
 
 def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
@@ -327,6 +329,83 @@ def plot_draft_vocab(df: pd.DataFrame, out_png):
     fig.suptitle(f"Draft vocabulary sweep, {info['model']}, B = 1, greedy, {info['threads']} thread "
                  f"({info['num_prompts']} prompts x {info['max_new_tokens']} tokens)", fontsize=9)
     return _save(fig, out_png, rect=(0, 0, 1, 0.93))
+
+
+def plot_speedup_by_kind(df: pd.DataFrame, out_png, source: str, commands: list[str], batch_size: int = 1,
+                         temperature: float = 0.0):
+    """One acceptance run at one batch size and temperature: each worker's CPU tokens/s relative to transformers'
+    target-only (to specdec's target-only for a run without the peers), one bar per worker, best first, coloured by
+    draft kind (specdec's target-only dark, the peers grey), each labelled with its accepted tokens per step. Below
+    the axes: `source` (the CSV's path), the machine as the CSV records it, and `commands` (what wrote the CSV and
+    what drew the figure), so that the picture says where every bar comes from."""
+    plt = _pyplot()
+    rows = df[(df["batch_size"] == batch_size) & (df["temperature"] == temperature)]
+    if rows.empty:
+        raise ValueError(f"{source}: no rows at batch size {batch_size} and temperature {temperature}")
+    peers = "cpu_speedup_vs_hf_target_only" in rows and pd.to_numeric(
+        rows["cpu_speedup_vs_hf_target_only"], errors="coerce").notna().any()
+    column, baseline = (("cpu_speedup_vs_hf_target_only", "transformers' target-only") if peers
+                        else ("cpu_speedup_vs_target_only", "specdec's target-only"))
+    rows = rows.assign(ratio=pd.to_numeric(rows[column], errors="coerce")).dropna(subset=["ratio"])
+    rows = rows.sort_values("ratio")  # barh draws bottom up: the best on top
+    kinds = list(DRAFT_KINDS)
+    palette = plt.get_cmap("tab10")
+
+    def colour(worker: str):
+        if worker == "target-only":
+            return "#333333"
+        if worker.startswith("hf-"):
+            return "#b0b0b0"
+        return palette(kinds.index(worker) % 10) if worker in kinds else "#777777"
+
+    fig, ax = plt.subplots(figsize=(9, 0.34 * len(rows) + 2.8))
+    labels = [r["label"] if pd.isna(r["mean_accept_len"]) or r["worker"] == "target-only"
+              else f"{r['label']}  ({r['mean_accept_len']:.2f} tokens/step)" for _, r in rows.iterrows()]
+    bars = ax.barh(labels, rows["ratio"], color=[colour(str(w)) for w in rows["worker"]])
+    for bar, value in zip(bars, rows["ratio"]):
+        ax.text(bar.get_width() + 0.02, bar.get_y() + bar.get_height() / 2, f"{value:.2f}x", va="center",
+                fontsize=8)
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlim(0, rows["ratio"].max() * 1.15)
+    ax.set_xlabel(f"CPU tokens/s relative to {baseline} (1.0: the black line)")
+    info = rows.iloc[0]
+    sampling = "greedy" if temperature == 0 else f"T = {temperature:g}"
+    specdec = rows[~rows["worker"].astype(str).str.startswith("hf-")]
+    same = specdec["same_tokens_as_target_only"].astype(str).eq("True").all() if temperature == 0 else None
+    fig.suptitle(f"{info['model']}: speedup by draft kind\nB = {batch_size}, {sampling}, {int(info['num_prompts'])} "
+                 f"prompts x at most {int(info['max_new_tokens'])} new tokens"
+                 + {True: "; every output token-identical to target-only", False: "; NOT every output token-identical "
+                    "to target-only", None: ""}[same], x=0.01, ha="left", fontsize="medium")
+    cpu = info.get("cpu_model")
+    device = f"{info['device']}, {cpu}" if isinstance(cpu, str) and cpu and cpu not in str(info["device"]) else \
+        str(info["device"])
+    notes = [f"{source}: ran on {device}; torch {info['torch']}; {info['impl']} path; commit {info['commit']}; "
+             f"{str(info['timestamp'])[:10]}"]
+    for command in commands:  # wrapped by hand: a figure's text does not wrap where the page ends
+        notes += textwrap.wrap(command, 130, subsequent_indent=" " * 12, break_on_hyphens=False)
+    fig.text(0.01, 0.01, "\n".join(notes), fontsize=6.5, family="monospace", va="bottom", ha="left")
+    inch = fig.get_size_inches()[1]
+    return _save(fig, out_png, rect=(0, (0.15 + 0.11 * len(notes)) / inch, 1, 1))
+
+
+def speedup_figure(csv_path, out_png) -> Path:
+    """`specdec plot --speedup-by-kind CSV --out PNG`: `plot_speedup_by_kind` of an acceptance CSV at its smallest batch
+    size, greedy, naming the bench command that wrote it (from the results/current.json beside it, where that
+    names the CSV) and this command."""
+    path = Path(csv_path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    df = read_results(path)
+    if df.empty or str(df["suite"].iloc[0]) != "acceptance":
+        raise ValueError(f"{path}: --speedup-by-kind draws an acceptance CSV")
+    commands = []
+    manifest = path.parent / "current.json"
+    if manifest.is_file():
+        sections = json.loads(manifest.read_text())["sections"]
+        written = [sec["command"] for sec in sections if Path(sec["csv"]).name == path.name]
+        commands += [f"written by: {written[0]}"] if written else []
+    commands.append(f"drawn by:   specdec plot --speedup-by-kind {path.as_posix()} --out {Path(out_png).as_posix()}")
+    return plot_speedup_by_kind(df, out_png, path.as_posix(), commands, batch_size=int(df["batch_size"].min()))
 
 
 SUITE_PLOTS = {"acceptance": plot_acceptance_and_speedup, "draft-vocab": plot_draft_vocab, "kernels": plot_kernels,

@@ -310,5 +310,7 @@ def render_page(root: Path | str = ".") -> str:
     out += ["## Archive", "",
             "Every other committed run, superseded by the sections above or a one-off study (`results/README.md` "
             "says which); `specdec report results/<file>.csv` prints an acceptance or penalties file's tables.", ""]
-    out += archive_lines(root, {s["csv"] for s in manifest["sections"]})
+    on_the_page = {s["csv"] for s in manifest["sections"]} | {e["csv"] for s in manifest["sections"]
+                                                              for e in s.get("earlier", [])}
+    out += archive_lines(root, on_the_page)
     return "\n".join(out).rstrip() + "\n"
