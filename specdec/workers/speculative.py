@@ -58,7 +58,12 @@ class SpeculativeWorkerBase(WorkerBase):
     draft_matches_target = ("vocab_size", "hidden_size")
 
     def check_draft(self, target, draft) -> None:
-        """ValueError, before any compute, when `draft` cannot draft for `target`."""
+        """ValueError, before any compute, when `draft` cannot draft for `target`: on another device, or of another
+        vocabulary or hidden size."""
+        devices = {p.device for p in draft.parameters()} if isinstance(draft, torch.nn.Module) else set()
+        if devices - {torch.device(target.device)}:
+            raise ValueError(f"the draft's weights are on {', '.join(sorted(map(str, devices)))}, the target's on "
+                             f"{target.device}: place both on one device (draft.to(target.device))")
         for name in self.draft_matches_target:
             t, d = getattr(target.config, name), getattr(draft.config, name)
             if t != d:

@@ -83,3 +83,13 @@ def test_ten_engines_on_the_real_target_fit_in_a_gigabyte():
     total = sum(e.memory()["kv_cache_bytes"] for e in engines)
     assert total < 2 ** 30, total  # preallocated, each would hold 16 x 4,096 slots: about 3 GB
     assert engines[3].memory()["slots_per_row"] == INITIAL_LENGTH
+
+
+def test_a_draft_on_another_device_is_refused_in_one_line(small):
+    """The engine runs where the target is: a draft elsewhere (here on the meta device) is a ValueError naming both
+    devices at construction, before any compute (it failed inside the first draft forward)."""
+    with pytest.raises(ValueError, match=r"the draft's weights are on meta, the target's on cpu: place both on one "
+                                         r"device") as e:
+        Engine(small.target, DRAFT_KINDS["eagle"].new_random_draft(small.target).to("meta"), SpecConfig(3, 1, 4),
+               impl="reference")
+    assert "\n" not in str(e.value)
