@@ -12,6 +12,7 @@ Without CUDA nothing can run a compiled Triton function, so nothing else in the 
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
@@ -54,6 +55,7 @@ def use_interpreter_without_cuda() -> bool:
     if "triton" in sys.modules:
         _interpret_language_functions()
     _squeeze_scalar_index()
+    _reuse_language_builtins()
     return True
 
 
@@ -82,6 +84,52 @@ def _squeeze_scalar_index() -> bool:
 
     patch_lang_tensor._squeezes_scalar_index = True
     interpreter._patch_lang_tensor = patch_lang_tensor
+    return True
+
+
+def _reuse_language_builtins() -> bool:
+    """Make the interpreter's per-launch language patch find triton's builtins once, not on every launch.
+
+    Before each kernel launch the interpreter swaps every builtin of ``triton.language`` (and of its tensor class)
+    for an interpreted wrapper, and restores them after. It finds them with ``inspect.getmembers`` over the whole
+    module and class each time, which was most of an interpreted launch's host time (a cProfile of the fast-path
+    tests). The builtins are found here once per module or class and reused while each of them is still the
+    module's attribute (one identity check per name); the wrappers are still made and restored per launch, as
+    triton does. Returns whether the wrap is in place."""
+    try:
+        # lazy: TRITON_INTERPRET must be set (fast/__init__) before triton is imported
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    patch_builtin = getattr(interpreter, "_patch_builtin", None)
+    patch_attr = getattr(interpreter, "_patch_attr", None)
+    if patch_builtin is None or patch_attr is None:  # another layout: nothing known to speed up
+        return False
+    if getattr(patch_builtin, "_reuses_builtins", False):
+        return True
+    found: dict[int, list] = {}
+
+    def builtins_of(pkg) -> list:
+        members = found.get(id(pkg))
+        if members is not None:
+            current = [getattr(pkg, name, None) is member for name, member in members]
+            if all(current):
+                return members
+            if not any(current):
+                # every builtin already swapped in this launch (`triton.language` and `triton.language.core` share
+                # the tensor class, patched for each): triton's scan would find no builtin there either
+                return []
+        members = [(name, member) for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)]
+        found[id(pkg)] = members
+        return members
+
+    def reusing_patch_builtin(pkg, builder, *scope):
+        for name, member in builtins_of(pkg):
+            patch_attr(pkg, name, member, builder, *scope)
+
+    reusing_patch_builtin._reuses_builtins = True
+    interpreter._patch_builtin = reusing_patch_builtin
     return True
 
 
