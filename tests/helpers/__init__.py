@@ -2,7 +2,8 @@
 tolerance, one statistical test, model constructions, the comparison of a run with its target-only baseline, and
 the sampling-losslessness check. Beside them: `oracles/` (the independent oracles and the tree builders used as
 test inputs), `equivalence` (reference vs fast: one comparison, one tolerance table, the host-sync guard),
-`cuda_shim` (CPU tensors into fast ops on a GPU, installed by the conftest), `kernel_inventory`, and two scripts:
+`cuda_shim` (CPU tensors into fast ops on a GPU, installed by the conftest), `kernel_inventory`, `gguf_files` (small
+GGUF files written from a known model), and two scripts:
 `python -m tests.helpers.gpu_compile_check` (every kernel compiled for sm_90) and
 `python -m tests.helpers.triton_version_check VERSION` (CI's check under the GPU runs' triton 3.6)."""
 from __future__ import annotations

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.helpers import installed_gguf
+from tests.helpers.gguf_files import byte_vocab, tiny_llama, write_gguf
 from specdec import Engine, SamplingParams, zoo
 from specdec.models import LlamaForCausalLM, random_llama
 from specdec.models.gguf import cache_dir_for, load_gguf, load_gguf_tokenizer
@@ -212,90 +213,11 @@ def test_a_missing_package_is_one_line_naming_the_install_command(monkeypatch):
 
 # ---- small GGUF files written from a known model ----------------------------------------------------------------
 
-def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's convert_hf_to_gguf.py LlamaModel.permute, written out from its source."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-          "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-          "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-
-
-def _byte_vocab():
-    """A byte-level BPE vocabulary: 3 control tokens, the 256 byte characters, two merges."""
-    from tokenizers.pre_tokenizers import ByteLevel
-    chars = sorted(ByteLevel.alphabet())
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + chars + ["Ġt", "Ġth"]
-    return tokens, [3, 3, 3] + [1] * (len(tokens) - 3), ["Ġ t", "Ġt h"]
-
-
-def _write_gguf(path, model, arch="llama", qtype=None, tokenizer=True, replace=None):
-    """model's weights as llama.cpp writes them: GGUF names, (in, out) shapes, attn_q / attn_k rows permuted in
-    Llama files, every matrix in qtype (F32 when None), norms in F32; replace: GGUF name -> (raw bytes, type)
-    written instead."""
-    c = model.config
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
-    if tokenizer:
-        tokens, types, merges = _byte_vocab()
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("smollm")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        a = t.detach().float().numpy()
-        if name.startswith("model.layers."):
-            i, rest = name.removeprefix("model.layers.").split(".", 1)
-            module, kind = rest.rsplit(".", 1)
-            g = f"blk.{i}.{_NAMES[module]}.{kind}"
-        else:
-            g = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                 "lm_head.weight": "output.weight"}[name]
-        if arch == "llama" and ".attn_q." in g:
-            a = _llama_cpp_permute(a, c.num_attention_heads)
-        elif arch == "llama" and ".attn_k." in g:
-            a = _llama_cpp_permute(a, c.num_key_value_heads)
-        if g in (replace or {}):
-            w.add_tensor(g, replace[g][0], raw_dtype=replace[g][1])
-        elif a.ndim == 2 and qtype is not None:
-            w.add_tensor(g, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(g, np.ascontiguousarray(a))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def _tiny(model_type="llama", **kw):
-    shape = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
-    return random_llama(vocab_size=len(_byte_vocab()[0]), num_hidden_layers=2, rope_theta=5e4, rms_norm_eps=1e-5,
-                        max_position_embeddings=128, model_type=model_type, seed=3, **{**shape, **kw})
-
-
 @pytest.mark.parametrize("model_type, tied", [("llama", False), ("llama", True), ("qwen2", False), ("qwen3", True)])
 def test_an_f32_gguf_gives_back_the_model_it_was_written_from(tmp_path, model_type, tied):
     """Exact: same weights (llama.cpp's permutation undone for Llama; Qwen files are not permuted), same logits."""
-    model = _tiny(model_type, tie_word_embeddings=tied)
-    path = _write_gguf(tmp_path / "m.gguf", model, arch=model_type)
+    model = tiny_llama(model_type, tie_word_embeddings=tied)
+    path = write_gguf(tmp_path / "m.gguf", model, arch=model_type)
     got = load_gguf(path, cache_dir=tmp_path / "cache")
     assert got.config.tie_word_embeddings == tied and got.config.model_type == model_type
     assert got.config.rope_theta == 5e4 and got.config.head_dim == 16
@@ -314,8 +236,8 @@ def test_a_quantised_gguf_dequantises_row_for_row(tmp_path, qtype):
     """Each matrix equals the gguf package's dequantisation of the unpermuted matrix quantised alone (the row
     permutation commutes with quantisation, whose blocks run along a row)."""
     qt = gguf.GGMLQuantizationType[qtype]
-    model = _tiny()
-    path = _write_gguf(tmp_path / "m.gguf", model, qtype=qt)
+    model = tiny_llama()
+    path = write_gguf(tmp_path / "m.gguf", model, qtype=qt)
     got = load_gguf(path, cache=False).state_dict()
     for name, t in model.state_dict().items():
         want = t if t.dim() == 1 else torch.from_numpy(
@@ -324,9 +246,9 @@ def test_a_quantised_gguf_dequantises_row_for_row(tmp_path, qtype):
 
 
 def test_the_gguf_tokenizer_and_chat_template(tmp_path):
-    path = _write_gguf(tmp_path / "m.gguf", _tiny())
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama())
     tok = load_gguf_tokenizer(path, cache_dir=tmp_path / "cache")
-    tokens = _byte_vocab()[0]
+    tokens = byte_vocab()[0]
     ids = tok.encode(" the<|im_end|>")
     assert [tokens[i] for i in ids] == ["Ġth", "e", "<|im_end|>"] and tok.eos_token_ids == [2]
     assert tok.decode(ids) == " the"
@@ -356,7 +278,7 @@ def _one_line_error(call, match):
 
 
 def test_a_gguf_of_another_architecture_is_refused(tmp_path):
-    path = _write_gguf(tmp_path / "g.gguf", _tiny(), arch="gemma3")
+    path = write_gguf(tmp_path / "g.gguf", tiny_llama(), arch="gemma3")
     _one_line_error(lambda: load_gguf(path, cache=False), r"architecture 'gemma3' is not supported")
     _one_line_error(lambda: load_gguf(path, cache_dir=tmp_path / "cache"), r"architecture 'gemma3' is not supported")
 
@@ -364,23 +286,23 @@ def test_a_gguf_of_another_architecture_is_refused(tmp_path):
 def test_a_quantisation_type_the_loader_cannot_read_is_refused(tmp_path):
     qt = gguf.GGMLQuantizationType.Q8_K  # llama.cpp's activation type: the gguf package has no dequantiser
     block, size = gguf.GGML_QUANT_SIZES[qt]
-    model = _tiny(hidden_size=256, intermediate_size=256)
+    model = tiny_llama(hidden_size=256, intermediate_size=256)
     rows = model.config.num_key_value_heads * model.config.head_dim
     raw = np.zeros((rows, 256 // block * size), dtype=np.uint8)
-    path = _write_gguf(tmp_path / "q.gguf", model, replace={"blk.0.attn_v.weight": (raw, qt)})
+    path = write_gguf(tmp_path / "q.gguf", model, replace={"blk.0.attn_v.weight": (raw, qt)})
     _one_line_error(lambda: load_gguf(path, cache=False), r"'blk.0.attn_v.weight' has quantisation type Q8_K")
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.999, 40])
 def test_a_truncated_gguf_is_refused(tmp_path, keep):
-    path = _write_gguf(tmp_path / "t.gguf", _tiny())
+    path = write_gguf(tmp_path / "t.gguf", tiny_llama())
     data = path.read_bytes()
     path.write_bytes(data[:keep if isinstance(keep, int) else int(len(data) * keep)])
     _one_line_error(lambda: load_gguf(path, cache=False), r"t.gguf: (truncated GGUF file|not a readable GGUF file)")
 
 
 def test_a_gguf_without_tokenizer_metadata_loads_its_model_but_not_a_tokenizer(tmp_path):
-    path = _write_gguf(tmp_path / "n.gguf", _tiny(), tokenizer=False)
+    path = write_gguf(tmp_path / "n.gguf", tiny_llama(), tokenizer=False)
     assert load_gguf(path, cache_dir=tmp_path / "cache").config.num_hidden_layers == 2
     for cache in (True, False):
         _one_line_error(lambda cache=cache: load_gguf_tokenizer(path, cache=cache, cache_dir=tmp_path / "cache"),
@@ -390,7 +312,7 @@ def test_a_gguf_without_tokenizer_metadata_loads_its_model_but_not_a_tokenizer(t
 def test_a_draft_vocabulary_larger_than_the_targets_is_refused(tmp_path):
     """Drafts trained later go to weights/<name>/<kind>/; one that fits loads, one with a larger vocabulary is
     refused."""
-    path = _write_gguf(tmp_path / "m.gguf", _tiny())
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama())
     target = load_gguf(path, cache_dir=tmp_path / "cache")
     vocab = target.config.vocab_size
     random_llama(vocab_size=vocab, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "ok" / "draft_lm")
