@@ -68,8 +68,42 @@ def float_list(text: str) -> list[float]:
     return values
 
 
-MODEL_HELP = ("the zoo pair to run; auto: the deep pair, whose draft steps cost what real drafts cost, when it "
-              "ships, else the small one")
+MODEL_HELP = ("the model to run: a zoo name (`specdec zoo list`: a shipped pair, or a released model read from its "
+              "installed GGUF file), a .gguf file, or a Hugging Face model directory (config.json, safetensors, "
+              "tokenizer.json), whose chat template and end-of-sequence ids come with it; auto: the deep pair, whose "
+              "draft steps cost what real drafts cost, when it ships, else the small one")
+
+MODEL_PATH_HELP = ("a zoo name (`specdec zoo list`: a shipped pair, or a released model read from its installed GGUF "
+                   "file), a .gguf file, or a Hugging Face model directory (config.json, safetensors, tokenizer.json), "
+                   "whose chat template and end-of-sequence ids come with it")
+
+DRAFT_DIR_HELP = ("a draft directory `specdec zoo train-draft` wrote for this model (its --out, or one draft's "
+                  "directory), in place of the model's draft of the same kind; refused when it was trained for another "
+                  "target (repeatable)")
+
+PROMPTS_HELP = ("a prompt file, one prompt a line: MT-Bench's and Spec-Bench's JSON lines ({\"question_id\", "
+                "\"category\", \"turns\": [...]}), chat lines ({\"messages\": [...]}) or plain text (default: the "
+                "toolkit's own held-out set for the model, specdec/zoo/heldout/)")
+
+TURNS_HELP = ("with --prompts: first, each prompt's first turn; all, every turn, a later one asked after the target's "
+              "own greedy answer to those before it (MT-Bench's practice)")
+
+
+def category_list(text: str) -> list[str]:
+    """'writing,coding' -> ['writing', 'coding'] (a prompt file's categories)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated category names such as 'writing,coding', got "
+                                         f"{text!r}")
+    return parts
+
+
+def add_prompt_arguments(p) -> None:
+    """--prompts FILE, --categories, --turns: a command's prompts from a prompt file (`specdec.prompt_sets`)."""
+    p.add_argument("--prompts", metavar="FILE", default=None, help=PROMPTS_HELP)
+    p.add_argument("--categories", type=category_list, default=None,
+                   help="only the prompts of these categories (comma-separated), of --prompts or the default set")
+    p.add_argument("--turns", default="first", choices=["first", "all"], help=TURNS_HELP)
 
 DEVICE_HELP = "where the models run: auto (cuda when a CUDA device is present, else cpu), cpu, cuda or cuda:N"
 

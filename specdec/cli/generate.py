@@ -12,22 +12,20 @@ from ..engine import Engine
 from ..tokenizer import eos_ids_of, load_tokenizer
 from .. import tuning
 from ..tuning import shape_name, shape_spec, shipped_files, TunedSpec
-from ..cli_args import IMPL_HELP, THREADS_HELP, HelpFormatter, positive_int
-from ..models.io import read_config
+from ..cli_args import IMPL_HELP, MODEL_PATH_HELP, THREADS_HELP, HelpFormatter, positive_int
 from ..models.mtp import mtp_from_target_dir
 from ..models import LlamaForCausalLM
 
 NAME = "generate"
-#: the kind an `--draft-layout auto` checkpoint loads as when its architectures name no kind's model: EAGLE-1/2
-#: checkpoints are published under several (`EagleDraftHead.from_pretrained` reads them, and names what it
-#: expects otherwise)
-AUTO_LAYOUT_FALLBACK = "eagle"
 
 
 def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
     """-> the draft model (None without one) and the SpecConfig its kind suggests (`DraftKind.default_spec`).
-    layout: "auto" (the kind whose model's architecture the draft's config.json names), a draft kind's name, or
-    "mtp-deepseek" / "mtp-mimo" (MTP layers beside a target's weights)."""
+    layout: "auto" (the kind whose model's architecture the draft's config.json names: `zoo.draft_kind_of_dir`), a
+    draft kind's name, or "mtp-deepseek" / "mtp-mimo" (MTP layers beside a target's weights). A draft whose
+    config.json names another target's fingerprint is refused (`zoo.load_draft_for`)."""
+    # lazy: the CLI builds its parser before importing command implementations (the zoo)
+    from .. import zoo
     if layout in ("mtp-deepseek", "mtp-mimo"):
         draft = mtp_from_target_dir(draft_dir or target_dir, target, layout.removeprefix("mtp-"))
         return draft, kind_of(draft).default_spec(draft)
@@ -39,25 +37,9 @@ def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
             raise ValueError(f"--draft-layout {layout} needs --draft DIR")
         return None, None
     if layout == "auto":
-        archs = read_config(draft_dir).get("architectures") or []
-        layout = next((k.name for k in DRAFT_KINDS.values()
-                       if archs == [getattr(k.model_class(), "architecture", None)]), None)
-        if layout is None:
-            layout = "draft_lm" if is_causal_lm_dir(draft_dir) else AUTO_LAYOUT_FALLBACK
-    draft = draft_kind(layout).load(draft_dir, target)
+        layout = zoo.draft_kind_of_dir(draft_dir)
+    draft = zoo.load_draft_for(layout, draft_dir, target)
     return draft, kind_of(draft).default_spec(draft)
-
-
-def is_causal_lm_dir(path: Path) -> bool:
-    """Whether a checkpoint directory holds a whole causal LM (a STANDALONE draft) rather than an EAGLE-1/2 head,
-    which is published under the same architecture names: a head has `fc`, an LM has every layer and a norm."""
-    # lazy: safetensors is kept lazy where it was (a heavy dependency)
-    from safetensors import safe_open
-    keys = set()
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as st:
-            keys.update(st.keys())
-    return "fc.weight" not in keys and "model.norm.weight" in keys and "model.embed_tokens.weight" in keys
 
 
 def parse_logit_bias(items: list[str]) -> dict[int, float] | None:
@@ -112,9 +94,13 @@ def measured_default(bundle):
 
 
 def zoo_draft(bundle, kind: str | None):
-    """A zoo pair and a --draft value (a kind's name, "none", or None for the measured default, `measured_default`)
-    -> (its draft or None, the SpecConfig to run it with: the pair's tuned shape at batch size 1 where a tuned file
-    ships, else the kind's default; a note for the user or None)."""
+    """A --model bundle and a --draft value (a kind's name, "none", a draft directory, or None for the measured
+    default, `measured_default`) -> (its draft or None, the SpecConfig to run it with: the pair's tuned shape at batch
+    size 1 where a tuned file ships, else the kind's default; a note for the user or None). A directory
+    (`zoo.add_drafts`: one draft, or train-draft's --out) runs its draft, or the first of its drafts in the kinds'
+    order."""
+    # lazy: the CLI builds its parser before importing command implementations (the zoo)
+    from .. import zoo
     if kind == "none":
         return None, None, None
     if kind is None:
@@ -122,8 +108,15 @@ def zoo_draft(bundle, kind: str | None):
         if kind is None:
             return None, None, f"note: {spec}"
         return getattr(bundle, kind), spec, None
+    if kind not in DRAFT_KINDS and Path(kind).is_dir():
+        added = sorted(zoo.add_drafts(bundle, kind), key=list(DRAFT_KINDS).index)
+        draft = bundle.drafts[added[0]]
+        note = None if len(added) == 1 else (f"note: {kind} holds the drafts {', '.join(added)}; decoding with "
+                                             f"{added[0]} (--draft {Path(kind) / added[1]} runs another)")
+        return draft, kind_of(draft).default_spec(draft), note
     if kind not in DRAFT_KINDS:
-        raise ValueError(f"--draft {kind!r}: with --model, a draft kind ({', '.join(DRAFT_KINDS)}) or none")
+        raise ValueError(f"--draft {kind!r}: with --model, a draft kind ({', '.join(DRAFT_KINDS)}), none, or a draft "
+                         f"directory")
     draft = getattr(bundle, kind)
     if draft is None:
         shipped = ", ".join(k for k, d in bundle.drafts.items() if d is not None) or "none"
@@ -161,8 +154,9 @@ def load_models(args):
         # lazy: the CLI builds its parser before importing command implementations (the zoo)
         from .. import zoo
         if args.draft_layout != "auto":
-            raise ValueError("--draft-layout reads --draft DIR with --target; with --model, --draft names a kind")
-        bundle = zoo.load(args.model or zoo.DEFAULT_NAME)
+            raise ValueError("--draft-layout reads --draft DIR with --target; with --model, --draft names a kind or "
+                             "a directory train-draft wrote")
+        bundle = zoo.load_model(args.model or zoo.DEFAULT_NAME)
         draft, spec, note = zoo_draft(bundle, args.draft)
         if note:
             print(note, file=sys.stderr)
@@ -252,8 +246,6 @@ def run(args) -> int:
 
 
 def add_parser(subparsers):
-    # lazy: the CLI builds its parser before importing command implementations (the zoo)
-    from .. import zoo
     p = subparsers.add_parser(NAME, formatter_class=HelpFormatter,
                               help="decode a prompt (text) with a zoo pair or checkpoint directories, streaming the "
                                    "continuation, then the same request target-only for comparison",
@@ -265,14 +257,14 @@ def add_parser(subparsers):
                                           "parse_args('")
     p.add_argument("prompt", help="the prompt, as text")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--model", default=None, choices=zoo.names() + sorted(zoo.REAL_TARGETS),
-                        help="a zoo entry (`specdec zoo list`): a shipped pair, or a released model read from its "
-                             "installed GGUF file; its target, and its draft of the kind --draft names. Without "
-                             "--model and --target, the deep pair")
+    source.add_argument("--model", default=None, help=MODEL_PATH_HELP + "; its target, and its draft of the kind "
+                                                                         "--draft names. Without --model and "
+                                                                         "--target, the deep pair")
     source.add_argument("--target", default=None, help="the target's directory (config.json, safetensors, "
                                                        "tokenizer.json), instead of --model")
     p.add_argument("--draft", default=None,
-                   help=f"with --model: the pair's draft of this kind, one of {', '.join(DRAFT_KINDS)} "
+                   help=f"with --model: the pair's draft of this kind, one of {', '.join(DRAFT_KINDS)}, or a draft "
+                        "directory `specdec zoo train-draft` wrote for this target (refused for another target) "
                         "(default: the kind and shape its tuned files measured fastest at batch size 1, or "
                         "target-only with a note where none measured a draft faster). With --target: the draft's "
                         "directory (a head, MTP layers, or a small causal LM of the target's vocabulary: "

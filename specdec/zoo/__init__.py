@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 
 from ..draft_kinds import DRAFT_KINDS, draft_kind
-from ..tokenizer import ByteTokenizer, load_tokenizer
+from ..tokenizer import ByteTokenizer, eos_ids_of, load_tokenizer
 from ..models import LlamaForCausalLM
-from ..models.gguf import load_gguf, load_gguf_tokenizer
+from ..models.gguf import cached_gguf_dir, load_gguf, load_gguf_tokenizer
+from ..models.io import read_config
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 #: the small pair, what the tests run for speed: a 6-layer target whose draft step costs ~1/4 of its step
@@ -32,8 +33,14 @@ DEEP_NAME = "stdlib-byte-24l"
 #: what `load()` without a name loads, as `specdec demo`, `generate`, `bench` and `tune` run by default
 DEFAULT_NAME = DEEP_NAME
 
-__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "SMALL_NAME", "load", "load_dir",
-           "load_draft_for", "load_target", "names", "speed_pair", "target_fingerprint", "zoo_kinds"]
+__all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "SMALL_NAME", "add_drafts", "draft_kind_of_dir",
+           "load", "load_dir", "load_draft_for", "load_model", "load_target", "names", "speed_pair",
+           "target_fingerprint", "zoo_kinds"]
+
+#: the kind a draft directory reads as when its config.json's architectures name no kind's model and its weights are
+#: not a whole causal LM: EAGLE-1/2 checkpoints are published under several (`EagleDraftHead.from_pretrained` reads
+#: them, and names what it expects otherwise)
+AUTO_LAYOUT_FALLBACK = "eagle"
 
 
 @dataclass
@@ -47,6 +54,20 @@ class Bundle:
     tokenizer: ByteTokenizer = field(default_factory=ByteTokenizer)
     card: dict = field(default_factory=dict)
     path: Path | None = None
+    #: the Hugging Face directory the target loads from (what transformers' peers load), None where there is none
+    target_dir: Path | None = None
+
+    @property
+    def chat(self) -> bool:
+        """Whether a prompt goes to the target through its tokenizer's chat template: where the tokenizer has one,
+        except the byte pairs' (their targets were trained on raw code, and read a prompt as it is)."""
+        return not isinstance(self.tokenizer, ByteTokenizer) and bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """The ids a request stops at: the tokenizer's end-of-sequence ids, as generation stops; none for the byte
+        pairs, whose requests decode exactly the tokens asked for."""
+        return [] if isinstance(self.tokenizer, ByteTokenizer) else eos_ids_of(self.tokenizer)
 
     def __getattr__(self, name: str):
         # only names the instance lacks get here: a draft kind's name reads `drafts`
@@ -107,7 +128,7 @@ def load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) 
     reads the shipped ones; for a pair trained elsewhere (`specdec zoo train --out`)."""
     root = Path(root)
     target = LlamaForCausalLM.from_pretrained(root / "target", device=device, dtype=dtype)
-    b = Bundle(name=name, target=target, path=root)
+    b = Bundle(name=name, target=target, path=root, target_dir=root / "target")
     for kind in zoo_kinds():
         if (root / kind / "config.json").is_file():
             b.drafts[kind] = draft_kind(kind).load(root / kind, target, device=device, dtype=dtype)
@@ -172,19 +193,17 @@ def real_target_gguf(name: str) -> Path:
 def load_gguf_bundle(name: str, gguf_path, drafts_root, device="cpu", dtype: torch.dtype = torch.float32,
                      cache_dir=None) -> Bundle:
     """A GGUF target (`specdec.models.gguf.load_gguf`, converted once into the GGUF cache) with its tokenizer, and
-    every draft trained for it in drafts_root/<kind>/ (`zoo_kinds()`); drafts_root/card.json is its card when
-    there is one. A draft that does not fit the target (another vocabulary or width) is a ValueError."""
+    every draft trained for it in drafts_root/<kind>/ (`zoo_kinds()`; none when drafts_root is None);
+    drafts_root/card.json is its card when there is one. A draft that does not fit the target (another vocabulary or
+    width, or trained for another target) is a ValueError."""
     target = load_gguf(gguf_path, device=device, dtype=dtype, cache_dir=cache_dir)
     tokenizer = load_gguf_tokenizer(gguf_path, cache_dir=cache_dir)
-    root = Path(drafts_root)
-    b = Bundle(name=name, target=target, tokenizer=tokenizer, path=root)
-    fingerprint = None
-    for kind in zoo_kinds():
-        if (root / kind / "config.json").is_file():
-            fingerprint = fingerprint or target_fingerprint(target)
-            b.drafts[kind] = load_draft_for(kind, root / kind, target, device, dtype, fingerprint)
-    card = root / "card.json"
-    b.card = json.loads(card.read_text()) if card.is_file() else {}
+    b = Bundle(name=name, target=target, tokenizer=tokenizer, path=None if drafts_root is None else Path(drafts_root),
+               target_dir=cached_gguf_dir(gguf_path, cache_dir))
+    if drafts_root is not None and (Path(drafts_root) / "card.json").is_file():
+        b.card = json.loads((Path(drafts_root) / "card.json").read_text())
+    if drafts_root is not None and drafts_of(drafts_root):
+        add_drafts(b, drafts_root)
     b.card.setdefault("target", {}).update(source=str(gguf_path))
     b.card.setdefault("tokenizer", {"type": "HFTokenizer", "vocab_size": tokenizer.vocab_size})
     return b
@@ -196,22 +215,87 @@ def load_real_target(name: str, device="cpu", dtype: torch.dtype = torch.float32
     return load_gguf_bundle(name, real_target_gguf(name), WEIGHTS_DIR / name, device=device, dtype=dtype)
 
 
-def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):
-    """A target as the recorder and `specdec zoo train-draft` name it: a zoo real target or pair (`specdec zoo list`),
-    a GGUF file or a Hugging Face directory -> (target, tokenizer, the default drafts directory or None)."""
-    if spec in REAL_TARGETS:
-        b = load_real_target(spec, device=device, dtype=dtype)
-        return b.target, b.tokenizer, WEIGHTS_DIR / spec
-    if spec in names():  # a byte-level pair: its target (its drafts directory is the zoo's own, not written to)
+def load_model(spec, device="cpu", dtype: torch.dtype = torch.float32, drafts=()) -> Bundle:
+    """What `--model` names in every command: a zoo pair or real target (`specdec zoo list`), a GGUF file or a
+    Hugging Face model directory (config.json, safetensors, tokenizer.json) -> its Bundle. A file or directory
+    brings its target and tokenizer (chat template and end-of-sequence ids included) and no trained draft; `drafts`:
+    draft directories (`add_drafts`) added to any of them. Anything else is a one-line ValueError naming it."""
+    spec = str(spec)
+    if spec in REAL_TARGETS or spec in names():
         b = load(spec, device=device, dtype=dtype)
-        return b.target, b.tokenizer, None
-    path = Path(spec)
-    if path.is_file() and path.suffix == ".gguf":
-        return load_gguf(path, device=device, dtype=dtype), load_gguf_tokenizer(path), None
-    if path.is_dir() and (path / "config.json").is_file():
-        return LlamaForCausalLM.from_pretrained(path, device=device, dtype=dtype), load_tokenizer(path), None
-    raise ValueError(f"target {spec!r} is neither a zoo target ({sorted(REAL_TARGETS) + names()}), a .gguf file nor a "
-                     f"Hugging Face directory with a config.json")
+    else:
+        path = Path(spec)
+        if path.is_file() and path.suffix == ".gguf":
+            b = load_gguf_bundle(spec, path, None, device=device, dtype=dtype)
+        elif path.is_dir() and (path / "config.json").is_file():
+            target = LlamaForCausalLM.from_pretrained(path, device=device, dtype=dtype)
+            b = Bundle(name=spec, target=target, tokenizer=load_tokenizer(path), target_dir=path)
+        else:
+            what = ("a file, not a .gguf file" if path.is_file() else "a directory without a config.json"
+                    if path.is_dir() else "no such file or directory")
+            raise ValueError(f"model {spec!r} is neither a zoo name ({', '.join(names() + sorted(REAL_TARGETS))}), a "
+                             f".gguf file nor a model directory ({what})")
+    for d in drafts:
+        add_drafts(b, d)
+    return b
+
+
+def load_target(spec: str, device="cpu", dtype: torch.dtype = torch.float32):
+    """A target as the recorder and `specdec zoo train-draft` name it (`load_model`'s spec) -> (target, tokenizer,
+    the default drafts directory: weights/<name> for a zoo real target, else None)."""
+    b = load_model(spec, device=device, dtype=dtype)
+    return b.target, b.tokenizer, WEIGHTS_DIR / spec if spec in REAL_TARGETS else None
+
+
+def is_causal_lm_dir(path: Path) -> bool:
+    """Whether a checkpoint directory holds a whole causal LM (a STANDALONE draft) rather than an EAGLE-1/2 head,
+    which is published under the same architecture names: a head has `fc`, an LM has every layer and a norm."""
+    # lazy: safetensors is kept lazy where it was (a heavy dependency)
+    from safetensors import safe_open
+    keys = set()
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            keys.update(st.keys())
+    return "fc.weight" not in keys and "model.norm.weight" in keys and "model.embed_tokens.weight" in keys
+
+
+def draft_kind_of_dir(path) -> str:
+    """A draft's directory -> its kind's name: the kind whose model's architecture its config.json names; else a
+    draft LM (STANDALONE) where its weights are a whole causal LM, else an EAGLE-1/2 head (`AUTO_LAYOUT_FALLBACK`)."""
+    archs = read_config(path).get("architectures") or []
+    kind = next((k.name for k in DRAFT_KINDS.values() if archs == [getattr(k.model_class(), "architecture", None)]),
+                None)
+    if kind is not None:
+        return kind
+    return "draft_lm" if is_causal_lm_dir(path) else AUTO_LAYOUT_FALLBACK
+
+
+def drafts_of(path) -> dict[str, Path]:
+    """A draft directory as `specdec zoo train-draft` writes it -> {kind: directory}: its --out (one <kind>/ per
+    trained draft, beside card.json), or one draft's own directory (its kind from `draft_kind_of_dir`)."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return {draft_kind_of_dir(path): path}
+    return {k: path / k for k in zoo_kinds() if (path / k / "config.json").is_file()}
+
+
+def add_drafts(bundle: Bundle, path) -> list[str]:
+    """The drafts of a draft directory (`drafts_of`) into `bundle.drafts`, on its target's device and dtype, in place
+    of a draft of the same kind -> the kinds added. A draft whose config.json names another target's fingerprint
+    (`specdec_target_fingerprint`, as train-draft writes it), a directory that holds none, or a draft that does not
+    fit the target is a one-line ValueError."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"draft directory {str(path)!r}: no such directory")
+    found = drafts_of(path)
+    if not found:
+        raise ValueError(f"draft directory {str(path)!r} holds no draft (a config.json, or a directory per kind: "
+                         f"{', '.join(zoo_kinds())})")
+    weight = next(bundle.target.parameters())
+    fingerprint = target_fingerprint(bundle.target)
+    for kind, d in found.items():
+        bundle.drafts[kind] = load_draft_for(kind, d, bundle.target, weight.device, weight.dtype, fingerprint)
+    return list(found)
 
 
 def entries() -> list[dict]:

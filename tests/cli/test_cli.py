@@ -209,7 +209,6 @@ def test_generate_sends_an_instruct_model_its_chat_template(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "stdlib-byte-6l", "--target", "somewhere"], "argument --target: not allowed with argument --model"),
-    (["--model", "no-such-pair"], "invalid choice: 'no-such-pair'"),
 ])
 def test_generate_model_and_target_are_one_usage_error(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -222,6 +221,9 @@ def test_generate_model_and_target_are_one_usage_error(argv, message, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--draft", "eagle7"], "--draft 'eagle7': with --model, a draft kind"),
     (["--draft-layout", "eagle"], "--draft-layout reads --draft DIR with --target"),
+    (["--model", "no-such-pair"], "model 'no-such-pair' is neither a zoo name (stdlib-byte-24l, stdlib-byte-6l, "
+                                  "smollm2-135m-instruct), a .gguf file nor a model directory (no such file or "
+                                  "directory)"),
 ])
 def test_generate_model_errors_are_one_line(argv, message, capsys):
     assert main(["generate", "--model", "stdlib-byte-6l", *argv, "hello"]) == 1
