@@ -37,6 +37,9 @@ TEMPLATES = (
     "When would I use `{name}` in a Python program? Its documentation begins: \"{summary}\"",
     "Here is the documentation of `{name}`:\n\n{doc}\n\nWhat are its arguments, and what does it return?",
 )
+#: each template's task, the category its prompts carry in a prompt file (MT-Bench's and Spec-Bench's names where one
+#: fits: coding, summarization, qa, extraction)
+TEMPLATE_CATEGORIES = ("explanation", "coding", "summarization", "qa", "extraction")
 
 
 @dataclass(frozen=True)
@@ -135,17 +138,26 @@ def instruction(subject: Subject, template: str) -> str:
     return template.format(name=subject.name, summary=_quoted(summary), doc=_quoted(subject.doc))
 
 
-def chat_prompts(split: str = "heldout", n: int = 8, seed: int = 0, root=None) -> list[list[dict]]:
-    """-> n conversations, each one user message: an instruction (`TEMPLATES`) about a documented subject of the
-    split's sources, subjects drawn without replacement and templates at random, both from `seed`."""
+def drawn_instructions(split: str = "heldout", n: int = 8, seed: int = 0, root=None) -> list[tuple[Subject, int, str]]:
+    """-> n (subject, template index, instruction): documented subjects of the split's sources drawn without
+    replacement, each with a template (`TEMPLATES`) drawn at random, both from `seed`."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     pool = subjects(split, root)
     if n > len(pool):
         raise ValueError(f"n={n} exceeds the {len(pool)} documented subjects of the {split!r} split")
     rng = random.Random(seed)
-    return [[{"role": "user", "content": instruction(subject, rng.choice(TEMPLATES))}]
-            for subject in rng.sample(pool, n)]
+    out = []
+    for subject in rng.sample(pool, n):
+        k = TEMPLATES.index(rng.choice(TEMPLATES))
+        out.append((subject, k, instruction(subject, TEMPLATES[k])))
+    return out
+
+
+def chat_prompts(split: str = "heldout", n: int = 8, seed: int = 0, root=None) -> list[list[dict]]:
+    """-> n conversations, each one user message: an instruction (`drawn_instructions`) about a documented subject of
+    the split's sources."""
+    return [[{"role": "user", "content": text}] for _, _, text in drawn_instructions(split, n, seed, root)]
 
 
 def chat_prompt_ids(tokenizer, split: str = "heldout", n: int = 8, seed: int = 0, root=None) -> list[list[int]]:
