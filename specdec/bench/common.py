@@ -28,6 +28,9 @@ from ..engine import Engine
 
 #: The commit a row records when set (`specdec gpu-check --commit`): a tree copied without .git has no other.
 COMMIT_ENV = "SPECDEC_COMMIT"
+#: an acceptance row's `category` when it is over every prompt of its run; a run whose prompts have several
+#: categories adds a row per category, measured on that category's batches of the same passes
+ALL_CATEGORIES = "all"
 #: dtype names as the CLI takes them and every CSV writes them
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli_args import (DEVICE_HELP, IMPL_HELP, MODEL_HELP, THREADS_HELP, HelpFormatter, device_choice, draft_kinds_arg,
-                        float_list, positive_int, positive_int_list, top_p_list, verify_rules_arg)
+from ..cli_args import (DEVICE_HELP, DRAFT_DIR_HELP, IMPL_HELP, MODEL_HELP, THREADS_HELP, HelpFormatter,
+                        add_prompt_arguments, device_choice, draft_kinds_arg, float_list, positive_int,
+                        positive_int_list, top_p_list, verify_rules_arg)
 from ..draft_kinds import DRAFT_KINDS
 from ..bench.common import DTYPES
 from ..bench.suites.acceptance import main_bench
@@ -13,8 +14,6 @@ NAME = "bench"
 
 
 def add_parser(subparsers):
-    # lazy: the CLI builds its parser before importing command implementations (the zoo)
-    from .. import zoo
     p = subparsers.add_parser(NAME, formatter_class=HelpFormatter,
                               help="acceptance and tokens/s of every worker against target-only; writes a CSV to "
                                    "results/ and its plot (about half an hour with the defaults on a CPU: it prints "
@@ -23,8 +22,11 @@ def add_parser(subparsers):
                                           "results/README.md) and its plot; `specdec report CSV` prints its tables. "
                                           "The acceptance suite prints how long it will take before it starts (its "
                                           "batch decodes priced at target-only's speed, measured first) and shows a "
-                                          "progress bar. Example: specdec bench --workers eagle,ngram --batch-sizes "
-                                          "1 --no-peers")
+                                          "progress bar. With prompts of several categories (--prompts FILE in "
+                                          "MT-Bench's format) the CSV has a row per category beside the overall "
+                                          "ones. Example: specdec bench --workers eagle,ngram --batch-sizes 1 "
+                                          "--no-peers; specdec bench --model my.gguf --draft drafts/ --prompts "
+                                          "question.jsonl --categories writing,coding")
     p.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e", "penalties",
                                                              "draft-cost", "draft-vocab"],
                    help="acceptance: every worker against target-only on the shipped models; "
@@ -52,12 +54,15 @@ def add_parser(subparsers):
                         "draft's distribution, drafting by sampling; block on chains only, traversal on trees "
                         "only); each case runs once per rule it can, the rules other than target_only at "
                         "temperatures above 0 only")
-    p.add_argument("--num-prompts", type=positive_int, default=16, help="held-out prompts per batch size")
+    p.add_argument("--num-prompts", type=positive_int, default=16,
+                   help="prompts per batch size: the first N of --prompts (or of the held-out set)")
     p.add_argument("--check-prompts", type=positive_int, default=None,
                    help="acceptance suite: the untimed logprob and phase passes (logprobs against target-only's, "
                         "the draft and forward costs per step) decode the first N prompts only, whole batches "
                         "(default: every prompt); tokens and timings always cover all of them")
-    p.add_argument("--prompt-len", type=positive_int, default=96, help="prompt length in tokens (bytes)")
+    p.add_argument("--prompt-len", type=positive_int, default=96,
+                   help="a byte pair's held-out code prompts, cut to this many tokens (bytes) at a line end (a prompt "
+                        "file's prompts are decoded as they are)")
     p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate per prompt")
     p.add_argument("--repeats", type=positive_int, default=3,
                    help="timed passes per case (the CSV has their median and p20 / p80)")
@@ -83,13 +88,23 @@ def add_parser(subparsers):
     p.add_argument("--out", default="results", help="directory for the CSV and its plot")
     p.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     p.add_argument("--device", type=device_choice, default="auto", help=DEVICE_HELP)
-    p.add_argument("--model", default="auto", choices=["auto"] + zoo.names() + sorted(zoo.REAL_TARGETS),
-                   help=MODEL_HELP + " (acceptance suite; a real target answers held-out chat prompts)")
+    p.add_argument("--model", default="auto",
+                   help=MODEL_HELP + " (acceptance suite; a model with a chat template answers chat prompts)")
+    p.add_argument("--draft", action="append", default=None, metavar="DIR",
+                   help=DRAFT_DIR_HELP + " (acceptance suite)")
+    add_prompt_arguments(p)
     return p
 
 
 def check(args) -> str | None:
-    """What the parser cannot see alone: the acceptance suite's batch sizes against its prompts."""
+    """What the parser cannot see alone: the acceptance suite's batch sizes against its prompts, and its options
+    asked of another suite."""
+    if args.suite != "acceptance":
+        given = [flag for flag, value in (("--draft", args.draft), ("--prompts", args.prompts),
+                                          ("--categories", args.categories), ("--turns", args.turns != "first"))
+                 if value]
+        if given:
+            return f"{', '.join(given)}: the acceptance suite's, not --suite {args.suite}'s"
     if args.batch_sizes and args.suite == "acceptance":
         too_big = [b for b in args.batch_sizes if b > args.num_prompts]
         if too_big:

@@ -86,6 +86,6 @@ def write_gguf(path, model, arch="llama", qtype=None, tokenizer=True, replace=No
 
 def tiny_llama(model_type="llama", **kw):
     """A 2-layer random Llama (or Qwen) of `byte_vocab`'s vocabulary, small enough to write and load in a moment."""
-    shape = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
-    return random_llama(vocab_size=len(byte_vocab()[0]), num_hidden_layers=2, rope_theta=5e4, rms_norm_eps=1e-5,
-                        max_position_embeddings=128, model_type=model_type, seed=3, **{**shape, **kw})
+    shape = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                 num_hidden_layers=2, rope_theta=5e4, rms_norm_eps=1e-5, max_position_embeddings=128, seed=3)
+    return random_llama(vocab_size=len(byte_vocab()[0]), model_type=model_type, **{**shape, **kw})

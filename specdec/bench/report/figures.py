@@ -8,6 +8,7 @@ import pandas as pd
 
 from ...draft_kinds import DRAFT_KINDS, worker_label
 from ..cases import kind_of_label, peer_label
+from ..common import ALL_CATEGORIES
 from ...config import SpecConfig
 
 
@@ -55,8 +56,9 @@ def read_results(path) -> pd.DataFrame:
     """One benchmark CSV in today's schema, however old the file: a file without a `suite` column takes it
     from its name (`<suite>-<run_id>.csv`); a file without a `label` column gets one, and where its `worker`
     column held the label (e2e and gpu-check files before the `label` column) `worker` becomes the draft
-    kind, as in every file since; a model named before its name was fixed reads as today's (`MODEL_RENAMES`).
-    `commit` and `run_id` read as text."""
+    kind, as in every file since; a model named before its name was fixed reads as today's (`MODEL_RENAMES`); an
+    acceptance file without a `category` column has every row over all its prompts (`all`). `commit` and `run_id`
+    read as text."""
     path = Path(path)
     # a short commit hash of digits around one "e" (43e4079) would otherwise read as a float: inf
     df = pd.read_csv(path, dtype={"commit": str, "run_id": str})
@@ -73,7 +75,22 @@ def read_results(path) -> pd.DataFrame:
         df.insert(df.columns.get_loc("worker") + 1, "label", label)
     if "shape_policy" not in df and "num_steps" in df and str(df["suite"].iloc[0] if len(df) else "") == "acceptance":
         df.insert(df.columns.get_loc("label") + 1, "shape_policy", "static")  # before tuned files
+    if "category" not in df and str(df["suite"].iloc[0] if len(df) else "") == "acceptance":
+        df["category"] = ALL_CATEGORIES  # before prompt files had categories
     return df
+
+
+def overall_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """An acceptance CSV's rows over every prompt of the run (category `all`), without the per-category rows."""
+    return df[df["category"].astype(str) == ALL_CATEGORIES] if "category" in df else df
+
+
+def categories_of(df: pd.DataFrame) -> list[str]:
+    """An acceptance CSV's prompt categories with rows of their own, in the run's order (none for a run of one
+    category)."""
+    if "category" not in df:
+        return []
+    return [c for c in dict.fromkeys(df["category"].astype(str)) if c != ALL_CATEGORIES]
 
 
 def case_label(row) -> str:

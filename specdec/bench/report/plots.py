@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .figures import _pyplot, _save, read_results
+from .figures import _pyplot, _save, categories_of, overall_rows, read_results
 from .gpu_plots import gpu_check_dirs, plot_gpu_check_e2e, plot_gpu_check_kernels
 from ...draft_kinds import DRAFT_KINDS, draft_kind
 
@@ -16,17 +16,25 @@ from ...draft_kinds import DRAFT_KINDS, draft_kind
 def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
     """Per temperature: mean accepted tokens per step and speedup over target-only (one bar group per
     worker configuration, one bar per batch size) and, where the transformers peers ran, CPU tokens/s
-    relative to transformers' target-only against the batch size (one line per worker, peers included)."""
+    relative to transformers' target-only against the batch size (one line per worker, peers included); where the
+    run's prompts have several categories, a last row of the same two by category (`_plot_categories`)."""
     plt = _pyplot()
 
-    df = df.copy()
+    categories = categories_of(df)
+    by_category = df
+    df = overall_rows(df).copy()
     df["case"] = df["label"]
     temps = sorted(df["temperature"].unique())
     peers = "cpu_speedup_vs_hf_target_only" in df and pd.to_numeric(
         df["cpu_speedup_vs_hf_target_only"], errors="coerce").notna().any()
     cols = 3 if peers else 2
+    extra = 1 if categories else 0
     # rows (temperatures) share each column's scale, so they compare at a glance
-    fig, axes = plt.subplots(len(temps), cols, figsize=(6.2 * cols, 3.9 * len(temps)), squeeze=False, sharex="col")
+    fig, axes = plt.subplots(len(temps) + extra, cols, figsize=(6.2 * cols, 3.9 * (len(temps) + extra)),
+                             squeeze=False)
+    for c in range(cols):  # the temperatures' rows share each column's scale; the category row has its own
+        for r in range(1, len(temps)):
+            axes[r][c].sharex(axes[0][c])
     panels = [("mean_accept_len", "mean accepted tokens / verify step", "tokens per verify step (bonus included)"),
               ("speedup_vs_target_only", "speedup vs specdec target-only", "tokens/s ÷ target-only tokens/s (wall)")]
     for r, temp in enumerate(temps):
@@ -64,6 +72,8 @@ def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
                         transform=ax.transAxes)
             else:
                 ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.0, 0.5))
+    if categories:
+        _plot_categories(axes[len(temps)], by_category, categories, cols)
     device = df["device"].iloc[0]
     impls = ", ".join(sorted(set(df["impl"]) - {"transformers"}))
     threads = ", ".join(str(t) for t in sorted(df["threads"].unique())) if "threads" in df else "?"
@@ -71,6 +81,27 @@ def plot_acceptance_and_speedup(df: pd.DataFrame, out_png):
     fig.suptitle(f"{df['model'].iloc[0]} ({dtypes}) on {device}, impl={impls}, {threads} thread(s), commit "
                  f"{df['commit'].iloc[0]}\nerror bars: p20-p80 of the repeats", fontsize="medium")
     return _save(fig, out_png)
+
+
+def _plot_categories(axes, df: pd.DataFrame, categories: list[str], cols: int) -> None:
+    """One row of `plot_acceptance_and_speedup`: at the smallest batch size and the lowest temperature, accepted
+    tokens per step and CPU tokens/s relative to specdec's target-only on the same prompts, one bar group per
+    category, one bar per drafting worker."""
+    T, B = df["temperature"].min(), df["batch_size"].min()
+    sub = df[(df["temperature"] == T) & (df["batch_size"] == B) & (df["worker"] != "target-only")
+             & df["category"].isin(categories)]
+    for ax, (col, title) in zip(axes, (("mean_accept_len", "accepted tokens / verify step"),
+                                       ("cpu_speedup_vs_target_only", "CPU tokens/s ÷ target-only's"))):
+        pivot = sub.assign(value=pd.to_numeric(sub[col], errors="coerce")).pivot_table(
+            index="category", columns="label", values="value", aggfunc="mean", sort=False).reindex(categories)
+        pivot.plot.bar(ax=ax, legend=False, rot=30)
+        ax.set_title(f"{title} by prompt category, T={T}, B={B}", fontsize="medium")
+        ax.set_xlabel("")
+        if col == "cpu_speedup_vs_target_only":
+            ax.axhline(1.0, color="k", lw=0.8)
+    axes[0].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(0.0, -0.3), ncol=2)
+    for ax in axes[2:cols]:
+        ax.axis("off")
 
 
 def plot_kernels(df: pd.DataFrame, out_png):
@@ -337,9 +368,10 @@ def plot_speedup_by_kind(df: pd.DataFrame, out_png, source: str, commands: list[
     target-only (to specdec's target-only for a run without the peers), one bar per worker, best first, coloured by
     draft kind (specdec's target-only dark, the peers grey), each labelled with its accepted tokens per step. Below
     the axes: `source` (the CSV's path), the machine as the CSV records it, and `commands` (what wrote the CSV and
-    what drew the figure), so that the picture says where every bar comes from."""
+    what drew the figure), so that the picture says where every bar comes from. A run of several prompt categories
+    is drawn over every prompt (its `all` rows)."""
     plt = _pyplot()
-    rows = df[(df["batch_size"] == batch_size) & (df["temperature"] == temperature)]
+    rows = overall_rows(df[(df["batch_size"] == batch_size) & (df["temperature"] == temperature)])
     if rows.empty:
         raise ValueError(f"{source}: no rows at batch size {batch_size} and temperature {temperature}")
     peers = "cpu_speedup_vs_hf_target_only" in rows and pd.to_numeric(

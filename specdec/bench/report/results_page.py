@@ -15,7 +15,7 @@ import pandas as pd
 from ...draft_kinds import draft_kind
 from ..suites.verify_rules import verify_rules_section
 from .figures import MODEL_RENAMES, read_results
-from .tables import accepts_more_table, goals_table, results_table
+from .tables import accepts_more_table, category_table, goals_table, results_table
 from ..tune.search import held_out_ratio
 from ..suites.penalties import penalties_table
 
@@ -61,6 +61,10 @@ def acceptance_section(path: Path) -> list[str]:
                          f"temperature")
     temperature = 0.0 if 0.0 in temperatures else temperatures[0]
     out = [results_table(df, temperature)]
+    by_category = category_table(df, temperature)
+    if by_category:
+        out += ["", f"By prompt category, B = {int(df['batch_size'].min())}, T = {temperature:g}: accepted tokens per "
+                    f"step, CPU tokens/s relative to specdec's target-only on the same prompts:", "", by_category]
     goals = goals_table(df, temperature)
     if goals:
         out += ["", "Against the project's goals (CPU tokens/s, the median over passes of the per-pass ratio):", "",

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .figures import read_results
+from .figures import categories_of, overall_rows, read_results
+from ..common import ALL_CATEGORIES
 from ... import zoo
 from ...draft_kinds import DRAFT_KINDS
 from ..suites.penalties import penalties_table
@@ -19,7 +20,7 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
     forwards allow with zero overhead), and CPU tokens/s relative to transformers' target-only at each batch size;
     then the baseline. A run without the peers (`--no-peers`) is relative to specdec's target-only instead. Each
     ratio's header names what it is relative to."""
-    df = df[df["temperature"] == temperature].copy()
+    df = overall_rows(df[df["temperature"] == temperature]).copy()
     if df.empty:
         raise ValueError(f"no rows at temperature {temperature}")
     peers = has_peers(df)
@@ -55,6 +56,37 @@ def results_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
     lines.append("")
     lines.append("transformers' target-only `generate`: " + ", ".join(f"{hf[b]:.0f}" for b in sizes if b in hf.index)
                  + " tokens per CPU second at B = " + ", ".join(str(b) for b in sizes if b in hf.index) + ".")
+    return "\n".join(lines)
+
+
+def category_table(df: pd.DataFrame, temperature: float = 0.0, batch_size: int | None = None) -> str:
+    """Markdown, the run by prompt category: one row per worker (peers last), one column per category and one over
+    every prompt, each cell the accepted tokens per step and CPU tokens/s relative to specdec's target-only on the
+    same prompts ("2.31, 1.45x"), at `batch_size` (default: the smallest) and `temperature`. Empty for a run of one
+    category."""
+    categories = categories_of(df)
+    df = df[df["temperature"] == temperature]
+    if not categories or df.empty:
+        return ""
+    B = batch_size if batch_size is not None else int(df["batch_size"].min())
+    df = df[df["batch_size"] == B]
+    labels = list(dict.fromkeys(df["label"]))
+    labels = sorted(labels, key=lambda c: c.startswith("transformers"))  # stable: the peers last
+    columns = categories + [ALL_CATEGORIES]
+    base = df[df["worker"] == "target-only"].set_index("category")
+    head = ["worker"] + [f"{c} ({int(base.loc[c, 'num_prompts'])} prompts)" if c in base.index else c for c in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label in labels:
+        rows = df[df["label"] == label].set_index("category")
+        cells = [label]
+        for c in columns:
+            if c not in rows.index:
+                cells.append("")
+                continue
+            acc = pd.to_numeric(pd.Series([rows.loc[c, "mean_accept_len"]]), errors="coerce").iloc[0]
+            speedup = rows.loc[c, "cpu_speedup_vs_target_only"]
+            cells.append(("-" if pd.isna(acc) else f"{acc:.2f}") + f", {speedup:.2f}x")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -124,7 +156,7 @@ def goals_table(df: pd.DataFrame, temperature: float = 0.0) -> str:
     """Markdown: each goal of `goals_for(df)` whose two rows the CSV has, the paired ratio per batch size, the per-pass
     ratios' range and how many passes met the goal, and whether the median meets it. Empty when the CSV has
     none."""
-    df = df[df["temperature"] == temperature]
+    df = overall_rows(df[df["temperature"] == temperature])
     specdec = df[~df["worker"].astype(str).str.startswith("hf-") & (df["worker"] != "target-only")]
     lines = []
     for what, label, base, size, goal in goals_for(df):
@@ -205,7 +237,7 @@ def accepts_more_table(df: pd.DataFrame, batch_size: int = 1, temperature: float
     is higher": for every such row of the CSV at `batch_size`, the tuned STANDALONE row and the STANDALONE row of the
     same shape (where the run has one) on the prompts where STANDALONE accepts more per step
     (`where_it_accepts_more`). Empty when the CSV lacks the rows or the per-batch columns."""
-    here = df[(df["batch_size"] == batch_size) & (df["temperature"] == temperature)]
+    here = overall_rows(df[(df["batch_size"] == batch_size) & (df["temperature"] == temperature)])
     standalone = here[here["worker"] == STANDALONE_KIND]
     trained = here[here["worker"].isin(_trained_head_kinds())]
     lines = []
@@ -256,6 +288,13 @@ def print_report(csv_path) -> int:
           + ("transformers' target-only" if has_peers(df) else "specdec's target-only (a run without the peers)"))
     print()
     print(results_table(df))
+    by_category = category_table(df)
+    if by_category:
+        print()
+        print(f"By prompt category, B = {int(df['batch_size'].min())}, T = 0: accepted tokens per step, CPU tokens/s "
+              f"relative to specdec's target-only on the same prompts:")
+        print()
+        print(by_category)
     goals = goals_table(df)
     if goals:
         print()

@@ -21,8 +21,8 @@ from ...draft_kinds import DRAFT_KINDS
 from ..cases import (ASSISTED_CASE, CASES, NGRAM_OPTION_CASES, PEER_CASES, WorkerCase, by_kind, offered_kinds,
                     tuned_cases, with_verify_rules)
 from ...cli_args import about
-from ..common import (DTYPES, Run, RunRow, above_bar, cpu_model, dtype_name, median_of, progress_bar, quantile,
-                     target_only_batch_seconds)
+from ..common import (ALL_CATEGORIES, DTYPES, Run, RunRow, above_bar, cpu_model, dtype_name, median_of,
+                     progress_bar, quantile, target_only_batch_seconds)
 from ...workers.base import PhaseTimer
 from ..peers import HFGenerate
 from ...models.linear import cpu_linear_summary as linear_summary
@@ -81,6 +81,8 @@ class AcceptanceRow(RunRow):
     cpu_s_by_batch: str  # every pass: ","-separated batches, ";"-separated passes
     top_p: float = 1.0
     verify: str = ""  # the sampled requests' rule (SpecConfig.verify), empty for target-only and the peers
+    # the prompts' category the row measures (`ALL_CATEGORIES`: every prompt of the run)
+    category: str = ALL_CATEGORIES
 
 
 def cases_at(cases: list[WorkerCase], temperature: float, batch_size: int) -> list[WorkerCase]:
@@ -97,17 +99,31 @@ def sampling_settings(temperatures, top_ps=(1.0,)) -> list[tuple[float, float]]:
     return [(t, p) for t in temperatures for p in (top_ps if t > 0 else [1.0])]
 
 
+def category_batches(categories: list[str], B: int) -> list[list[int]]:
+    """The prompts (by index) a batch size decodes, B at a time, each batch of one category: the categories in the
+    order they first appear, each one's prompts in order; a category's last prompts that fill no batch are left out.
+    With one category, the prompts in order, B at a time."""
+    out = []
+    for category in dict.fromkeys(categories):
+        idx = [i for i, c in enumerate(categories) if c == category]
+        out += [idx[i:i + B] for i in range(0, len(idx) - B + 1, B)]
+    return out
+
+
 def planned_decodes(cases: list[WorkerCase], num_prompts: int, batch_sizes, temperatures, repeats: int,
-                    top_ps=(1.0,), check_prompts: int | None = None) -> dict:
+                    top_ps=(1.0,), check_prompts: int | None = None, categories: list[str] | None = None) -> dict:
     """Batch size -> how many batches of that size the run decodes: each case's timed passes, and an engine's
-    logprob and phase passes over the first `check_prompts` prompts (all when None; warm-ups left out). The
-    progress bar's total and the estimate's workload."""
+    logprob and phase passes over the first `check_prompts` prompts (all when None; warm-ups left out); the batches
+    are `category_batches` of `categories` (one per prompt; None: one category). The progress bar's total and the
+    estimate's workload."""
+    categories = categories or [ALL_CATEGORIES] * num_prompts
     out = {}
     for temperature, _ in sampling_settings(temperatures, top_ps):
         for B in batch_sizes:
             here = cases_at(cases, temperature, B)
-            timed = repeats * len(here) * (num_prompts // B)
-            checks = 2 * sum(not c.is_peer for c in here) * len(check_batches(num_prompts // B, B, check_prompts))
+            num_batches = len(category_batches(categories, B))
+            timed = repeats * len(here) * num_batches
+            checks = 2 * sum(not c.is_peer for c in here) * len(check_batches(num_batches, B, check_prompts))
             out[B] = out.get(B, 0) + timed + checks
     return out
 
@@ -124,23 +140,36 @@ def _forward_pass(runner, batches, params, tick=None):
     draft-extend and verify forwards. NGRAM's draft phase is its host work (the index and the tree). Off CUDA the
     phases are timed in process CPU seconds, as the timed passes' ratios are: a single pass timed by the wall clock
     took another process's burst whole (a bound below the measured speedup, in an idle-machine run)."""
+    by_batch = _forward_pass_by_batch(runner, batches, params, tick)
+    return None if by_batch is None else _per_step(by_batch)
+
+
+def _forward_pass_by_batch(runner, batches, params, tick=None) -> list[tuple[float, float, int]] | None:
+    """`_forward_pass`'s pass -> per batch (seconds of model forwards, seconds of the draft phase, decode steps), or
+    None for a peer."""
     if not isinstance(runner, Engine):
         return None
     worker = runner.worker
     worker.timer = PhaseTimer(worker.device, clock=time.process_time)
-    steps = 0
+    out = []
     runner.flush_cache()
     try:
         for batch in batches:
             runner.generate(batch, params, seed=0)
-            steps += runner.last_stats.num_decode_steps
+            totals = worker.timer.totals()
+            out.append((sum(totals.get(p, 0.0) for p in FORWARD_PHASES), totals.get("draft", 0.0),
+                        runner.last_stats.num_decode_steps))
             if tick:
                 tick()
-        totals = worker.timer.totals()
     finally:
         worker.timer = None
-    return (sum(totals.get(p, 0.0) for p in FORWARD_PHASES) / max(steps, 1),
-            totals.get("draft", 0.0) / max(steps, 1))
+    return out
+
+
+def _per_step(by_batch: list[tuple[float, float, int]]) -> tuple[float, float]:
+    """Batches' (forward seconds, draft seconds, steps) -> (forward seconds per decode step, draft seconds per step)."""
+    steps = max(sum(b[2] for b in by_batch), 1)
+    return sum(b[0] for b in by_batch) / steps, sum(b[1] for b in by_batch) / steps
 
 
 def _logprob_pass(runner, batches, params, tick=None) -> list:
@@ -163,13 +192,15 @@ def _measure(runners, batches, params, repeats, tick=None):
     lands on all of them alike, within seconds rather than within a runner's whole pass. Every pass of an Engine
     starts from a flushed draft cache (`Engine.flush_cache`): a shared NGRAM index learns from the pass's earlier
     requests only, never from an earlier pass's outputs of the same prompts.
-    -> per runner: the passes, each with wall and process-CPU seconds, tokens, steps and outputs."""
+    -> per runner: the passes, each with wall and process-CPU seconds, tokens, steps and outputs, in all and per
+    batch (`_view` restricts a pass to some of its batches)."""
     for runner in runners:  # warm-up
         runner.generate(batches[0][:1], SamplingParams(max_new_tokens=4))
     passes = [[] for _ in runners]
     for _ in range(repeats):
         this_pass = [dict(outs=[], wall=0.0, cpu=0.0, steps=0, tokens=0, cpu_by_batch=[], tokens_by_batch=[],
-                          accept_by_batch=[], verifies_by_batch=[]) for _ in runners]
+                          accept_by_batch=[], verifies_by_batch=[], outs_by_batch=[], wall_by_batch=[],
+                          steps_by_batch=[]) for _ in runners]
         for runner in runners:
             if isinstance(runner, Engine):
                 runner.flush_cache()
@@ -185,6 +216,9 @@ def _measure(runners, batches, params, repeats, tick=None):
                 lens = [a for o in outs for a in o.accept_lens]
                 acc["accept_by_batch"].append(sum(lens) / len(lens) if lens else None)
                 acc["verifies_by_batch"].append(len(lens))
+                acc["outs_by_batch"].append(outs)
+                acc["wall_by_batch"].append(runner.last_stats.wall_s)
+                acc["steps_by_batch"].append(runner.last_stats.num_decode_steps)
                 acc["wall"] += runner.last_stats.wall_s
                 acc["steps"] += runner.last_stats.num_decode_steps
                 acc["tokens"] += runner.last_stats.num_tokens
@@ -195,15 +229,28 @@ def _measure(runners, batches, params, repeats, tick=None):
     return passes
 
 
+def _view(p: dict, idx) -> dict:
+    """A pass of `_measure` restricted to the batches `idx`: its keys, over those batches only."""
+    view = {k: [p[k][i] for i in idx] for k in ("cpu_by_batch", "tokens_by_batch", "accept_by_batch",
+                                                 "verifies_by_batch", "outs_by_batch", "wall_by_batch",
+                                                 "steps_by_batch")}
+    view.update(outs=[o for outs in view["outs_by_batch"] for o in outs], wall=sum(view["wall_by_batch"]),
+                cpu=sum(view["cpu_by_batch"]), steps=sum(view["steps_by_batch"]), tokens=sum(view["tokens_by_batch"]))
+    return view
+
+
 def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[list[int]], batch_sizes,
                   temperatures, max_new_tokens: int, model_name: str, impl="reference", repeats=1, out_dir="results",
                   tag="bench", progress=print, peer_dir=None, assistant_dir=None, show_progress=True,
-                  stop_token_ids=(), top_ps=(1.0,), check_prompts: int | None = None) -> Path:
+                  stop_token_ids=(), top_ps=(1.0,), check_prompts: int | None = None,
+                  categories: list[str] | None = None) -> Path:
     """Measure every case at every batch size and temperature; write one CSV; return its path.
 
     `drafts` maps a case's kind to its draft model; the first case must be target-only (the baseline of the
-    speedup columns). Prompts are taken in order, B at a time, over all of `prompts` (so each batch size
-    decodes the same prompts). Peer cases (transformers, greedy only) load the target from `peer_dir` (and
+    speedup columns). Prompts are taken in order, B at a time, each batch of one category (`category_batches`;
+    `categories`, one per prompt, None for one), so each batch size decodes the same prompts. Each row is over every
+    prompt (category `all`); where the prompts have several categories, a row per category follows, from that
+    category's batches of the same passes. Peer cases (transformers, greedy only) load the target from `peer_dir` (and
     assisted generation its draft LM from `assistant_dir`). Each
     row holds the median pass (tokens/s by wall time, with p20 / p80 over the passes) and process CPU time
     (the robust figure on a shared machine, at one thread). show_progress: a tqdm bar over the batches decoded,
@@ -218,17 +265,23 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
     rows = []
     max_len = max(len(p) for p in prompts) + max_new_tokens + 64
     peers = {}
+    categories = list(categories) if categories is not None else [ALL_CATEGORIES] * len(prompts)
+    if len(categories) != len(prompts):
+        raise ValueError(f"got {len(categories)} categories for {len(prompts)} prompts")
     planned = sum(planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats, top_ps,
-                                  check_prompts).values())
+                                  check_prompts, categories).values())
     bar = progress_bar(planned, "bench", unit="batch", disable=not show_progress)
     tick, progress = bar.update, above_bar(progress)
     for temperature, top_p in sampling_settings(temperatures, top_ps):
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                 stop_token_ids=list(stop_token_ids))
         for B in batch_sizes:
-            batches = [prompts[i:i + B] for i in range(0, len(prompts) - B + 1, B)]
-            if not batches:
-                raise ValueError(f"batch size {B} exceeds the {len(prompts)} prompts")
+            groups = category_batches(categories, B)
+            if not groups:
+                raise ValueError(f"batch size {B} exceeds the {len(prompts)} prompts"
+                                 + (" of each category" if len(set(categories)) > 1 else ""))
+            batches = [[prompts[i] for i in g] for g in groups]
+            batch_categories = [categories[g[0]] for g in groups]
             here = cases_at(cases, temperature, B)
             runners = []
             for c in here:
@@ -243,71 +296,105 @@ def run_benchmark(target, drafts: dict, cases: list[WorkerCase], prompts: list[l
                     runners.append(Engine(target, c.draft_for(drafts.get(c.kind)) if c.spec else None, c.spec,
                                           impl=impl, max_batch=B, max_seq_len=max_len))
             measured = _measure(runners, batches, params, repeats, tick)
-            checked = [batches[i] for i in check_batches(len(batches), B, check_prompts)]
-            lp_outs = [_logprob_pass(r, checked, params, tick) for r in runners]
-            forward_s = [_forward_pass(r, checked, params, tick) for r in runners]
-            medians = [median_of(ps, key=lambda p: p["tokens"] / p["wall"]) for ps in measured]
-            base, base_cpu = medians[0], medians[0]["tokens"] / medians[0]["cpu"]
-            base_step_cpu = base["cpu"] / base["steps"]
-            hf_cpu = next((m["tokens"] / m["cpu"] for c, m in zip(here, medians) if c.kind == "hf-target-only"),
-                          None)
-            for case, runner, ps, med, lps, fwd in zip(here, runners, measured, medians, lp_outs, forward_s):
-                tps_all = [p["tokens"] / p["wall"] for p in ps]
-                tps, cpu_tps = med["tokens"] / med["wall"], med["tokens"] / med["cpu"]
-                outs = med["outs"]
-                identical = [a.token_ids == b.token_ids for a, b in zip(outs, base["outs"])]
-                if lps is not None:  # the checked prompts' logprob pass decodes the same tokens too
-                    identical = [i and (k >= len(lps) or lps[k].token_ids == lp_outs[0][k].token_ids)
-                                 for k, i in enumerate(identical)]
-                same = all(identical)
-                lp = [abs(x - y) for a, b in zip(lps or [], lp_outs[0]) if a.token_ids == b.token_ids
-                      for x, y in zip(a.logprobs, b.logprobs)]
-                acc = [a for o in outs for a in o.accept_lens]
-                mean_acc = sum(acc) / len(acc) if acc else 1.0
-                fwd_cost = fwd[0] / forward_s[0][0] if fwd is not None and forward_s[0][0] else None
-                spec = case.shape_at(B)
-                verifies = all(a is not None for a in med["accept_by_batch"])  # a peer has no verify steps
-                row = AcceptanceRow(
-                    **run.prefix(), impl="transformers" if case.is_peer else runner.impl,
-                    dtype=dtype_name(target.dtype), model=model_name, worker=case.kind, label=case.label,
-                    shape_policy=case.shape_policy,
-                    num_steps=spec.num_steps if spec else 0, topk=spec.topk if spec else 0,
-                    num_draft_tokens=spec.num_draft_tokens if spec else 1, prompt_lookup_num_tokens=case.prompt_lookup,
-                    batch_size=B, temperature=temperature, num_prompts=len(outs),
-                    prompt_len=sum(len(p) for b in batches for p in b) / len(outs), max_new_tokens=max_new_tokens,
-                    repeats=repeats, decode_steps=med["steps"] if not case.is_peer else "", tokens=med["tokens"],
-                    wall_s=round(med["wall"], 4), tokens_per_s=round(tps, 2),
-                    tokens_per_s_p20=round(quantile(tps_all, 0.2), 2),
-                    tokens_per_s_p80=round(quantile(tps_all, 0.8), 2),
-                    cpu_s=round(med["cpu"], 4), cpu_tokens_per_s=round(cpu_tps, 2),
-                    cpu_tokens_per_s_by_pass=";".join(f"{p['tokens'] / p['cpu']:.2f}" for p in ps),
-                    mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
-                    step_cost_in_target_only_steps=(round(med["cpu"] / med["steps"] / base_step_cpu, 4)
-                                                    if not case.is_peer else ""),
-                    speedup_vs_target_only=round(tps / (base["tokens"] / base["wall"]), 4),
-                    cpu_speedup_vs_target_only=round(cpu_tps / base_cpu, 4),
-                    cpu_speedup_vs_hf_target_only=round(cpu_tps / hf_cpu, 4) if hf_cpu else "",
-                    same_tokens_as_target_only=same if temperature == 0 else "",
-                    identical_request_fraction=round(sum(identical) / len(identical), 4) if temperature == 0 else "",
-                    max_logprob_diff=f"{max(lp):.2e}" if lp else "", cpu_model=env_cpu,
-                    linear_backend="" if case.is_peer else linear_summary(),
-                    forward_cost_in_target_only_steps=round(fwd_cost, 4) if fwd_cost else "",
-                    speedup_bound=round(mean_acc / fwd_cost, 4) if fwd_cost else "",
-                    # a no-draft step has a draft phase too (NGRAM's host trie work): reported for every drafting case
-                    draft_ms_per_step=round(fwd[1] * 1e3, 4) if fwd is not None and case.spec is not None else "",
-                    tokens_by_batch=",".join(str(t) for t in med["tokens_by_batch"]),
-                    accept_len_by_batch=",".join(f"{a:.4f}" for a in med["accept_by_batch"]) if verifies else "",
-                    verify_steps_by_batch=",".join(str(n) for n in med["verifies_by_batch"]) if verifies else "",
-                    cpu_s_by_batch=";".join(",".join(f"{c:.4f}" for c in p["cpu_by_batch"]) for p in ps),
-                    top_p=top_p, verify=spec.verify if spec is not None and not case.is_peer else "")
-                rows.append(row)
-                progress(f"T={temperature} top-p={top_p} B={B} {case.label:24s} tok/s {tps:8.1f} "
-                         f"cpu-tok/s {cpu_tps:8.1f} "
-                         f"accept {row.mean_accept_len or 1:.2f} x{row.cpu_speedup_vs_target_only:.2f} "
-                         + (f"bound x{row.speedup_bound:.2f} " if row.speedup_bound != "" else "")
-                         + f"same={same}")
+            checked = list(check_batches(len(batches), B, check_prompts))
+            lp_outs = [_logprob_pass(r, [batches[i] for i in checked], params, tick) for r in runners]
+            lp_by_batch = [None if lps is None else _split(lps, [len(batches[i]) for i in checked]) for lps in lp_outs]
+            forward_by_batch = [_forward_pass_by_batch(r, [batches[i] for i in checked], params, tick)
+                                for r in runners]
+            selections = [(ALL_CATEGORIES, list(range(len(batches))))]
+            if len(set(batch_categories)) > 1:
+                selections += [(c, [i for i, b in enumerate(batch_categories) if b == c])
+                               for c in dict.fromkeys(batch_categories)]
+            for category, idx in selections:
+                # the checked batches are the first ones, so those of `idx` are its first ones too
+                idx_checked = [k for k, i in enumerate(checked) if i in idx]
+                lps_here = [None if by is None else [o for k in idx_checked for o in by[k]] for by in lp_by_batch]
+                fwd_here = [None if by is None or not idx_checked else _per_step([by[k] for k in idx_checked])
+                            for by in forward_by_batch]
+                rows += _rows_of(run, here, runners, [[_view(p, idx) for p in ps] for ps in measured], lps_here,
+                                 fwd_here, [batches[i] for i in idx], category, B, temperature, top_p,
+                                 max_new_tokens, repeats, model_name, target, env_cpu,
+                                 progress if category == ALL_CATEGORIES else None)
     bar.close()
     return run.write(rows, out_dir, tag)
+
+
+def _split(outs: list, sizes: list[int]) -> list[list]:
+    """A pass's outputs in batch order -> one list per batch of those sizes."""
+    at = [0]
+    for n in sizes:
+        at.append(at[-1] + n)
+    return [outs[a:b] for a, b in zip(at, at[1:])]
+
+
+def _rows_of(run, here, runners, measured, lp_outs, forward_s, batches, category, B, temperature, top_p,
+             max_new_tokens, repeats, model_name, target, env_cpu, progress) -> list[AcceptanceRow]:
+    """One (temperature, batch size)'s rows over the batches of one selection (every batch, or one category's):
+    per runner the passes restricted to them (`_view`), their logprob pass outputs and forward costs per step (None
+    where none ran on them); `progress` (None: silent) gets a line per row."""
+    rows = []
+    medians = [median_of(ps, key=lambda p: p["tokens"] / p["wall"]) for ps in measured]
+    base, base_cpu = medians[0], medians[0]["tokens"] / medians[0]["cpu"]
+    base_step_cpu = base["cpu"] / base["steps"]
+    hf_cpu = next((m["tokens"] / m["cpu"] for c, m in zip(here, medians) if c.kind == "hf-target-only"), None)
+    for case, runner, ps, med, lps, fwd in zip(here, runners, measured, medians, lp_outs, forward_s):
+        tps_all = [p["tokens"] / p["wall"] for p in ps]
+        tps, cpu_tps = med["tokens"] / med["wall"], med["tokens"] / med["cpu"]
+        outs = med["outs"]
+        identical = [a.token_ids == b.token_ids for a, b in zip(outs, base["outs"])]
+        if lps is not None:  # the checked prompts' logprob pass decodes the same tokens too
+            identical = [i and (k >= len(lps) or lps[k].token_ids == lp_outs[0][k].token_ids)
+                         for k, i in enumerate(identical)]
+        same = all(identical)
+        lp = [abs(x - y) for a, b in zip(lps or [], lp_outs[0]) if a.token_ids == b.token_ids
+              for x, y in zip(a.logprobs, b.logprobs)]
+        acc = [a for o in outs for a in o.accept_lens]
+        mean_acc = sum(acc) / len(acc) if acc else 1.0
+        base_fwd = forward_s[0][0] if forward_s[0] is not None else 0.0
+        fwd_cost = fwd[0] / base_fwd if fwd is not None and base_fwd else None
+        spec = case.shape_at(B)
+        verifies = all(a is not None for a in med["accept_by_batch"])  # a peer has no verify steps
+        row = AcceptanceRow(
+            **run.prefix(), impl="transformers" if case.is_peer else runner.impl,
+            dtype=dtype_name(target.dtype), model=model_name, worker=case.kind, label=case.label,
+            shape_policy=case.shape_policy,
+            num_steps=spec.num_steps if spec else 0, topk=spec.topk if spec else 0,
+            num_draft_tokens=spec.num_draft_tokens if spec else 1, prompt_lookup_num_tokens=case.prompt_lookup,
+            batch_size=B, temperature=temperature, num_prompts=len(outs),
+            prompt_len=sum(len(p) for b in batches for p in b) / len(outs), max_new_tokens=max_new_tokens,
+            repeats=repeats, decode_steps=med["steps"] if not case.is_peer else "", tokens=med["tokens"],
+            wall_s=round(med["wall"], 4), tokens_per_s=round(tps, 2),
+            tokens_per_s_p20=round(quantile(tps_all, 0.2), 2),
+            tokens_per_s_p80=round(quantile(tps_all, 0.8), 2),
+            cpu_s=round(med["cpu"], 4), cpu_tokens_per_s=round(cpu_tps, 2),
+            cpu_tokens_per_s_by_pass=";".join(f"{p['tokens'] / p['cpu']:.2f}" for p in ps),
+            mean_accept_len=round(sum(acc) / len(acc), 4) if acc else "",
+            step_cost_in_target_only_steps=(round(med["cpu"] / med["steps"] / base_step_cpu, 4)
+                                            if not case.is_peer else ""),
+            speedup_vs_target_only=round(tps / (base["tokens"] / base["wall"]), 4),
+            cpu_speedup_vs_target_only=round(cpu_tps / base_cpu, 4),
+            cpu_speedup_vs_hf_target_only=round(cpu_tps / hf_cpu, 4) if hf_cpu else "",
+            same_tokens_as_target_only=same if temperature == 0 else "",
+            identical_request_fraction=round(sum(identical) / len(identical), 4) if temperature == 0 else "",
+            max_logprob_diff=f"{max(lp):.2e}" if lp else "", cpu_model=env_cpu,
+            linear_backend="" if case.is_peer else linear_summary(),
+            forward_cost_in_target_only_steps=round(fwd_cost, 4) if fwd_cost else "",
+            speedup_bound=round(mean_acc / fwd_cost, 4) if fwd_cost else "",
+            # a no-draft step has a draft phase too (NGRAM's host trie work): reported for every drafting case
+            draft_ms_per_step=round(fwd[1] * 1e3, 4) if fwd is not None and case.spec is not None else "",
+            tokens_by_batch=",".join(str(t) for t in med["tokens_by_batch"]),
+            accept_len_by_batch=",".join(f"{a:.4f}" for a in med["accept_by_batch"]) if verifies else "",
+            verify_steps_by_batch=",".join(str(n) for n in med["verifies_by_batch"]) if verifies else "",
+            cpu_s_by_batch=";".join(",".join(f"{c:.4f}" for c in p["cpu_by_batch"]) for p in ps),
+            top_p=top_p, verify=spec.verify if spec is not None and not case.is_peer else "", category=category)
+        rows.append(row)
+        if progress is not None:
+            progress(f"T={temperature} top-p={top_p} B={B} {case.label:24s} tok/s {tps:8.1f} "
+                     f"cpu-tok/s {cpu_tps:8.1f} "
+                     f"accept {row.mean_accept_len or 1:.2f} x{row.cpu_speedup_vs_target_only:.2f} "
+                     + (f"bound x{row.speedup_bound:.2f} " if row.speedup_bound != "" else "")
+                     + f"same={same}")
+    return rows
 
 
 def tuned_paths(values: list[str], pair: str) -> list[Path]:
@@ -328,10 +415,12 @@ def tuned_paths(values: list[str], pair: str) -> list[Path]:
 
 
 def estimate(target, cases, prompts, batch_sizes, temperatures, max_new_tokens: int, repeats: int,
-             impl: str = "reference", top_ps=(1.0,), check_prompts: int | None = None) -> str:
+             impl: str = "reference", top_ps=(1.0,), check_prompts: int | None = None,
+             categories: list[str] | None = None) -> str:
     """The line `specdec bench` prints before it starts: the workload and how long it will take, every batch priced
     at what target-only takes for it on this machine, measured now (`target_only_batch_seconds`)."""
-    planned = planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats, top_ps, check_prompts)
+    planned = planned_decodes(cases, len(prompts), batch_sizes, temperatures, repeats, top_ps, check_prompts,
+                              categories)
     seconds = target_only_batch_seconds(target, prompts, batch_sizes, max_new_tokens, impl=impl)
     total = sum(n * seconds[B] for B, n in planned.items())
     return (f"estimate: {about(total)} for {sum(planned.values())} batch decodes of {max_new_tokens} tokens "
@@ -345,37 +434,39 @@ def estimate(target, cases, prompts, batch_sizes, temperatures, max_new_tokens: 
 
 
 def main_bench(args) -> int:
-    """`specdec bench`: the zoo's models on held-out prompts; one CSV + its plot in args.out.
+    """`specdec bench`: a model (`--model`: a zoo name, a GGUF file or a Hugging Face directory, with `--draft`
+    directories) on its prompts (`--prompts FILE`, else its held-out set: `specdec.prompt_sets`); one CSV + its plot in
+    args.out.
 
-    A shipped pair decodes held-out stdlib code (`heldout_prompts`, --prompt-len bytes), every request exactly
-    --max-new-tokens long. A real target (`zoo.REAL_TARGETS`) answers held-out chat prompts
-    (`specdec.zoo.chat_prompts`, rendered by its chat template) and stops at its tokenizer's EOS ids, as generation
-    does; the transformers peers stop at the same ids and load the same weights, from the directory its GGUF file
-    was converted into (`cached_gguf_dir`)."""
+    A byte pair continues held-out stdlib code (--prompt-len bytes), every request exactly --max-new-tokens long. A
+    model with a chat template (the zoo's real target, a user's) answers chat prompts rendered by it and stops at its
+    tokenizer's EOS ids, as generation does; the transformers peers stop at the same ids and load the same weights,
+    from the directory the target loads from (a GGUF file's: the one it was converted into, `cached_gguf_dir`). Rows
+    per category follow the overall ones where the prompts have several categories (`run_benchmark`)."""
     # lazy: the CLI imports this module at start; the zoo, the report (pandas) and transformers load on use
     from ... import zoo
-    from ...zoo.corpus import heldout_prompts
+    from ...prompt_sets import load_requests
     from ..report.figures import load_results
     from ..report.plots import plot_acceptance_and_speedup
 
     dtype = DTYPES[args.dtype]
-    bundle = zoo.load(zoo.speed_pair() if args.model == "auto" else args.model, device=args.device, dtype=dtype)
+    bundle = zoo.load_model(zoo.speed_pair() if args.model == "auto" else args.model, device=args.device,
+                            dtype=dtype, drafts=args.draft or ())
     drafts = {kind: getattr(bundle, kind) for kind in offered_kinds(bundle, args.workers)}
-    if bundle.name in zoo.REAL_TARGETS:
-        from ...models.gguf import cached_gguf_dir
-        from ...zoo.chat_prompts import chat_prompt_ids
-        prompts = chat_prompt_ids(bundle.tokenizer, "heldout", args.num_prompts, seed=0)
-        stop_token_ids = list(bundle.tokenizer.eos_token_ids)
-        peer_dir = cached_gguf_dir(zoo.real_target_gguf(bundle.name))
-        print(f"specdec bench: real target {bundle.name!r} ({bundle.target.config.num_hidden_layers} layers) on "
-              f"{len(prompts)} held-out chat prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens "
-              f"(--prompt-len does not apply), stopping at EOS ids {stop_token_ids}")
-    else:
-        prompts = heldout_prompts(args.num_prompts, args.prompt_len, seed=0)
-        stop_token_ids, peer_dir = [], bundle.path / "target"
-        print(f"specdec bench: zoo pair {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target)")
+    requests = load_requests(bundle, args.prompts, args.categories, args.turns, args.num_prompts,
+                             prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens)
+    prompts, categories = [r.ids for r in requests], [r.category for r in requests]
+    stop_token_ids, peer_dir = bundle.stop_token_ids, bundle.target_dir
+    shown = sorted(set(categories), key=categories.index)
+    print(f"specdec bench: {bundle.name!r} ({bundle.target.config.num_hidden_layers}-layer target) on "
+          f"{len(prompts)} {'held-out ' if args.prompts is None else ''}prompts of {min(map(len, prompts))}-"
+          f"{max(map(len, prompts))} tokens" + (f" from {args.prompts}" if args.prompts else "")
+          + (f" ({len(shown)} categories: {', '.join(shown)})" if len(shown) > 1 else "")
+          + (", through its chat template" if bundle.chat else "")
+          + (f", stopping at EOS ids {stop_token_ids}" if stop_token_ids else ""))
     cases = [c for c in by_kind(CASES + NGRAM_OPTION_CASES) if c.spec is None or c.kind in drafts]
-    shapes = args.shapes if args.shapes != "auto" else "demo" if bundle.name in zoo.REAL_TARGETS else "all"
+    # a model other than the byte pairs takes longer a step: its kinds' demo shapes only, unless asked
+    shapes = args.shapes if args.shapes != "auto" else "all" if bundle.name in zoo.names() else "demo"
     if shapes != "all":  # none of NGRAM's option variants; "first": each kind at its default shape only
         cases = [c for c in cases if c.spec is None or (not c.draft_options and (
             shapes == "demo" or c.spec == DRAFT_KINDS[c.kind].default_spec(drafts[c.kind])))]
@@ -387,6 +478,8 @@ def main_bench(args) -> int:
         cases += tuned_cases(tuned)
     if args.peers and dtype != torch.float32:
         print(f"note: the transformers peers run in float32 only: no peer rows for {args.dtype}")
+    elif args.peers and peer_dir is None:
+        print(f"note: {bundle.name!r} loads from no Hugging Face directory that transformers reads: no peer rows")
     elif args.peers:
         try:
             import transformers  # noqa: F401
@@ -400,12 +493,13 @@ def main_bench(args) -> int:
             cases.append(ASSISTED_CASE)
         sizes = args.batch_sizes or [1, 4]
         print(estimate(bundle.target, cases, prompts, sizes, args.temperatures, args.max_new_tokens, args.repeats,
-                       args.impl, args.top_ps, args.check_prompts))
+                       args.impl, args.top_ps, args.check_prompts, categories))
         path = run_benchmark(bundle.target, drafts, cases, prompts,
                              sizes, args.temperatures, args.max_new_tokens,
                              model_name=bundle.name, impl=args.impl, repeats=args.repeats, out_dir=args.out,
                              tag="acceptance", peer_dir=peer_dir, assistant_dir=assistant_dir,
-                             stop_token_ids=stop_token_ids, top_ps=args.top_ps, check_prompts=args.check_prompts)
+                             stop_token_ids=stop_token_ids, top_ps=args.top_ps, check_prompts=args.check_prompts,
+                             categories=categories)
     png = plot_acceptance_and_speedup(load_results(args.out, path.name), path.with_suffix(".png"))
     print(f"wrote {path} and {png}")
     return 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...config import VERIFY_RULES
-from ..report.figures import read_results
+from ..report.figures import overall_rows, read_results
 
 #: the goals a `--verify` run decides: (what, the rule's label, the target-only label, temperature, top-p, the goal
 #: on accepted tokens per step)
@@ -38,6 +38,8 @@ def rule_of(label: str) -> str:
 
 
 def _sampled(df: pd.DataFrame) -> pd.DataFrame:
+    """The sampled drafting rows over every prompt of the run, with their base case and rule."""
+    df = overall_rows(df)
     df = df[(df["temperature"] > 0) & (df["worker"] != "target-only") & ~df["worker"].astype(str).str.startswith("hf-")]
     return df.assign(base=df["label"].map(base_label), rule=df["label"].map(rule_of))
 
