@@ -9,28 +9,30 @@ import torch
 
 from . import Engine, SamplingParams, zoo
 from .bench.cases import CASES
-from .zoo.chat_prompts import chat_prompt_ids
-from .zoo.corpus import heldout_prompts
+from .prompt_sets import load_requests
 
 
-def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, device="cpu", model=None) -> int:
-    """model: a zoo pair's name (default `zoo.speed_pair()`, the deep pair when it ships), or a real target
-    (`zoo.REAL_TARGETS`), which answers held-out chat prompts through its chat template, stops at its EOS ids and
-    runs the drafts trained for it."""
-    bundle = zoo.load(model or zoo.speed_pair(), device=device)
+def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, device="cpu", model=None, drafts=(),
+             prompts_file=None, categories=None, turns="first") -> int:
+    """model: what `--model` names (`zoo.load_model`; default `zoo.speed_pair()`, the deep pair when it ships), with
+    `drafts` (draft directories, `zoo.add_drafts`); a model with a chat template answers its prompts through it and
+    stops at its EOS ids. The prompts: the first `num_prompts` of `prompts_file` (of `categories`; every turn with
+    turns="all") or of the model's held-out set (`specdec.prompt_sets`). A shipped pair names each kind it lacks; any
+    other model runs the drafts it has."""
+    bundle = zoo.load_model(model or zoo.speed_pair(), device=device, drafts=drafts)
     tok = bundle.tokenizer
     cases = CASES
-    if bundle.name in zoo.REAL_TARGETS:
-        prompts = chat_prompt_ids(tok, "heldout", num_prompts, seed=3)
-        stop = list(tok.eos_token_ids)
+    if bundle.name not in zoo.names():
         cases = [c for c in CASES if c.spec is None or getattr(bundle, c.kind) is not None]
-    else:
-        prompts, stop = heldout_prompts(num_prompts, prompt_len, seed=3), []
+    requests = load_requests(bundle, prompts_file, categories, turns, num_prompts, prompt_len=prompt_len,
+                             max_new_tokens=max_new_tokens)
+    prompts, stop = [r.ids for r in requests], bundle.stop_token_ids
     params = SamplingParams(max_new_tokens=max_new_tokens, return_logprob=True, stop_token_ids=stop)
     max_seq_len = max(len(p) for p in prompts) + max_new_tokens + 64
     ran = Engine._resolve_impl(impl, bundle.target.device)  # what "auto" means here
-    print(f"specdec demo: zoo checkpoint {bundle.name!r}, impl={ran}, device={bundle.target.device}, "
-          f"{num_prompts} held-out prompts, greedy, {max_new_tokens} new tokens, batch size 1")
+    source = "held-out prompts" if prompts_file is None else f"prompts of {prompts_file}"
+    print(f"specdec demo: {bundle.name!r}, impl={ran}, device={bundle.target.device}, {len(prompts)} {source}, "
+          f"greedy, {max_new_tokens} new tokens, batch size 1")
     if ran == "fast" and torch.device(bundle.target.device).type != "cuda":
         print("note: no CUDA device: the fast path's Triton kernels run under Triton's interpreter (exact, slow)")
     base, base_tps, status = None, None, 0
@@ -53,7 +55,7 @@ def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, devi
         tps = tokens / wall
         if base is None:
             base, base_tps = outs, tps
-            print("\n--- held-out prompt ---\n" + textwrap.indent(tok.decode(prompts[0]).rstrip(), "  "))
+            print("\n--- first prompt ---\n" + textwrap.indent(tok.decode(prompts[0]).rstrip(), "  "))
             print("--- target-only continuation ---\n" + textwrap.indent(tok.decode(outs[0].token_ids), "  "))
             print("\ntokens/s: wall time over every prompt; identical: the same tokens as target-only\n")
             print(header)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli_args import THREADS_HELP, HelpFormatter, positive_int
+from ..cli_args import MODEL_PATH_HELP, THREADS_HELP, HelpFormatter, positive_int
 from ..token_map import rank_token_ids, save_token_map
 from ..tokenizer import load_tokenizer
 
@@ -14,8 +14,6 @@ NAME = "token-map"
 
 
 def add_parser(subparsers):
-    # lazy: the CLI builds its parser before importing command implementations (the zoo)
-    from .. import zoo
     p = subparsers.add_parser(NAME, formatter_class=HelpFormatter,
                               help="write a hot-vocabulary token map (SGLang's --speculative-token-map format): the "
                                    "target's most frequent ids in a corpus",
@@ -25,9 +23,9 @@ def add_parser(subparsers):
                                           "read. Example: specdec token-map --model smollm2-135m-instruct --size "
                                           "32768 --out hot-32k.pt")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", default=None, choices=zoo.names() + sorted(zoo.REAL_TARGETS),
-                        help="a zoo entry: its tokenizer, and without --corpus the ranking shipped beside its drafts "
-                             "(the target's recorded answers)")
+    source.add_argument("--model", default=None,
+                        help=MODEL_PATH_HELP + ": its tokenizer, and for a zoo entry without --corpus the ranking "
+                                               "shipped beside its drafts (the target's recorded answers)")
     source.add_argument("--target", default=None, help="a target directory with tokenizer.json (needs --corpus)")
     p.add_argument("--corpus", nargs="+", metavar="FILE", default=None,
                    help="UTF-8 text files whose token counts rank the ids")
@@ -38,15 +36,15 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    """`specdec token-map`: --model (a zoo entry) or --target (a directory with tokenizer.json), ranked by
-    --corpus's token counts or, for a zoo entry without --corpus, by its shipped ranking; the first --size ids
-    written to --out."""
+    """`specdec token-map`: --model (`zoo.load_model`: a zoo entry, a GGUF file or a model directory) or --target (a
+    directory with tokenizer.json), ranked by --corpus's token counts or, for a zoo entry without --corpus, by its
+    shipped ranking; the first --size ids written to --out."""
 
     # lazy: the CLI builds its parser before importing command implementations (the zoo)
     from .. import zoo
 
     if args.model is not None:
-        bundle = zoo.load(args.model)
+        bundle = zoo.load_model(args.model)
         tokenizer, vocab_size, shipped = bundle.tokenizer, bundle.target.config.vocab_size, bundle.path
     else:
         tokenizer, shipped = load_tokenizer(args.target), None

@@ -1,5 +1,6 @@
 """`specdec tune`'s command line: the arguments, the estimate it prints before it starts, the prompts it tunes on
-(a real target's held-out chat prompts, a byte pair's held-out code), and the run (`tune`, `check_grid`)."""
+(a prompt file's, or the model's held-out set: chat prompts for a model with a chat template, code for a byte pair;
+`specdec.prompt_sets`), and the run (`tune`, `check_grid`)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..tuning import TunedSpec, names_a_pair, shipped_file
-from ..cli_args import about, MODEL_HELP, THREADS_HELP, HelpFormatter
+from ..cli_args import about, add_prompt_arguments, DRAFT_DIR_HELP, MODEL_HELP, THREADS_HELP, HelpFormatter
 from ..bench.common import Run, above_bar, cpu_model, progress_bar, target_only_batch_seconds, DTYPES, write_csv
 from ..bench.tune.check import check_grid, mixed_prompts, sampled_prompts
 from ..bench.tune.search import CHECK_SETS, Measurer, candidate_shapes, planned_decodes, tune
@@ -34,39 +35,39 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    # lazy: the CLI builds its parser before importing command implementations (the zoo)
-    from .. import zoo
-
     p = argparse.ArgumentParser(prog="specdec tune", formatter_class=HelpFormatter,
                                 description="Measure the best speculative shape (num_steps, topk, num_draft_tokens) "
                                             "of a zoo pair's draft on this machine, per batch size, and write the "
                                             "JSON the engine loads (Engine(..., spec='tuned:PATH') or "
                                             "'adaptive:PATH'). Prints how long the run will take before it starts. "
                                             "Example: specdec tune --kind eagle3 --batch-sizes 1,4")
-    p.add_argument("--model", default="auto", choices=["auto", *zoo.names(), *sorted(zoo.REAL_TARGETS)],
-                   help=MODEL_HELP + " (a real target tunes on held-out chat prompts)")
+    p.add_argument("--model", default="auto",
+                   help=MODEL_HELP + " (a model with a chat template tunes on chat prompts)")
+    p.add_argument("--draft", action="append", default=None, metavar="DIR", help=DRAFT_DIR_HELP)
     p.add_argument("--kind", default="eagle", choices=list(DRAFT_KINDS),
                    help="the pair's draft to tune: a kind that switches shapes (eagle, eagle3, draft_lm, ngram)")
     p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes, one tuned shape each")
     p.add_argument("--num-prompts", type=int, default=32,
-                   help="tuning prompts (held-out, seed 1); with 16 the shape chosen at B=16 did not carry over to "
-                        "other prompts")
+                   help="tuning prompts: those after the first N of --prompts (or of the held-out set), whose first N "
+                        "the grid check and `specdec bench` decode; with 16 the shape chosen at B=16 did not carry "
+                        "over to other prompts")
     p.add_argument("--acceptance-prompts", type=int, default=4, help="of them, how many measure acceptance at B=1")
-    p.add_argument("--prompt-len", type=int, default=96, help="prompt length in tokens (bytes)")
+    p.add_argument("--prompt-len", type=int, default=96,
+                   help="a byte pair's held-out code prompts, cut to this many tokens (bytes) at a line end")
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens to generate per prompt")
     p.add_argument("--max-steps", type=int, default=6, help="the deepest draft (num_steps) among the candidates")
     p.add_argument("--confirm", type=int, default=3, help="best predicted shapes measured per batch size")
     p.add_argument("--repeats", type=int, default=1, help="passes per confirmed shape (median)")
     p.add_argument("--check-grid", action="store_true",
                    help="also decode the 12-shape grid, the tuned shape and adaptive speculation on the evaluation "
-                        "prompts (held-out, seed 0), side by side")
+                        "prompts (the first --num-prompts), side by side")
     p.add_argument("--check-repeats", default="3",
                    help="the grid check's passes: one count for every batch size, or one per batch size of "
                         "--batch-sizes")
     p.add_argument("--check-sets", default="code,mixed,sampled",
-                   help="the grid check's prompt sets (held-out, seed 0), comma-separated: code; mixed (that code "
-                        "alternating with English prose no model saw); sampled (that code, every other request "
-                        "sampled at temperature 1)")
+                   help="the grid check's prompt sets (the evaluation prompts), comma-separated: code (the prompts "
+                        "as they are); mixed (those alternating with English prose no model saw); sampled (those, "
+                        "every other request sampled at temperature 1)")
     p.add_argument("--check-tuned", default=None, metavar="PATH",
                    help="check the tuned file PATH against the grid (as --check-grid) without tuning again; a pair's "
                         "name checks the file shipped for it and --kind (specdec/zoo/tuned/)")
@@ -74,6 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--results", default="results", help="where the CSV and its plot go")
     p.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="the models' dtype")
+    add_prompt_arguments(p)
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -114,15 +116,13 @@ def estimate(target, prompts, planned: dict, max_new_tokens: int) -> str:
             f"usually runs faster); --num-prompts, --max-new-tokens, --batch-sizes and --check-repeats shorten it")
 
 
-def _prompts(bundle, n: int, prompt_len: int, seed: int) -> list[list[int]]:
-    """Held-out prompts: a real target's chat prompts through its chat template, a byte pair's stdlib code."""
+def _prompts(bundle, a, skip: int) -> list[list[int]]:
+    """The --num-prompts prompts after the first `skip` of --prompts (of --categories, --turns) or of the model's
+    held-out set, as ids (`specdec.prompt_sets.load_requests`)."""
     # lazy: the CLI builds its parser before importing command implementations (the zoo)
-    from .. import zoo
-    if bundle.name in zoo.REAL_TARGETS:
-        from ..zoo.chat_prompts import chat_prompt_ids
-        return chat_prompt_ids(bundle.tokenizer, "heldout", n, seed=seed)
-    from ..zoo.corpus import heldout_prompts
-    return heldout_prompts(n, prompt_len, seed=seed)
+    from ..prompt_sets import load_requests
+    return [r.ids for r in load_requests(bundle, a.prompts, a.categories, a.turns, a.num_prompts, skip=skip,
+                                         prompt_len=a.prompt_len, max_new_tokens=a.max_new_tokens)]
 
 
 def _tune_command(a, sizes) -> int:
@@ -135,11 +135,13 @@ def _tune_command(a, sizes) -> int:
         raise ValueError(f"draft kind {a.kind!r} runs on {kind.worker_class().__name__}, which keeps one shape for a "
                          f"whole run: tune a kind that switches shapes (eagle, eagle3, draft_lm, ngram)")
     name = zoo.speed_pair() if a.model == "auto" else a.model
-    bundle = zoo.load(name, dtype=DTYPES[a.dtype])
+    bundle = zoo.load_model(name, dtype=DTYPES[a.dtype], drafts=a.draft or ())
     draft = getattr(bundle, a.kind, None)
     if draft is None:
-        raise ValueError(f"zoo pair {name!r} ships no {a.kind!r} draft")
-    prompts = _prompts(bundle, a.num_prompts, a.prompt_len, seed=1)
+        raise ValueError(f"{name!r} has no {a.kind!r} draft" + ("" if name in zoo.names() else
+                                                                " (--draft DIR gives one)"))
+    # tuning prompts after the evaluation ones, which the grid check and `specdec bench` decode
+    prompts = _prompts(bundle, a, skip=a.num_prompts)
     run = Run("tune", bundle.target.device)
     shapes = [] if a.check_tuned else candidate_shapes(a.max_steps)
     check_sets = a.check_sets.split(",") if a.check_grid or a.check_tuned else []
@@ -165,10 +167,10 @@ def _tune_command(a, sizes) -> int:
         tuned, rows, m = tune(bundle.target, draft, prompts, sizes, a.max_new_tokens, candidate_shapes(a.max_steps),
                               a.confirm, a.repeats, model_name=name, progress=say, run=run,
                               acceptance_prompts=a.acceptance_prompts, bar=bar)
-        written = Path(a.out or Path(a.results) / f"tuned-{name}-{a.kind}.json")
+        written = Path(a.out or Path(a.results) / f"tuned-{Path(name).stem}-{a.kind}.json")
         tuned.save(written)
     if a.check_grid or a.check_tuned:
-        code = _prompts(bundle, a.num_prompts, a.prompt_len, seed=0)
+        code = _prompts(bundle, a, skip=0)
         mixed = mixed_prompts(code, prose_prompts(a.num_prompts, a.prompt_len, seed=0))[:a.num_prompts]
         sets = {"code": code, "mixed": mixed, "sampled": sampled_prompts(code, m.params)}
         check_grid(m, tuned, {k: sets[k] for k in check_sets}, sizes, a.check_repeats, rows, run, name, progress=say)

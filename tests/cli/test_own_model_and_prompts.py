@@ -1,7 +1,8 @@
 """A user's own model and prompts end to end: `specdec bench --model <a GGUF file the test writes> --draft <a draft
-directory train-draft's layout> --prompts <an MT-Bench file of three categories>` writes rows per category, and every
+directory in train-draft's layout> --prompts <an MT-Bench file of three categories>` writes rows per category, and every
 output it timed is the target's own greedy continuation (a plain decoding loop over the prompts rendered by hand
-through the file's chat template); the report and the plot show the categories; bad input is one line naming it."""
+through the file's chat template); the report and the plot show the categories; generate, demo, tune and token-map
+take the same model; bad input is one line naming it."""
 import csv
 import json
 
@@ -10,7 +11,7 @@ import pytest
 from tests.helpers.gguf_files import tiny_llama, write_gguf
 from tests.helpers.oracles.penalties import penalised_greedy_decode
 import specdec.bench.suites.acceptance as acceptance
-from specdec import SamplingParams, zoo
+from specdec import Engine, SamplingParams, zoo
 from specdec.cli import main
 from specdec.models.gguf import load_gguf_tokenizer
 from specdec.zoo.train.for_target import save_target_draft
@@ -124,3 +125,29 @@ def test_bad_input_is_one_line_naming_it(own, tmp_path, capsys):
         main(bench + ["--suite", "penalties", "--prompts", str(prompts)])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--prompts: the acceptance suite's, not --suite penalties's" in err
+
+
+def test_generate_demo_tune_and_token_map_take_the_same_model(own, tmp_path, capsys):
+    path, drafts, prompts = own
+    assert main(["generate", "--model", str(path), "--draft", str(drafts), "--max-new-tokens", "6", "Hi"]) == 0
+    out = capsys.readouterr().out
+    assert "draft_lm: LlamaForCausalLM" in out and "identical tokens: yes" in out
+    assert main(["demo", "--model", str(path), "--draft", str(drafts), "--prompts", str(prompts), "--categories",
+                 "coding", "--max-new-tokens", "4"]) == 0  # exits 1 when a draft's output is not target-only's
+    out = capsys.readouterr().out
+    assert "2 prompts of" in out and "STANDALONE tree S5 K4 W16" in out and "def f" in out
+    tuned = tmp_path / "tuned.json"
+    assert main(["tune", "--model", str(path), "--draft", str(drafts), "--kind", "draft_lm", "--prompts", str(prompts),
+                 "--batch-sizes", "1", "--num-prompts", "2", "--acceptance-prompts", "1", "--max-new-tokens", "3",
+                 "--max-steps", "2", "--confirm", "1", "--results", str(tmp_path), "--out", str(tuned)]) == 0
+    # the tuned file names this target and draft: an engine on them takes it, one on another target refuses it
+    b = zoo.load_model(str(path), drafts=[drafts])
+    Engine(b.target, b.draft_lm, f"tuned:{tuned}")
+    small = zoo.load(zoo.SMALL_NAME)
+    with pytest.raises(ValueError, match=r"target\.fingerprint .* is not this target's"):
+        Engine(small.target, small.draft_lm, f"tuned:{tuned}")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the the the then\n")
+    assert main(["token-map", "--model", str(path), "--corpus", str(corpus), "--size", "4",
+                 "--out", str(tmp_path / "hot.pt")]) == 0
+    assert "the 4 most frequent of 261 ids" in capsys.readouterr().out

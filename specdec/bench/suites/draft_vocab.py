@@ -18,7 +18,7 @@ from ... import Engine, SamplingParams, zoo
 from ...draft_kinds import DRAFT_KINDS, draft_kind
 from .acceptance import _forward_pass, _measure
 from ..common import DTYPES, Run, RunRow, dtype_name, median_of, progress_bar
-from ...zoo.chat_prompts import chat_prompt_ids
+from ...prompt_sets import load_requests
 from ..report.plots import plot_csv
 
 #: the vocabularies the suite runs when none are given (None: the target's whole vocabulary)
@@ -147,13 +147,13 @@ def run_draft_vocab(bundle, sizes, prompts, max_new_tokens: int, repeats: int, s
 
 
 def main_draft_vocab(args) -> int:
-    """`specdec bench --suite draft-vocab --model NAME`: held-out chat prompts (--num-prompts, --max-new-tokens,
-    --repeats), written to args.out."""
+    """`specdec bench --suite draft-vocab --model NAME`: the first --num-prompts of the held-out chat set
+    (`specdec.prompt_sets`; --max-new-tokens, --repeats), written to args.out."""
     if args.model not in zoo.REAL_TARGETS:
         raise ValueError(f"--suite draft-vocab runs a real target's drafts: --model one of "
                          f"{sorted(zoo.REAL_TARGETS)}, got {args.model!r}")
     bundle = zoo.load(args.model, device=args.device, dtype=DTYPES[args.dtype])
-    prompts = chat_prompt_ids(bundle.tokenizer, "heldout", args.num_prompts, seed=0)
+    prompts = [r.ids for r in load_requests(bundle, num_prompts=args.num_prompts)]
     path = run_draft_vocab(bundle, args.vocab_sizes or DEFAULT_SIZES, prompts, args.max_new_tokens, args.repeats,
                            bundle.tokenizer.eos_token_ids, args.out, kinds=args.workers)
     print(f"wrote {path} and {plot_csv(path)}")

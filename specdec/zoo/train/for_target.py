@@ -228,10 +228,11 @@ def main(argv=None) -> int:
         description="Train a draft for a given target on its own recorded chat answers (record them first with "
                     "`python -m specdec.zoo.train.record`): an EAGLE-3 head with a reduced draft vocabulary, an EAGLE "
                     "head, a DFlash drafter or a distilled draft LM, written in its peers' layout in float16 with a "
-                    "card row. Example: specdec zoo train-draft --target smollm2-135m-instruct --recordings "
+                    "card row. Example: specdec zoo train-draft --model smollm2-135m-instruct --recordings "
                     "rec/s0,rec/s1 --heldout rec/h --kind eagle3 --steps 400")
-    p.add_argument("--target", required=True, help="a zoo real target (`specdec zoo list`), a .gguf file or a Hugging "
-                                                   "Face directory")
+    p.add_argument("--model", "--target", dest="model", required=True,
+                   help="the target: a zoo name (`specdec zoo list`), a .gguf file or a Hugging Face directory "
+                        "(--target: the same)")
     p.add_argument("--recordings", default=None, help="comma-separated recording directories of the target's "
                                                        "training-split answers")
     p.add_argument("--heldout", default=None, help="a recording of held-out answers, for the card's agreement by depth")
@@ -261,7 +262,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     deadline = time.time() + 60 * a.minutes if a.minutes > 0 else 0.0
     torch.set_num_threads(a.threads)
-    target, tokenizer, default_out = zoo.load_target(a.target, device=a.device)
+    target, tokenizer, default_out = zoo.load_target(a.model, device=a.device)
     ckpt_dir = Path(a.checkpoint_dir) if a.checkpoint_dir else (
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec" / "train"
         / target_fingerprint(target))

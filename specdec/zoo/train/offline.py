@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         if a.minutes and left <= 0:
             print(f"the time budget ran out before {kind}; run the same command again to continue", file=sys.stderr)
             return 3
-        argv_k = ["--target", a.model, "--recordings", str(out / "recordings" / "train"), "--kind", kind,
+        argv_k = ["--model", a.model, "--recordings", str(out / "recordings" / "train"), "--kind", kind,
                   "--out", str(out / "drafts"), "--device", a.device, "--resume",
                   "--checkpoint-dir", str(out / "checkpoints")]
         if a.heldout_prompts:

@@ -276,7 +276,7 @@ def main(argv=None) -> int:
         return _file_main(a, p)
     a.prompts = int(a.prompts)
     i, k = _shard_arg(a.shard, p)
-    bundle = zoo.load(a.model)
+    bundle = zoo.load_model(a.model)
     target, tok = bundle.target, bundle.tokenizer
     L = target.config.num_hidden_layers
     layers = sorted(set(default_feature_layers(L)) | {L})
