@@ -52,13 +52,15 @@ def test_specdec_bench_on_the_real_target_reads_held_out_chat_prompts(tmp_path):
     transformers = pytest.importorskip("transformers")
     from specdec.cli import main
     from specdec.models.gguf import cached_gguf_dir
-    from specdec.zoo.chat_prompts import chat_prompts
+    from specdec.prompt_files import read_prompts
+    from specdec.zoo.heldout_sets import heldout_set
     assert main(["bench", "--model", NAME, "--num-prompts", "1", "--max-new-tokens", "8", "--repeats", "1",
                  "--workers", "ngram", "--no-peers", "--batch-sizes", "1", "--temperatures", "0",
                  "--out", str(tmp_path)]) == 0
     rows = _rows(next(tmp_path.glob("acceptance-*.csv")))
     hf = transformers.AutoTokenizer.from_pretrained(cached_gguf_dir(installed_gguf()))
-    want = hf.apply_chat_template(chat_prompts("heldout", 1, seed=0)[0], add_generation_prompt=True, tokenize=True)
+    first = read_prompts(heldout_set("chat"))[0].turns[0]  # the shipped held-out chat set's first prompt
+    want = hf.apply_chat_template([{"role": "user", "content": first}], add_generation_prompt=True, tokenize=True)
     want = want["input_ids"] if hasattr(want, "keys") else want
     assert rows and all(r["model"] == NAME and r["same_tokens_as_target_only"] == "True" for r in rows)
     assert {float(r["prompt_len"]) for r in rows} == {len(want)}
