@@ -40,10 +40,14 @@ def heldout_set(name: str) -> Path:
 
 def chat_records(n: int = SET_SIZE, seed: int = 0, root=None) -> list[dict]:
     """The chat set's lines: n instructions about held-out subjects (`drawn_instructions`), MT-Bench's fields, and the
-    subject's module and name beside them."""
+    subject's module and name beside them; the categories taken in turn (each one's prompts in drawn order), so that
+    a command's first N prompts cover every category about evenly."""
+    drawn = drawn_instructions("heldout", n, seed, root)
+    by_category = [[d for d in drawn if d[1] == k] for k in range(len(TEMPLATE_CATEGORIES))]
+    in_turn = [row[j] for j in range(max(map(len, by_category))) for row in by_category if j < len(row)]
     return [{"question_id": f"chat-{i}", "category": TEMPLATE_CATEGORIES[k], "turns": [text],
              "source": subject.source, "subject": subject.name}
-            for i, (subject, k, text) in enumerate(drawn_instructions("heldout", n, seed, root))]
+            for i, (subject, k, text) in enumerate(in_turn)]
 
 
 def code_records(n: int = SET_SIZE, seed: int = 0, root=None) -> list[dict]:

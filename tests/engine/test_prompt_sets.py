@@ -24,6 +24,7 @@ def test_the_shipped_sets_are_prompt_files_of_held_out_text():
     code = read_prompts(heldout_set("code"))
     assert len(chat) == len(code) == SET_SIZE
     assert {p.category for p in chat} == set(TEMPLATE_CATEGORIES) and {p.category for p in code} == {"code"}
+    assert [p.category for p in chat[:5]] == list(TEMPLATE_CATEGORIES)  # in turn: the first N cover every one
     # every instruction is about a module of the held-out split, in the words of its category's template
     for p in chat:
         assert is_heldout_source(p.extra["source"]), p.extra["source"]
