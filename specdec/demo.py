@@ -31,7 +31,8 @@ def run_demo(impl="auto", max_new_tokens=64, num_prompts=2, prompt_len=160, devi
     max_seq_len = max(len(p) for p in prompts) + max_new_tokens + 64
     ran = Engine._resolve_impl(impl, bundle.target.device)  # what "auto" means here
     source = "held-out prompts" if prompts_file is None else f"prompts of {prompts_file}"
-    print(f"specdec demo: {bundle.name!r}, impl={ran}, device={bundle.target.device}, {len(prompts)} {source}, "
+    what = "zoo checkpoint" if bundle.name in zoo.names() or bundle.name in zoo.REAL_TARGETS else "model"
+    print(f"specdec demo: {what} {bundle.name!r}, impl={ran}, device={bundle.target.device}, {len(prompts)} {source}, "
           f"greedy, {max_new_tokens} new tokens, batch size 1")
     if ran == "fast" and torch.device(bundle.target.device).type != "cuda":
         print("note: no CUDA device: the fast path's Triton kernels run under Triton's interpreter (exact, slow)")
