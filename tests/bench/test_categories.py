@@ -61,7 +61,8 @@ def test_the_category_table_and_old_csvs(tmp_path):
                          row("EAGLE chain S3", "eagle", "math", 2.666, 1.6, 3),
                          row("transformers target-only", "hf-target-only", "all", "", 0.8, 4)])
     assert category_table(df).splitlines() == [
-        "| worker | qa (1 prompts) | math (3 prompts) | all (4 prompts) |", "|---|---|---|---|",
+        "| worker: accepted / step, CPU tok/s vs specdec's target-only | qa (1 prompts) | math (3 prompts) | "
+        "all (4 prompts) |", "|---|---|---|---|",
         "| target-only | 1.00, 1.00x | 1.00, 1.00x | 1.00, 1.00x |",
         "| EAGLE chain S3 | 2.00, 1.25x | 2.67, 1.60x | 2.50, 1.50x |",
         "| transformers target-only |  |  | -, 0.80x |"]

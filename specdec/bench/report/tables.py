@@ -74,7 +74,8 @@ def category_table(df: pd.DataFrame, temperature: float = 0.0, batch_size: int |
     labels = sorted(labels, key=lambda c: c.startswith("transformers"))  # stable: the peers last
     columns = categories + [ALL_CATEGORIES]
     base = df[df["worker"] == "target-only"].set_index("category")
-    head = ["worker"] + [f"{c} ({int(base.loc[c, 'num_prompts'])} prompts)" if c in base.index else c for c in columns]
+    head = ["worker: accepted / step, CPU tok/s vs specdec's target-only"]
+    head += [f"{c} ({int(base.loc[c, 'num_prompts'])} prompts)" if c in base.index else c for c in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label in labels:
         rows = df[df["label"] == label].set_index("category")
