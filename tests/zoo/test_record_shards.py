@@ -151,3 +151,30 @@ def test_a_sharded_recording_reads_as_one_without_loading_it(small, whole):
     assert data.stats()["data"]["prompt_files"] == ["p.jsonl"]
     ids = data.windows(3, 9, seed=1).next()
     assert ids.shape == (3, 9)
+
+
+def test_the_topk_teacher_is_the_targets_renormalised_topk_on_answers_and_its_lm_head_on_prompts(small, whole):
+    """`RecordedTarget(teacher="topk")` answering each recorded conversation, against the target run on it: on rows
+    where the target was asked for a next token (an answer's, and a prompt's last), the softmax of its logits is the
+    target's top-k renormalised; on the other prompt rows, the target's own logits ("full": on every row)."""
+    from specdec.zoo.train.record import RecordedTarget
+    rec = load_recordings([shard_dir(whole, 0), shard_dir(whole, 1)])
+    teacher = RecordedTarget(small.target, rec.layers, teacher="topk")
+    full = RecordedTarget(small.target, rec.layers, teacher="full")
+    for tokens, feats, ids, probs in conversations(whole):
+        x = torch.from_numpy(tokens.astype(np.int64))[None]
+        pos = torch.arange(x.shape[1])[None]
+        teacher.current = full.current = (x, torch.from_numpy(np.array(feats))[None],
+                                          (torch.from_numpy(ids)[None], torch.from_numpy(probs)[None]))
+        recorded = torch.from_numpy(ids[:, 0] >= 0)
+        assert recorded.any() and not recorded.all()
+        with torch.no_grad():
+            got, want = teacher(x, pos).logits[0], small.target(x, pos).logits[0].float()
+            torch.testing.assert_close(full(x, pos).logits[0], want, atol=2e-2, rtol=1e-3)
+        p = torch.softmax(want, dim=-1)
+        top, where = p.topk(TOPK, dim=-1)
+        want_topk = torch.zeros_like(p).scatter_(-1, where, top / top.sum(-1, keepdim=True))
+        torch.testing.assert_close(torch.softmax(got[recorded], -1), want_topk[recorded], atol=2e-3, rtol=0)
+        torch.testing.assert_close(got[~recorded], want[~recorded], atol=2e-2, rtol=1e-3)
+    with pytest.raises(ValueError, match="teacher must be one of"):
+        RecordedTarget(small.target, rec.layers, teacher="kl")

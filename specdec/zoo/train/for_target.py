@@ -30,7 +30,7 @@ from .hparams import StageOpts
 from .loop import freeze, num_params
 from ... import zoo
 from ...cli_args import HelpFormatter
-from .record import RecordedData, load_recordings
+from .record import TEACHERS, RecordedData, load_recordings
 
 #: the kinds trained for a given target, in the order `specdec zoo train-draft --kind all` trains them
 TARGET_DRAFT_KINDS = ("eagle3", "eagle", "dflash", "draft_lm")
@@ -248,6 +248,10 @@ def main(argv=None) -> int:
                    help="train nothing: rewrite the trained EAGLE-3 head (--kind eagle3) with the N most frequent "
                         "recorded ids as its draft vocabulary (`Eagle3DraftHead.with_draft_vocabulary`; its LM head "
                         "rows are the target's, so this is the same head), and record it on the card")
+    p.add_argument("--teacher", default="auto", choices=("auto",) + TEACHERS,
+                   help="what the drafts learn to match: the target's recorded top-k distribution on the answers' "
+                        "rows and its LM head on the prompts' (topk), or its LM head on every row (full); auto: "
+                        "topk where the recordings hold the target's top-k")
     p.add_argument("--eval-windows", type=int, default=16, help="held-out windows for the card")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -283,7 +287,7 @@ def main(argv=None) -> int:
         return 0
     if a.recordings is None:
         p.error("--recordings is required to train")
-    data = RecordedData(target, a.recordings)
+    data = RecordedData(target, a.recordings, a.teacher)
     opts = target_draft_opts(target, unused_token_id(tokenizer, data.stream))
     heldout = None
     if a.heldout:

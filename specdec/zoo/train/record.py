@@ -91,12 +91,16 @@ class SegmentedRows:
 @dataclass
 class Recording:
     """Recordings read together: tokens (N,) int64, features (N, F) float16 (memory-mapped, `SegmentedRows` over
-    several), layers, meta (one per recording or shard)."""
+    several), layers, meta (one per recording or shard); and where every one of them recorded the target's top-k
+    (shards of prompt files), topk_ids (N, k) int32 (-1 on rows the target was not asked to continue: a prompt's
+    rows but its last) and topk_probs (N, k) float16."""
 
     tokens: np.ndarray
     features: np.ndarray | SegmentedRows
     layers: tuple
     meta: list
+    topk_ids: np.ndarray | SegmentedRows | None = None
+    topk_probs: np.ndarray | SegmentedRows | None = None
 
 
 def recording_dirs(dirs) -> list[Path]:
@@ -130,24 +134,49 @@ def load_recordings(dirs) -> Recording:
     for m in metas[1:]:
         if m["layers"] != metas[0]["layers"] or m["target"] != metas[0]["target"]:
             raise ValueError(f"recordings {[str(d) for d in dirs]} record different layers or targets")
-    features = feats[0] if len(feats) == 1 else SegmentedRows(feats)
-    return Recording(np.concatenate(toks), features, tuple(metas[0]["layers"]), metas)
+    rows = lambda parts: parts[0] if len(parts) == 1 else SegmentedRows(parts)  # noqa: E731
+    topk_ids = topk_probs = None
+    if all((d / "topk_ids.npy").is_file() and (d / "topk_probs.npy").is_file() for d in dirs):
+        topk_ids = rows([np.load(d / "topk_ids.npy", mmap_mode="r") for d in dirs])
+        topk_probs = rows([np.load(d / "topk_probs.npy", mmap_mode="r") for d in dirs])
+    return Recording(np.concatenate(toks), rows(feats), tuple(metas[0]["layers"]), metas, topk_ids, topk_probs)
+
+
+#: the logit of an id outside a row's recorded top-k: finite, so that a softmax over ids none of which was recorded
+#: (an EAGLE-3 head's draft vocabulary missing all of them) is a harmless uniform row rather than NaN
+OUTSIDE_TOPK_LOGIT = -1e4
+
+#: the teachers a recording can answer with: the target's LM head on the recorded last-layer stream (every row), or
+#: the recorded top-k distribution where there is one (the target's LM head only on the rows without)
+TEACHERS = ("full", "topk")
+
+
+def topk_logits(ids: torch.Tensor, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(..., k) recorded ids and probabilities -> (..., V) logits whose softmax is the top-k distribution renormalised
+    (the mass beyond the k-th id dropped): log p at the recorded ids, `OUTSIDE_TOPK_LOGIT` elsewhere."""
+    logits = torch.full((*ids.shape[:-1], vocab_size), OUTSIDE_TOPK_LOGIT, dtype=torch.float32, device=ids.device)
+    return logits.scatter_(-1, ids.long(), probs.float().clamp_min(1e-30).log())
 
 
 class RecordedTarget(torch.nn.Module):
     """The frozen target as the trainer's losses call it (`target(x, positions, features=...)`), answered from a
-    recording: the batch `RecordedWindows` drew last, whose ids x must be (a prefix of). Logits and the final hidden
-    state are the target's norm and LM head applied to the recorded layer-L stream."""
+    recording: the batch `RecordedWindows` drew last, whose ids x must be (a prefix of). The final hidden state is the
+    target's norm applied to the recorded layer-L stream. Logits, with teacher "full", are the target's LM head on that
+    hidden state; with "topk", on the rows where the recording holds the target's top-k (an answer's), the recorded
+    top-k distribution (`topk_logits`), and the LM head only on the rows without (a prompt's): the LM head over the
+    whole vocabulary is most of a small draft's training step, and the answers' rows, the most, need none of it."""
 
-    def __init__(self, target, layers):
+    def __init__(self, target, layers, teacher: str = "full"):
         super().__init__()
         L = target.config.num_hidden_layers
         if L not in layers:
             raise ValueError(f"a recording must keep layer {L} (the last layer's output), got layers {list(layers)}")
-        self.target, self.layers, self.current = target, tuple(layers), None
+        if teacher not in TEACHERS:
+            raise ValueError(f"teacher must be one of {TEACHERS}, got {teacher!r}")
+        self.target, self.layers, self.teacher, self.current = target, tuple(layers), teacher, None
 
     def forward(self, input_ids, positions=None, cache=None, meta=None, return_logits=True, features=None):
-        ids, feats = self.current
+        ids, feats, topk = self.current
         ids = ids.to(input_ids.device)
         T = input_ids.shape[1]
         if T > ids.shape[1] or not torch.equal(input_ids, ids[:, :T]):
@@ -156,13 +185,25 @@ class RecordedTarget(torch.nn.Module):
         f = feats[:, :T].to(input_ids.device).float()
         part = {i: f[..., k * H:(k + 1) * H] for k, i in enumerate(self.layers)}
         hidden = self.target.model.norm(part[self.target.config.num_hidden_layers])
-        logits = self.target.compute_logits(hidden) if return_logits else None
+        logits = self._logits(hidden, topk, T) if return_logits else None
         if features is not None:
             missing = [i for i in features if i not in part]
             if missing:
                 raise ValueError(f"the recording keeps layers {list(self.layers)}, not {missing}")
         out_f = None if features is None else torch.cat([part[i] for i in features], dim=-1)
         return ModelOutput(logits, hidden, out_f)
+
+    def _logits(self, hidden: torch.Tensor, topk, T: int) -> torch.Tensor:
+        if self.teacher == "full":
+            return self.target.compute_logits(hidden)
+        if topk is None:
+            raise ValueError("teacher 'topk' needs a recording of the target's top-k (record with --topk > 0)")
+        ids, probs = (x[:, :T].to(hidden.device) for x in topk)
+        recorded = ids[..., 0] >= 0
+        logits = topk_logits(ids.clamp_min(0), probs, self.target.config.vocab_size)
+        if not bool(recorded.all()):
+            logits[~recorded] = self.target.compute_logits(hidden[~recorded]).float()
+        return logits
 
 
 class RecordedWindows:
@@ -179,7 +220,11 @@ class RecordedWindows:
         starts = np.sort(self.rng.integers(0, len(self.rec.tokens) - self.length, size=self.batch_size))
         ids = torch.from_numpy(np.stack([self.rec.tokens[s:s + self.length] for s in starts]))
         feats = torch.from_numpy(np.stack([self.rec.features[s:s + self.length] for s in starts]))
-        self.teacher.current = (ids, feats)
+        topk = None
+        if self.teacher.teacher == "topk" and self.rec.topk_ids is not None:
+            topk = tuple(torch.from_numpy(np.stack([rows[s:s + self.length] for s in starts]))
+                         for rows in (self.rec.topk_ids, self.rec.topk_probs))
+        self.teacher.current = (ids, feats, topk)
         return ids
 
 
@@ -189,13 +234,17 @@ class RecordedData:
     recording; `windows(batch_size, length, seed)`; `stats()`, what the card records of the data. The recordings
     must be of this target (its fingerprint)."""
 
-    def __init__(self, target, dirs):
+    def __init__(self, target, dirs, teacher: str = "auto"):
         self.rec = load_recordings(dirs)
         want = target_fingerprint(target)
         if self.rec.meta[0]["target"] != want:
             raise ValueError(f"recordings {dirs!r} were written by target {self.rec.meta[0]['target']}, not this one "
                              f"({want})")
-        self.teacher = RecordedTarget(target, self.rec.layers)
+        if teacher == "auto":
+            teacher = "topk" if self.rec.topk_ids is not None else "full"
+        elif teacher == "topk" and self.rec.topk_ids is None:
+            raise ValueError(f"teacher 'topk': recordings {dirs!r} hold no top-k (record with --topk > 0)")
+        self.teacher = RecordedTarget(target, self.rec.layers, teacher)
         self.stream = self.rec.tokens
 
     def windows(self, batch_size: int, length: int, seed: int) -> RecordedWindows:
@@ -206,7 +255,10 @@ class RecordedData:
         data = {"recordings": len(m), "conversations": sum(x["conversations"] for x in m),
                 "tokens": int(len(self.rec.tokens)), "split": m[0]["split"], "layers": list(self.rec.layers),
                 "max_new_tokens": m[0]["max_new_tokens"], "sampled_every": m[0]["sampled_every"],
-                "temperature": m[0]["temperature"], "record_cpu_seconds": round(sum(x["cpu_seconds"] for x in m), 1)}
+                "temperature": m[0]["temperature"], "record_cpu_seconds": round(sum(x["cpu_seconds"] for x in m), 1),
+                "teacher": self.teacher.teacher}
+        if self.teacher.teacher == "topk":
+            data["teacher_topk"] = int(self.rec.topk_ids.shape[1])
         if all("answer_tokens" in x for x in m):  # shards of prompt files (`shards`)
             data["answer_tokens"] = sum(x["answer_tokens"] for x in m)
             data["prompt_files"] = sorted({Path(x["prompts_file"]).name for x in m})
