@@ -1,7 +1,8 @@
 """Triton versions of the `reference` ops, with the same names, signatures and docstring contracts.
 
-`fast` exports every op of `specdec.ops.contract.WORKER_OPS`, the ops the workers call. Argument checks are the
-shared ones of `specdec.ops.op_checks` and run before any kernel launches. On a machine without CUDA the
+`fast` exports every op of `specdec.ops.contract.WORKER_OPS` and every verify rule's named op
+(`specdec.verify_rules.rule_ops`), the ops the workers call. Argument checks are the shared ones of
+`specdec.ops.op_checks` and run before any kernel launches. On a machine without CUDA the
 kernels run under Triton's interpreter: importing `fast` there sets ``TRITON_INTERPRET=1`` unless the
 variable is already set (Triton reads it when the kernels below are defined), also when something
 imported triton first (see `fast.interpreter`); exact, but slow.

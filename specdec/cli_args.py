@@ -9,7 +9,7 @@ import argparse
 import torch
 
 from .draft_kinds import DRAFT_KINDS
-from .config import VERIFY_RULES as RULES
+from .verify_rules import VERIFY_RULES
 
 
 def about(seconds: float) -> str:
@@ -135,12 +135,12 @@ def top_p_list(text: str) -> list[float]:
 
 
 def verify_rules_arg(text: str) -> list[str]:
-    """'target_only,block' -> ['target_only', 'block'] (each a `SpecConfig.verify` rule)."""
+    """'target_only,block' -> ['target_only', 'block'] (each a registered `SpecConfig.verify` rule)."""
     rules = [p.strip() for p in text.split(",")]
-    bad = [r for r in rules if r not in RULES]
+    bad = [r for r in rules if r not in VERIFY_RULES]
     if bad:
         raise argparse.ArgumentTypeError(f"unknown verify rule(s) {bad}; expected a comma-separated subset of "
-                                         f"{','.join(RULES)}")
+                                         f"{','.join(VERIFY_RULES)}")
     return rules
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .checks import check_int, check_real
 from .ops.contract import greedy_temperature, max_num_draft_tokens
+from .verify_rules import shape_of, verify_rule
 
 @dataclass
 class SamplingParams:
@@ -155,10 +156,6 @@ class SamplingParams:
                                    logit_bias=logit_bias)
 
 
-#: how sampled requests may be verified (`SpecConfig.verify`; `specdec.workers.verification`)
-VERIFY_RULES = ("target_only", "rejection", "block", "traversal")
-
-
 @dataclass(frozen=True)
 class SpecConfig:
     """Speculative decoding shape: S = num_steps (draft depth), K = topk, W = num_draft_tokens.
@@ -184,10 +181,11 @@ class SpecConfig:
     #: (K draws from its distribution at the request's temperature / top-k / top-p, without replacement, on a
     #: tree of fixed shape); greedy requests always propose the top-K
     draft_sampling: str = "topk"
-    #: how sampled requests are verified: "target_only" (SGLang's), "rejection" (with the draft's distribution:
-    #: token-wise on a chain, recursive over siblings on a tree), "block" (block verification, chains) or
-    #: "traversal" (Traversal Verification: trees and chains, leaves first); the last three need
-    #: draft_sampling="sample". Greedy requests always take greedy verification
+    #: how sampled requests are verified, a registered rule (`specdec.verify_rules`): "target_only" (SGLang's),
+    #: "rejection" (with the draft's distribution: token-wise on a chain, recursive over siblings on a tree), "block"
+    #: (block verification, chains) or "traversal" (Traversal Verification: trees and chains, leaves first); a rule
+    #: that reads the draft's distribution (all but the first) needs draft_sampling="sample". Greedy requests always
+    #: take greedy verification
     verify: str = "target_only"
 
     def __post_init__(self):
@@ -205,14 +203,13 @@ class SpecConfig:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.draft_sampling not in ("topk", "sample"):
             raise ValueError(f"draft_sampling must be 'topk' or 'sample', got {self.draft_sampling!r}")
-        if self.verify not in VERIFY_RULES:
-            raise ValueError(f"verify must be 'target_only', 'rejection', 'block' or 'traversal', got "
-                             f"{self.verify!r}")
-        if self.verify != "target_only" and self.draft_sampling != "sample":
+        rule = verify_rule(self.verify)
+        if rule.reads_draft and self.draft_sampling != "sample":
             raise ValueError(f"verify={self.verify!r} reads the draft's distribution: it needs "
                              f"draft_sampling='sample', got {self.draft_sampling!r}")
-        if self.verify == "block" and K != 1:
-            raise ValueError(f"verify='block' verifies a chain: it needs topk=1, got topk={K}")
+        if not rule.runs_on(K):
+            raise ValueError(f"verify={self.verify!r} verifies a {' or a '.join(rule.shapes)}: it cannot verify the "
+                             f"{shape_of(K)} of topk={K}")
         if self.penalty_mode not in ("exact", "sglang"):
             raise ValueError(f"penalty_mode must be 'exact' or 'sglang', got {self.penalty_mode!r}")
         for name, v in (("num_steps", S), ("topk", K), ("num_draft_tokens", W)):

@@ -6,11 +6,15 @@ which model class it is and how it loads, which worker runs it, how many cache s
 a step of that worker may write, how the demo, the CSVs and the plots name a configuration of it, which shapes
 the demo and the benchmarks run, and how the zoo trains, evaluates and describes it (`ZooStage`).
 
-Adding a kind is its model, its worker, its trainer stage, one `register(DraftKind(...))` below and its tests.
+Adding a kind to the package is its model, its worker, its trainer stage, one `register(DraftKind(...))` below and
+its tests; from outside (a notebook, another package), `specdec.register_draft_kind(...)` (`register_plugin`), with
+the model and worker as classes or import paths. A registered kind cannot be replaced, and a plugin may not claim a
+model class another kind names (a subclass of its own is how a plugin reuses one), so no plugin changes which kind
+a shipped draft is; `unregister` removes a plugin's kind.
 
-The model, worker, trainer and evaluator are named by import path ("package.module:Name") and imported on use,
-so this module imports nothing of specdec but the config: the models, the zoo and the trainer read it without
-importing the workers, and it sits below all of them.
+The package's kinds name their model, worker, trainer and evaluator by import path ("package.module:Name"),
+imported on use, so this module imports nothing of specdec but the config: the models, the zoo and the trainer read
+it without importing the workers, and it sits below all of them.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from .config import SpecConfig
 
@@ -29,9 +34,14 @@ TREE, CHAIN = SpecConfig(5, 4, 16), SpecConfig(3, 1)
 RESERVED_NAMES = ("target", "target-only")
 
 
+def resolve(path):
+    """"package.module:Name" -> that object, imported now (once); an object given in place of a path is itself.
+    ValueError naming the path if it cannot be imported."""
+    return path if not isinstance(path, str) else _import(path)
+
+
 @functools.cache
-def resolve(path: str):
-    """"package.module:Name" -> that object, imported now; ValueError naming the path if it cannot be."""
+def _import(path: str):
     module, _, name = path.partition(":")
     try:
         return getattr(importlib.import_module(module), name)
@@ -154,10 +164,11 @@ class DraftKind:
 
     name: the bundle attribute, zoo directory, trainer stage, CSV `worker` value (a Python identifier);
     label: how the demo, the CSVs and the plots name its configurations, before `shape_label(spec)`;
-    model: "module:Class" of its model, whose `from_pretrained(path, target, device=, dtype=)` loads it, or
-    `loader` ("module:function" called the same way) when given;
+    model: "module:Class" of its model (or, for a plugin, the class itself), whose
+    `from_pretrained(path, target, device=, dtype=)` loads it, or `loader` ("module:function" called the same way)
+    when given;
     model_config: config fields that tell apart kinds of one model class (MTP: `chain_hidden_states`);
-    worker: "module:Class" of the worker that runs it, constructed as
+    worker: "module:Class" of the worker that runs it (or the class), constructed as
     (target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob);
     kv_margin: spec -> cache slots past the committed length that one decode step of that worker may write;
     demo_specs: the shapes the demo and the benchmark suites run (none: not in the demo);
@@ -182,14 +193,14 @@ class DraftKind:
 
     name: str
     label: str
-    model: str
-    worker: str
+    model: str | type
+    worker: str | type
     kv_margin: Callable[[SpecConfig], int]
     shape_label: Callable[[SpecConfig], str]
     model_config: Mapping[str, object] = field(default_factory=dict)
-    loader: str | None = None
-    untrained: str | None = None
-    random_draft: str | None = None
+    loader: str | Callable | None = None
+    untrained: str | Callable | None = None
+    random_draft: str | Callable | None = None
     random_draft_config: Mapping[str, object] = field(default_factory=dict)
     demo_specs: tuple[SpecConfig, ...] = ()
     e2e_specs: tuple[SpecConfig, ...] = ()
@@ -251,49 +262,107 @@ class DraftKind:
         return " ".join(filter(None, (self.label, self.shape_label(spec), rule)))
 
 
-#: every registered kind by name, in the order the demo, the CSVs' rows and the model card list them
-DRAFT_KINDS: dict[str, DraftKind] = {}
+_KINDS: dict[str, DraftKind] = {}
+#: every registered kind by name, read-only (`register` adds, `unregister` removes a plugin's), in the order the
+#: demo, the CSVs' rows and the model card list them
+DRAFT_KINDS = MappingProxyType(_KINDS)
+#: the fields of a record the engine cannot run a kind without
+ENGINE_FIELDS = ("name", "label", "model", "worker", "kv_margin", "shape_label")
+
+
+def model_path(model) -> str:
+    """A kind's `model` as "module:Name" (a class given in its place by its module and name)."""
+    return model if isinstance(model, str) else f"{model.__module__}:{model.__qualname__}"
 
 
 def register(kind: DraftKind) -> DraftKind:
-    """Add `kind` to `DRAFT_KINDS`; ValueError naming the field when its name is taken or reserved, a path is not
-    "module:Name", or another kind already claims the same models."""
+    """Add `kind` to `DRAFT_KINDS`; ValueError naming the field when its name is taken or reserved, a field the
+    engine needs is missing, a path is not "module:Name" (nor the object itself), or another kind already claims
+    the same models."""
     if not isinstance(kind, DraftKind):
         raise ValueError(f"register takes a DraftKind, got {type(kind).__name__}")
-    if not kind.name.isidentifier() or kind.name in RESERVED_NAMES:
+    if not isinstance(kind.name, str) or not kind.name.isidentifier() or kind.name in RESERVED_NAMES:
         raise ValueError(f"draft kind name must be a Python identifier other than {RESERVED_NAMES}, got "
                          f"{kind.name!r}")
-    if kind.name in DRAFT_KINDS:
+    if kind.name in _KINDS:
         raise ValueError(f"draft kind {kind.name!r} is already registered")
+    missing = [what for what in ENGINE_FIELDS if getattr(kind, what) in (None, "")]
+    if missing:
+        raise ValueError(f"draft kind {kind.name!r} lacks {', '.join(missing)}, which the engine needs")
+    for what in ("kv_margin", "shape_label"):
+        if not callable(getattr(kind, what)):
+            raise ValueError(f"draft kind {kind.name!r}: {what} must be a function of the SpecConfig, got "
+                             f"{getattr(kind, what)!r}")
     paths = [("model", kind.model), ("worker", kind.worker)]
     paths += [(what, getattr(kind, what)) for what in ("loader", "untrained", "random_draft") if getattr(kind, what)]
     if kind.zoo is not None:
         paths += [("zoo.trainer", kind.zoo.trainer), ("zoo.evaluator", kind.zoo.evaluator)]
         paths += [("zoo.target_opts", kind.zoo.target_opts)] if kind.zoo.target_opts else []
     for what, path in paths:
+        if what in ("model", "worker") and isinstance(path, type) or what not in ("model", "worker") and (
+                callable(path) and not isinstance(path, str)):
+            continue  # the object itself, as a plugin passes it
         module, colon, name = path.partition(":") if isinstance(path, str) else ("", "", "")
         if not (colon and name.isidentifier() and all(p.isidentifier() for p in module.split("."))):
-            raise ValueError(f"draft kind {kind.name!r}: {what} must be 'package.module:Name', got {path!r}")
-    for other in DRAFT_KINDS.values():
-        if (other.model, dict(other.model_config)) == (kind.model, dict(kind.model_config)):
-            raise ValueError(f"draft kind {kind.name!r} claims the models of {other.name!r} ({kind.model} with "
-                             f"{dict(kind.model_config)}): give it its own model class or model_config")
+            raise ValueError(f"draft kind {kind.name!r}: {what} must be 'package.module:Name' or the "
+                             f"{'class' if what in ('model', 'worker') else 'function'} itself, got {path!r}")
+    for other in _KINDS.values():
+        if (model_path(other.model), dict(other.model_config)) == (model_path(kind.model), dict(kind.model_config)):
+            raise ValueError(f"draft kind {kind.name!r} claims the models of {other.name!r} "
+                             f"({model_path(kind.model)} with {dict(kind.model_config)}): give it its own model class "
+                             f"or model_config")
     for what in ("e2e_specs", "gpu_e2e_specs"):
         if any(spec not in kind.demo_specs for spec in getattr(kind, what)):
             raise ValueError(f"draft kind {kind.name!r}: {what} must be among its demo_specs")
     if kind.layers_per_forward not in ("all", "one"):
         raise ValueError(f"draft kind {kind.name!r}: layers_per_forward must be 'all' or 'one', got "
                          f"{kind.layers_per_forward!r}")
-    DRAFT_KINDS[kind.name] = kind
+    _KINDS[kind.name] = kind
     return kind
+
+
+def register_plugin(kind: DraftKind | None = None, **fields) -> DraftKind:
+    """A kind from outside the package (`specdec.register_draft_kind`): `kind` a `DraftKind`, or its fields by name
+    (`register_draft_kind(name=..., label=..., model=MyHead, worker=MyWorker, kv_margin=..., shape_label=...)`).
+    `register`'s checks, and a one-line ValueError when the model class is one another kind names (a plugin
+    subclasses it instead, so the shipped drafts keep their kinds) or a field the engine needs is missing."""
+    if kind is None:
+        missing = [what for what in ENGINE_FIELDS if what not in fields]
+        if missing:
+            raise ValueError(f"draft kind {fields.get('name', '?')!r} lacks {', '.join(missing)}, which the engine "
+                             f"needs")
+        try:
+            kind = DraftKind(**fields)
+        except TypeError as e:
+            raise ValueError(f"draft kind {fields.get('name', '?')!r}: {e}") from None
+    elif fields:
+        raise ValueError("register_draft_kind takes a DraftKind or its fields, not both")
+    if isinstance(kind, DraftKind) and kind.name not in _KINDS:
+        claimed = {model_path(k.model): k.name for k in _KINDS.values()}
+        if isinstance(kind.model, (str, type)) and model_path(kind.model) in claimed:
+            raise ValueError(f"draft kind {kind.name!r}: its model {model_path(kind.model)} is the model of "
+                             f"{claimed[model_path(kind.model)]!r}; a plugin names a class of its own (a subclass)")
+    return register(kind)
+
+
+#: the kinds the package ships, registered at the end of this module; `unregister` refuses them
+BUILT_IN = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "draft_lm", "dflash")
+
+
+def unregister(name: str) -> None:
+    """Remove the plugin kind `name`; ValueError for a shipped kind or a name not registered."""
+    if name in BUILT_IN:
+        raise ValueError(f"draft kind {name!r} ships with the package: it cannot be removed")
+    draft_kind(name)
+    del _KINDS[name]
 
 
 def draft_kind(name: str) -> DraftKind:
     """The kind named `name`; ValueError naming the registered kinds otherwise."""
     try:
-        return DRAFT_KINDS[name]
+        return _KINDS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown draft kind {name!r}; registered: {', '.join(DRAFT_KINDS)}") from None
+        raise ValueError(f"unknown draft kind {name!r}; registered: {', '.join(_KINDS)}") from None
 
 
 def kind_of(draft) -> DraftKind:
@@ -304,7 +373,7 @@ def kind_of(draft) -> DraftKind:
     if not claiming:
         accepted = {}
         for k in DRAFT_KINDS.values():
-            accepted.setdefault(k.model.partition(":")[2], []).append(k.name)
+            accepted.setdefault(model_path(k.model).partition(":")[2], []).append(k.name)
         models = "; ".join(f"{model}: {', '.join(names)}" for model, names in accepted.items())
         raise ValueError(f"draft must be the model of a draft kind ({models}), got {type(draft).__name__}")
     return min(claiming, key=lambda k: mro.index(k.model_class()))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..config import SpecConfig
 from ..draft_kinds import DRAFT_KINDS, worker_label, draft_kind
 from ..tuning import TunedSpec, shape_spec
+from ..verify_rules import verify_rule
 
 
 @dataclass(frozen=True)
@@ -114,20 +115,23 @@ NGRAM_OPTION_CASES = [WorkerCase("ngram", spec, e2e=False, draft_options=(option
 
 
 def with_verify_rules(cases: list[WorkerCase], rules: list[str]) -> list[WorkerCase]:
-    """`cases` with each static drafting case once per verify rule of `rules` (`SpecConfig.verify`) that its kind
-    can run (a draft with a distribution; block verification on chains only; traversal on trees only, as on a
-    chain it is block verification), after it; the rules that read the draft's distribution draft by sampling.
-    Without "target_only" in `rules`, the drafting cases run the other rules only."""
+    """`cases` with each static drafting case of a kind that has a distribution once per verify rule of `rules`
+    (`SpecConfig.verify`, registered rules of `specdec.verify_rules`) that runs on its shape
+    (`VerifyRule.benched_on`: block verification on chains only, traversal on trees only, as on a chain it is block
+    verification), after it; a rule that reads the draft's distribution drafts by sampling. Without "target_only" in
+    `rules`, those cases run the other rules only."""
     out = []
     for c in cases:
         if c.spec is None or c.is_peer or c.shape_policy != "static" or not DRAFT_KINDS[c.kind].samples_drafts:
             out.append(c)
             continue
-        for rule in rules:
-            if rule == "target_only":
+        for name in rules:
+            rule = verify_rule(name)
+            if name == "target_only":
                 out.append(c)
-            elif (rule != "block" or c.spec.topk == 1) and (rule != "traversal" or c.spec.topk > 1):
-                spec = dataclasses.replace(c.spec, draft_sampling="sample", verify=rule)
+            elif rule.benched_on(c.spec.topk):
+                sampling = "sample" if rule.reads_draft else c.spec.draft_sampling
+                spec = dataclasses.replace(c.spec, draft_sampling=sampling, verify=name)
                 out.append(dataclasses.replace(c, spec=spec, e2e=False))
     return out
 

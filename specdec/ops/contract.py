@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: Every op a worker reaches through its ops module (`reference` or `fast`): a module can run the
-#: workers only when it has all of them, with the reference's signatures.
+#: Every op a worker reaches through its ops module (`reference` or `fast`) beside the verify rules' own (each rule's
+#: record names its op: `specdec.verify_rules.rule_ops()`): a module can run the workers only when it has all of
+#: them, with the reference's signatures.
 WORKER_OPS = (
     "argmax_finite",
     "softmax_topk",
@@ -19,7 +20,6 @@ WORKER_OPS = (
     "organize_draft_results",
     "build_tree_kernel_efficient",
     "verify_tree_greedy",
-    "tree_speculative_sampling_target_only",
     "compute_spec_v2_logprobs",
     "softmax_with_temperature",
     "top_k_renorm_prob",
@@ -31,9 +31,6 @@ WORKER_OPS = (
     "apply_penalties_tree",
     "apply_token_bitmask",
     "sample_without_replacement",
-    "tree_speculative_sampling_rejection",
-    "chain_speculative_sampling_block",
-    "tree_speculative_sampling_traversal",
     "rms_norm",
     "fused_add_rms_norm",
     "silu_and_mul",

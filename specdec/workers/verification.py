@@ -1,7 +1,8 @@
 """How sampled requests are verified, and how the draft proposes for them: the one component every speculative
 worker calls (`SpecConfig.verify`, `SpecConfig.draft_sampling`).
 
-Rules (`RULES`), each lossless (the emitted tokens are distributed as the target's):
+The rule is a record of `specdec.verify_rules` (`VERIFY_RULES`): the built-in ones, each lossless (the emitted tokens
+are distributed as the target's), and any registered from outside:
 
 * ``target_only``: SGLang's ``tree_speculative_sampling_target_only``: the draft's proposals are accepted
   against the target's distribution alone (exact for any draft, deterministic or sampled);
@@ -13,7 +14,8 @@ Rules (`RULES`), each lossless (the emitted tokens are distributed as the target
   up with sequence-level weights; block verification on a chain, recursive rejection on a tree of depth one, and
   more accepted tokens than recursive rejection in expectation on the deeper trees checked.
 
-The last three read q, so they need ``draft_sampling="sample"``: each node's proposals are drawn from q, the
+`SampledVerify` runs the rule's op with the arguments its signature names (`verify_rules.VERIFY_ARGUMENTS`). A rule
+that reads q (`VerifyRule.reads_draft`) needs ``draft_sampling="sample"``: each node's proposals are drawn from q, the
 draft's distribution after the request's temperature, top-k and top-p (and the draft's penalties and grammar
 masks where the SpecConfig asks), without replacement, with uniforms drawn on the host like every other random
 number (`sample_without_replacement`). Greedy requests always take greedy verification and propose the draft's
@@ -29,9 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config import VERIFY_RULES as RULES, SpecConfig  # noqa: F401 (RULES: the rules, by the component's name)
-#: the rules that read the draft's distribution
-DRAFT_DISTRIBUTION_RULES = ("rejection", "block", "traversal")
+from ..config import SpecConfig
+from ..verify_rules import op_arguments, verify_rule
 
 #: a sampled draft's tree score of the m-th child drawn at a node (m = 0, 1, ...), multiplied along the path. Only the
 #: ratio of log(first) to log(decay) shapes the tree (depth against breadth); 0.6 and 0.25 gave the most accepted
@@ -47,18 +48,24 @@ def check_spec_for_kind(spec: SpecConfig, kind) -> None:
     if spec.draft_sampling != "topk":
         raise ValueError(f"draft_sampling={spec.draft_sampling!r}: a {kind.label} draft has no distribution to "
                          f"sample from (use 'topk')")
-    if spec.verify in DRAFT_DISTRIBUTION_RULES:
+    if verify_rule(spec.verify).reads_draft:
         raise ValueError(f"verify={spec.verify!r} needs the draft's distribution, which a {kind.label} draft does "
                          f"not have (use 'target_only')")
 
 
 class SampledVerify:
-    """The sampled requests' verify of one worker: the rule its SpecConfig selects, through the worker's ops."""
+    """The sampled requests' verify of one worker: the op of the rule its SpecConfig selects (`VerifyRule.op_for` the
+    worker's ops module), called with the arguments its signature names."""
 
     def __init__(self, spec: SpecConfig, kind, ops):
         check_spec_for_kind(spec, kind)
-        self.rule = spec.verify
-        self.ops = ops
+        self.rule = verify_rule(spec.verify)
+        self.op = self.rule.op_for(ops)
+        self.arguments = op_arguments(self.op, self.rule.name)
+        # a step whose draft kept no q (a batch that drafted by top-K) is verified against the target alone
+        fallback = verify_rule("target_only")
+        self.target_only = fallback.op_for(ops)
+        self.target_only_arguments = op_arguments(self.target_only, fallback.name)
         #: whether the draft samples its proposals (and keeps q for the verify)
         self.samples = spec.draft_sampling == "sample"
 
@@ -66,19 +73,17 @@ class SampledVerify:
         """tree: the step's `EagleVerifyInput` (its `draft_probs` (B, W, V) set when the draft sampled);
         uniforms: (B, >= W + 1), the verify's coins then the bonus token's; target_probs: (B, W, V).
         -> (predict (B*W,), accept_index (B, S+1), accept_length (B,)), int32."""
-        ops, W = self.ops, tree.candidates.shape[1]
-        coins, final = uniforms[:, :W].contiguous(), uniforms[:, W].contiguous()
-        links = (tree.candidates, tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling)
-        if self.rule == "target_only" or tree.draft_probs is None:
-            return ops.tree_speculative_sampling_target_only(*links, coins, final, target_probs, num_steps)
-        if self.rule == "rejection":
-            return ops.tree_speculative_sampling_rejection(*links, coins, final, target_probs, tree.draft_probs,
-                                                           num_steps)
-        if self.rule == "traversal":
-            return ops.tree_speculative_sampling_traversal(*links, coins, final, target_probs, tree.draft_probs,
-                                                           num_steps)
-        return ops.chain_speculative_sampling_block(tree.candidates, tree.retrieve_index, coins, final,
-                                                    target_probs, tree.draft_probs, num_steps)
+        W = tree.candidates.shape[1]
+        values = dict(candidates=tree.candidates, retrieve_index=tree.retrieve_index,
+                      retrieve_next_token=tree.retrieve_next_token, retrieve_next_sibling=tree.retrieve_next_sibling,
+                      uniform_samples=uniforms[:, :W].contiguous(),
+                      uniform_samples_for_final_sampling=uniforms[:, W].contiguous(), target_probs=target_probs,
+                      draft_probs=tree.draft_probs, num_steps=num_steps)
+        if self.rule.reads_draft and tree.draft_probs is None:
+            op, arguments = self.target_only, self.target_only_arguments
+        else:
+            op, arguments = self.op, self.arguments
+        return op(**{name: values[name] for name in arguments})
 
 
 class DraftProposer:
@@ -156,12 +161,14 @@ def chain_draft_probs(q_rows, W: int):
 
 def tree_draft_probs(q_expanded, parent_list, top_scores_index):
     """q_expanded: (B, 1 + K(S-1), V), the q row of every expanded node in `parent_list` order (the root, then each
-    draft step's K frontier nodes); parent_list (B, 1 + K(S-1)), top_scores_index (B, W-1): as
-    `organize_draft_results` returns them. -> (B, W, V) `draft_probs`: node n's row is the one its children were
-    drawn from (a node that was never expanded reads the root's row, which nothing reads)."""
+    draft step's K frontier nodes); parent_list (B, 1 + K(S-1)) for S > 1, (B, 0) for S = 1, top_scores_index
+    (B, W-1): as `organize_draft_results` returns them. -> (B, W, V) `draft_probs`: node n's row is the one its
+    children were drawn from (a node that was never expanded reads the root's row, which nothing reads)."""
     B, W1 = top_scores_index.shape
-    # node n >= 1 was expanded at position j where parent_list[j] equals its candidate index
-    match = parent_list[:, None, 1:] == top_scores_index[:, :, None]  # (B, W-1, K(S-1))
-    pos = torch.where(match.any(-1), match.to(torch.int8).argmax(-1) + 1, 0)
+    if parent_list.shape[1] <= 1:  # a one-step tree (S = 1, an empty parent_list): only the root was expanded
+        pos = torch.zeros(B, W1, dtype=torch.int64, device=top_scores_index.device)
+    else:  # node n >= 1 was expanded at position j where parent_list[j] equals its candidate index
+        match = parent_list[:, None, 1:] == top_scores_index[:, :, None]  # (B, W-1, K(S-1))
+        pos = torch.where(match.any(-1), match.to(torch.int8).argmax(-1) + 1, 0)
     pos = torch.cat([torch.zeros(B, 1, dtype=pos.dtype, device=pos.device), pos], dim=1)  # the root: row 0
     return q_expanded.gather(1, pos[:, :, None].expand(B, W1 + 1, q_expanded.shape[-1]))

@@ -15,6 +15,7 @@ import torch
 import fast
 import reference
 from specdec.ops.contract import WORKER_OPS
+from specdec.verify_rules import rule_ops
 from tests.helpers.equivalence import NO_LAUNCH, TorchCalls, record_triton_launches
 
 WORKER_CLASSES = {"EagleWorkerV2", "MultiLayerEagleWorkerV2", "TargetOnlyWorker"}
@@ -38,8 +39,11 @@ def test_same_signature_as_the_reference(name):
 
 @pytest.mark.parametrize("ops", [reference, fast], ids=["reference", "fast"])
 def test_both_packages_export_every_worker_op(ops):
-    assert set(WORKER_OPS) <= set(ops.__all__)
-    assert all(callable(getattr(ops, name)) for name in WORKER_OPS)
+    """The contract's ops and every registered verify rule's named op."""
+    needed = set(WORKER_OPS) | set(rule_ops())
+    assert {"tree_speculative_sampling_target_only", "tree_speculative_sampling_traversal"} <= needed
+    assert needed <= set(ops.__all__)
+    assert all(callable(getattr(ops, name)) for name in needed)
 
 
 def test_reference_never_imports_triton():

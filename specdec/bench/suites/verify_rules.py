@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...config import VERIFY_RULES
+from ...verify_rules import VERIFY_RULES
 from ..report.figures import overall_rows, read_results
 
 #: the goals a `--verify` run decides: (what, the rule's label, the target-only label, temperature, top-p, the goal
@@ -26,7 +26,7 @@ STEP_COST_GOAL = 1.05
 
 def base_label(label: str) -> str:
     """`EAGLE chain S3 block` -> `EAGLE chain S3`: the same shape verified target-only."""
-    for rule in VERIFY_RULES[1:] + ("sampled",):
+    for rule in [r for r in VERIFY_RULES if r != "target_only"] + ["sampled"]:
         if label.endswith(" " + rule):
             return label[: -len(rule) - 1]
     return label
