@@ -224,14 +224,14 @@ def _register_built_in(rule: VerifyRule) -> None:
 
 _register_built_in(VerifyRule(
     name="target_only", label="target-only verification (SGLang's)", op="tree_speculative_sampling_target_only",
-    reads_draft=False, check_shapes=((2, 1, 3), (2, 2, 4))))
+    reads_draft=False, check_shapes=((2, 1, 3), (1, 2, 3), (2, 2, 4))))
 _register_built_in(VerifyRule(
     name="rejection", label="recursive rejection sampling", op="tree_speculative_sampling_rejection",
-    check_shapes=((2, 1, 3), (2, 2, 4))))
+    check_shapes=((2, 1, 3), (1, 2, 3), (2, 2, 4))))
 _register_built_in(VerifyRule(
     name="block", label="block verification", op="chain_speculative_sampling_block", shapes=("chain",),
     check_shapes=((2, 1, 3),)))
 # on a chain traversal verification is block verification: the bench runs it on trees only
 _register_built_in(VerifyRule(
     name="traversal", label="Traversal Verification", op="tree_speculative_sampling_traversal", bench_shapes=("tree",),
-    check_shapes=((2, 2, 4), (2, 1, 3))))
+    check_shapes=((1, 2, 3), (2, 2, 4), (2, 1, 3))))
