@@ -3,13 +3,12 @@ probabilities, accept tests whose thresholds depend on another coin's cell give 
 draws without replacement read column after column give the Plackett-Luce law."""
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
 from reference import sample_without_replacement
 from specdec.lab import GRID, partition
+from tests.helpers.oracles import plackett_luce
 
 #: one lattice step: the largest error of a cell's probability on the engine's own uniforms
 STEP = 1.0 / GRID
@@ -58,17 +57,6 @@ def test_a_coin_read_after_the_others_is_partitioned_per_cell():
     law = by_key(partition(site, [0], 2, [[0], [1]])[0][0])
     want = {("stop", 0): 0.4 * 0.25, ("stop", 1): 0.4 * 0.75, ("go", 0): 0.6 * 0.9, ("go", 1): 0.6 * 0.1}
     assert set(law) == set(want) and all(abs(law[k] - want[k]) <= 2 * STEP for k in want)
-
-
-def plackett_luce(q: list[float], K: int) -> dict:
-    law = {}
-    for seq in itertools.permutations(range(len(q)), K):
-        p, left = 1.0, 1.0
-        for x in seq:
-            p *= q[x] / left
-            left -= q[x]
-        law[seq] = p
-    return law
 
 
 @pytest.mark.parametrize("K", [1, 2, 3])

@@ -9,7 +9,7 @@ path and score themselves (`trees`); `logprob_cases` draws the logprob helper's 
 """
 from .dflash import dflash_logits_from_tensors
 from .distributions import (NEG_INF, exact_joint, exact_joint_pruned, oracle_softmax, oracle_top_k,
-                            oracle_top_p, softmax_filtered)
+                            oracle_top_p, plackett_luce, softmax_filtered)
 from .grammars import exact_joint_grammar, grammar_allowed, grammar_greedy_decode, grammar_stops
 from .logprob_cases import random_logprob_case
 from .penalties import exact_joint_penalised, penalised_greedy_decode, penalised_row64
@@ -21,7 +21,7 @@ from .trees import (FAST_GRID, FIXED_DRAFT_TOKENS, FIXED_PARENT, FIXED_PARENT_LI
 
 __all__ = [
     "dflash_logits_from_tensors",
-    "NEG_INF", "exact_joint", "exact_joint_pruned", "oracle_softmax", "oracle_top_k", "oracle_top_p",
+    "NEG_INF", "exact_joint", "exact_joint_pruned", "oracle_softmax", "oracle_top_k", "oracle_top_p", "plackett_luce",
     "softmax_filtered", "exact_joint_grammar", "grammar_allowed", "grammar_greedy_decode", "grammar_stops",
     "random_logprob_case", "exact_joint_penalised", "penalised_greedy_decode", "penalised_row64", "FAST_GRID",
     "FIXED_DRAFT_TOKENS", "FIXED_PARENT", "FIXED_PARENT_LIST", "FIXED_TARGET", "FIXED_TOP_SCORES_INDEX",

@@ -53,6 +53,18 @@ def softmax_filtered(logits, temperature=1.0, top_k=-1, top_p=1.0) -> list[float
     return p
 
 
+def plackett_luce(q: list[float], K: int) -> dict:
+    """Exact law of K draws without replacement from q (normalised), in draw order: {(x_1, ..., x_K): probability}."""
+    law = {}
+    for seq in itertools.permutations(range(len(q)), K):
+        p, left = 1.0, 1.0
+        for x in seq:
+            p *= q[x] / left
+            left -= q[x]
+        law[seq] = p
+    return law
+
+
 def exact_joint(target, prompt, n_tokens, temperature, top_k, top_p):
     """Exact distribution of the first n_tokens sampled tokens, by enumeration over all sequences."""
     V = target.config.vocab_size
