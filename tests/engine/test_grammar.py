@@ -21,7 +21,8 @@ from specdec.checks import ArgumentTypeError
 from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, chi_square_pvalue, near_bigram_target, perfect_eagle, \
     perfect_mtp
 from tests.helpers import ZOO_WORKERS as WORKERS
-from tests.helpers.oracles import exact_joint_grammar, grammar_allowed, grammar_greedy_decode
+from specdec.lab import target_law
+from tests.helpers.oracles import grammar_allowed, grammar_greedy_decode
 
 OPS = {"reference": reference.apply_token_bitmask, "naive": apply_token_bitmask_naive,
        "fast": fast.apply_token_bitmask}
@@ -273,20 +274,18 @@ def test_sampling_under_a_grammar_is_the_exact_distribution(kind):
     target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
     info = xgr.TokenizerInfo(["a", "b", "c", "d", "e", ""], vocab_size=V, stop_token_ids=[5])
     regex = "[ab][bcd]*"  # a cut vocabulary: e never, the stop token only after the first token
-    compiled = GrammarCompiler(info, V).compile(SamplingParams(regex=regex), 0)
-    exact = exact_joint_grammar(target, [1, 2], n_tokens, 0.8, compiled, [5])
+    params = SamplingParams(max_new_tokens=n_tokens, temperature=0.8, regex=regex, stop_token_ids=[5])
+    exact = target_law(target, [1, 2], n_tokens, params, tokenizer=info)
     draft, spec = {"target-only": (None, None), "eagle": (perfect_eagle(target), SpecConfig(3, 2, 6)),
                    "mtp": (perfect_mtp(target, 3, True), SpecConfig(3))}[kind]
     engine = Engine(target, draft, spec, impl="reference", max_batch=N, max_seq_len=16, tokenizer=info)
-    outs = engine.generate([[1, 2]] * N, SamplingParams(max_new_tokens=n_tokens, temperature=0.8, regex=regex,
-                                                        stop_token_ids=[5]), seed=7)
+    outs = engine.generate([[1, 2]] * N, params, seed=7)
     counts = dict.fromkeys(exact, 0)
     for o in outs:
         counts[tuple(o.token_ids)] += 1  # a sequence outside the support fails here
     if kind != "target-only":
         assert any(a > 1 for o in outs for a in o.accept_lens)
-    cells = list(exact)
-    assert chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells]) > FALSE_FAILURE_RATE
+    assert chi_square_pvalue(counts, exact) > FALSE_FAILURE_RATE
 
 
 # ---- bad input ------------------------------------------------------------------------------------------
@@ -409,20 +408,17 @@ def test_sampling_with_masked_drafts_is_the_exact_distribution(kind):
     V, n_tokens, N = 6, 3, 3000
     target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
     info = xgr.TokenizerInfo(["a", "b", "c", "d", "e", ""], vocab_size=V, stop_token_ids=[5])
-    regex = "[ab][bcd]*"
-    compiled = GrammarCompiler(info, V).compile(SamplingParams(regex=regex), 0)
-    exact = exact_joint_grammar(target, [1, 2], n_tokens, 0.8, compiled, [5])
+    params = SamplingParams(max_new_tokens=n_tokens, temperature=0.8, regex="[ab][bcd]*", stop_token_ids=[5])
+    exact = target_law(target, [1, 2], n_tokens, params, tokenizer=info)
     draft, spec = ((perfect_eagle(target), SpecConfig(3, 2, 6, draft_grammar=True)) if kind == "eagle"
                    else (perfect_mtp(target, 3, False), SpecConfig(3, draft_grammar=True)))
     engine = Engine(target, draft, spec, impl="reference", max_batch=N, max_seq_len=16, tokenizer=info)
-    outs = engine.generate([[1, 2]] * N, SamplingParams(max_new_tokens=n_tokens, temperature=0.8, regex=regex,
-                                                        stop_token_ids=[5]), seed=11)
+    outs = engine.generate([[1, 2]] * N, params, seed=11)
     counts = dict.fromkeys(exact, 0)
     for o in outs:
-        counts[tuple(o.token_ids)] += 1
+        counts[tuple(o.token_ids)] += 1  # a sequence outside the support fails here
     assert any(a > 1 for o in outs for a in o.accept_lens)
-    cells = list(exact)
-    assert chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells]) > FALSE_FAILURE_RATE
+    assert chi_square_pvalue(counts, exact) > FALSE_FAILURE_RATE
 
 
 def test_a_grammar_batch_leaves_the_graph_path_and_the_next_batch_takes_it_again(small, baselines):

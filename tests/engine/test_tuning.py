@@ -3,6 +3,7 @@ target-only decoding's; a tuned file is checked against the pair and its fields 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from specdec.models.eagle import random_eagle_head
 from specdec.tuning import AdaptiveShapes, Bucket, Candidate, TunedSpec, fingerprint, parameters_entry
 from tests.helpers import (FALSE_FAILURE_RATE, CyclingSpec, assert_same_as_baseline, chi_square_pvalue,
                            logprob_params)
-from tests.helpers.oracles import exact_joint
+from specdec.lab import target_law
 
 
 def tuned_for(target, draft, buckets: dict, adaptive=False, kind="eagle") -> TunedSpec:
@@ -203,16 +204,12 @@ def test_adaptive_sampling_follows_the_target_distribution(temperature, top_k):
     # a fast EMA, so that the shape moves within the three decode steps this law can afford
     object.__setattr__(tuned, "policy", lambda: AdaptiveShapes(tuned, decay=0.5))
     prompt, n_tokens, N = [1, 2], 4, 4000
-    exact = exact_joint(target, prompt, n_tokens, temperature, top_k, 1.0)
+    params = SamplingParams(max_new_tokens=n_tokens, temperature=temperature, top_k=top_k)
     engine = Engine(target, head, tuned, impl="reference", max_batch=N, max_seq_len=12)
-    outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=n_tokens, temperature=temperature,
-                                                        top_k=top_k), seed=7)
+    outs = engine.generate([prompt] * N, params, seed=7)
     assert len(set(engine.last_stats.step_shapes)) > 1
-    counts = dict.fromkeys(exact, 0)
-    for o in outs:
-        counts[tuple(o.token_ids)] += 1
-    cells = list(exact)
-    assert chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells]) > FALSE_FAILURE_RATE
+    counts = Counter(tuple(o.token_ids) for o in outs)
+    assert chi_square_pvalue(counts, target_law(target, prompt, n_tokens, params)) > FALSE_FAILURE_RATE
 
 
 def test_the_adaptive_policy_falls_back_to_no_draft_and_probes(pair):

@@ -1,68 +1,34 @@
 """Shared test utilities, the one package test modules import (they never import each other): here the logprob
 tolerance, one statistical test, model constructions, the comparison of a run with its target-only baseline, and
-the sampling-losslessness check. Beside them: `oracles/` (the independent oracles and the tree builders used as
-test inputs), `equivalence` (reference vs fast: one comparison, one tolerance table, the host-sync guard),
-`cuda_shim` (CPU tensors into fast ops on a GPU, installed by the conftest), `kernel_inventory`, `gguf_files` (small
-GGUF files written from a known model), and two scripts:
-`python -m tests.helpers.gpu_compile_check` (every kernel compiled for sm_90) and
-`python -m tests.helpers.triton_version_check VERSION` (CI's check under the GPU runs' triton 3.6)."""
+the sampling-losslessness check (its chi-square and exact law the lab's: `specdec.lab`). Beside them: `oracles/`
+(the independent oracles and the tree builders used as test inputs), `equivalence` (reference vs fast: one
+comparison, one tolerance table, the host-sync guard), `cuda_shim` (CPU tensors into fast ops on a GPU, installed by
+the conftest), `kernel_inventory`, `gguf_files` (small GGUF files written from a known model), `rules` (a verify rule
+registered from outside: Medusa's typical acceptance), and two scripts: `python -m tests.helpers.gpu_compile_check`
+(every kernel compiled for sm_90) and `python -m tests.helpers.triton_version_check VERSION` (CI's check under the GPU
+runs' triton 3.6)."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
 
 import torch
 from hypothesis import HealthCheck, settings
 
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.lab import chi_square_pvalue, target_law
 from specdec.models.bigram import bigram_target, near_bigram_target, perfect_eagle, perfect_mtp  # noqa: F401
 from specdec.tuning import ShapePolicy
-from tests.helpers.oracles import exact_joint
 
 # Max abs difference allowed between two computations of the same logprob (fp32 logits).
 LOGPROB_ATOL = 1e-4
 
-# Every statistical test in the suite uses this false-failure rate per test.
+# Every statistical test in the suite uses this false-failure rate per test; the one chi-square test is the lab's
+# (`chi_square_pvalue`, imported above), the one exact law of sampled sequences the lab's `target_law`.
 FALSE_FAILURE_RATE = 1e-6
 
 # Hypothesis properties: few derandomized examples in CI, many fresh ones under `-m slow`.
 PROPERTY_CI = settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 PROPERTY_SLOW = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-
-
-def chi_square_pvalue(counts, probs) -> float:
-    """Pearson chi-square goodness-of-fit p-value of observed `counts` against `probs` (exact
-    distribution). Cells with expected count < 5 are pooled into one so the chi-square
-    approximation holds. A cell observed with probability 0 gives p = 0.
-
-    Either two sequences, cell by cell, or two mappings outcome -> count and outcome -> probability (an
-    outcome missing from `probs` has probability 0, one missing from `counts` was never observed)."""
-    if isinstance(counts, Mapping):
-        outcomes = list(probs) + [k for k in counts if k not in probs]
-        counts, probs = [counts.get(k, 0) for k in outcomes], [probs.get(k, 0.0) for k in outcomes]
-    counts = [float(c) for c in counts]
-    n = sum(counts)
-    probs = [float(p) for p in probs]
-    for c, p in zip(counts, probs):
-        if p == 0.0 and c > 0:
-            return 0.0
-    cells, pooled_o, pooled_e = [], 0.0, 0.0
-    for c, p in zip(counts, probs):
-        e = n * p
-        if e == 0.0:
-            continue
-        if e < 5:
-            pooled_o += c
-            pooled_e += e
-        else:
-            cells.append((c, e))
-    if pooled_e > 0:
-        cells.append((pooled_o, pooled_e))
-    dof = len(cells) - 1
-    if dof < 1:
-        return 1.0
-    stat = sum((o - e) ** 2 / e for o, e in cells)
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
 
 
 def _ban_argmax(compute_logits):
@@ -141,17 +107,12 @@ def check_sampling_is_lossless(kind, spec, temperature, top_k, top_p, N, impl="r
     target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
     draft = perfect_eagle(target) if kind == "eagle" else perfect_mtp(target, spec.num_steps, kind == "mtp_chain")
     prompt, n_tokens = [1, 2], 3
-    exact = exact_joint(target, prompt, n_tokens, temperature, top_k, top_p)
+    params = SamplingParams(max_new_tokens=n_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
     engine = Engine(target, draft=draft, spec=spec, impl=impl, max_batch=N, max_seq_len=12)
-    outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=n_tokens, temperature=temperature,
-                                                        top_k=top_k, top_p=top_p), seed=2024)
-    cells = list(exact)
-    counts = dict.fromkeys(cells, 0)
-    for o in outs:
-        counts[tuple(o.token_ids)] += 1
+    outs = engine.generate([prompt] * N, params, seed=2024)
     accepted = [a for o in outs for a in o.accept_lens]
     assert any(a > 1 for a in accepted) and any(a == 1 for a in accepted)  # both paths exercised
-    p = chi_square_pvalue([counts[c] for c in cells], [exact[c] for c in cells])
+    p = chi_square_pvalue(Counter(tuple(o.token_ids) for o in outs), target_law(target, prompt, n_tokens, params))
     assert p > FALSE_FAILURE_RATE, p
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import reference
+from specdec.lab import target_law
 from specdec import Engine, SamplingParams, SpecConfig, zoo
 from specdec.draft_kinds import kind_of
 from specdec.cli.generate import load_draft
@@ -20,7 +21,7 @@ from specdec.zoo import corpus
 from tests.helpers.equivalence import no_host_sync
 from tests.helpers import (FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue,
                            logprob_params, near_bigram_target)
-from tests.helpers.oracles import dflash_logits_from_tensors, exact_joint
+from tests.helpers.oracles import dflash_logits_from_tensors
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +154,7 @@ def test_sampling_is_the_exact_distribution(spec):
     V, N = 6, 3000
     target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
     draft = random_dflash(target, 1, 4, target_layer_ids=[0], mask_token_id=5, seed=4)
-    exact = exact_joint(target, [1, 2], 3, 0.8, -1, 1.0)
+    exact = target_law(target, [1, 2], 3, SamplingParams(temperature=0.8))
     outs = Engine(target, draft=draft, spec=spec, max_batch=N, max_seq_len=16).generate(
         [[1, 2]] * N, SamplingParams(max_new_tokens=3, temperature=0.8), seed=5)
     assert any(a > 1 for o in outs for a in o.accept_lens)  # drafts were accepted: verify decided the law

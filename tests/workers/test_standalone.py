@@ -5,13 +5,13 @@ from collections import Counter
 
 import pytest
 
+from specdec.lab import target_law
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.cli.generate import load_draft
 from specdec.models import random_llama
 from specdec.zoo import corpus
 from tests.helpers import (FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue, logprob_params,
                            near_bigram_target)
-from tests.helpers.oracles import exact_joint
 
 SPECS = [SpecConfig(3, 1), SpecConfig(5, 4, 16), SpecConfig(4, 2, 7)]
 
@@ -89,7 +89,7 @@ def test_sampling_is_the_exact_distribution(spec):
     V, N = 6, 3000
     target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
     draft = near_bigram_target(seed=22, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
-    exact = exact_joint(target, [1, 2], 3, 0.8, -1, 1.0)
+    exact = target_law(target, [1, 2], 3, SamplingParams(temperature=0.8))
     outs = Engine(target, draft=draft, spec=spec, max_batch=N, max_seq_len=16).generate(
         [[1, 2]] * N, SamplingParams(max_new_tokens=3, temperature=0.8), seed=5)
     assert any(a > 1 for o in outs for a in o.accept_lens)  # drafts were accepted: verify decided the law

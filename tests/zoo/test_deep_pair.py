@@ -4,9 +4,9 @@ exact distribution."""
 import pytest
 
 from specdec import Engine, SamplingParams, SpecConfig, zoo
+from specdec.lab import target_law
 from specdec.zoo.corpus import heldout_prompts
 from tests.helpers import FALSE_FAILURE_RATE, LOGPROB_ATOL, sampled_sequences_pvalue
-from tests.helpers.oracles import exact_joint_pruned
 
 CASES = {"EAGLE tree S5 K4 W16": ("eagle", SpecConfig(5, 4, 16)),
          "EAGLE-3 tree S5 K4 W16": ("eagle3", SpecConfig(5, 4, 16)),
@@ -86,7 +86,7 @@ def test_the_deep_pair_samples_the_targets_distribution(deep, name, N):
     spec = SpecConfig(2, spec.topk, min(spec.num_draft_tokens, 6)) if kind == "eagle" else SpecConfig(3)
     prompt = list(b"    def __init__(self, ")
     n_tokens, temperature = 3, 1.0
-    exact = exact_joint_pruned(deep.target, prompt, n_tokens, temperature)
+    exact = target_law(deep.target, prompt, n_tokens, SamplingParams(temperature=temperature), floor=1e-5)
     engine = Engine(deep.target, getattr(deep, kind), spec, impl="reference", max_batch=N, max_seq_len=40)
     outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=n_tokens, temperature=temperature), seed=11)
     assert sum(a for o in outs for a in o.accept_lens) > 1.3 * sum(len(o.accept_lens) for o in outs)

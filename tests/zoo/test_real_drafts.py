@@ -88,24 +88,14 @@ def test_train_draft_refuses_a_draft_vocabulary_larger_than_the_targets(capsys):
                                        ("dflash", "block")])
 def test_sampled_decoding_keeps_the_targets_law(bundle, kind, rule):
     """At temperature 0.7 the joint law of the first three tokens (the 2nd and 3rd from the first speculative verify
-    step) of a trained draft's decoding is the target's, computed exactly by enumeration (every sequence with
-    expected count >= 5 a cell, the rest one cell); chi-square."""
+    step) of a trained draft's decoding is the target's, computed exactly by enumeration (`specdec.lab.target_law`,
+    prefixes of expected count below 1 left out; every sequence with expected count >= 5 a cell, the rest one cell);
+    chi-square."""
+    from specdec.lab import target_law
     from tests.helpers import FALSE_FAILURE_RATE, sampled_sequences_pvalue
     target, T, N = bundle.target, 0.7, 1500
     prompt = bundle.tokenizer.encode("My favourite module of the Python standard library is")
-
-    def next_probs(seqs):
-        ids = torch.tensor(seqs)
-        with torch.no_grad():
-            logits = target(ids, torch.arange(ids.shape[1]).expand_as(ids)).logits[:, -1].double()
-        return torch.softmax(logits / T, -1)
-
-    exact = {(): 1.0}
-    for _ in range(3):
-        keep = [s for s, p in exact.items() if p * N >= 1]
-        probs = next_probs([prompt + list(s) for s in keep])
-        exact = {s + (t,): exact[s] * float(pr[t]) for s, pr in zip(keep, probs)
-                 for t in torch.nonzero(pr * exact[s] * N >= 1).flatten().tolist()}
+    exact = target_law(target, prompt, 3, SamplingParams(temperature=T), floor=1.0 / N)
     exact = {s: p for s, p in exact.items() if p * N >= 5}
     draft = bundle.drafts[kind]
     spec = DRAFT_KINDS[kind].default_spec(draft)

@@ -1,13 +1,9 @@
-"""The target distribution in float64 (temperature, top-k, top-p as Python loops over floats) and the exact law
-of sampled sequences by enumeration."""
+"""The target distribution in float64 (temperature, top-k, top-p as Python loops over floats) and the exact law of
+draws without replacement (Plackett-Luce)."""
 from __future__ import annotations
-
 
 import itertools
 import math
-
-import torch
-
 
 NEG_INF = float("-inf")
 
@@ -63,35 +59,3 @@ def plackett_luce(q: list[float], K: int) -> dict:
             left -= q[x]
         law[seq] = p
     return law
-
-
-def exact_joint(target, prompt, n_tokens, temperature, top_k, top_p):
-    """Exact distribution of the first n_tokens sampled tokens, by enumeration over all sequences."""
-    V = target.config.vocab_size
-    probs = {}
-    for seq in itertools.product(range(V), repeat=n_tokens):
-        full = prompt + list(seq)
-        with torch.no_grad():
-            logits = target(torch.tensor([full[:-1]]), torch.arange(len(full) - 1)[None]).logits
-        p = 1.0
-        for j, tok in enumerate(seq):
-            p *= softmax_filtered(logits[0, len(prompt) - 1 + j].tolist(), temperature, top_k, top_p)[tok]
-            if p == 0.0:
-                break
-        probs[seq] = p
-    return probs
-
-
-def exact_joint_pruned(target, prompt, n_tokens, temperature, floor=1e-5):
-    """Exact probabilities of the first n_tokens sampled tokens for every sequence whose probability is at least
-    `floor` (sequences below it are grouped by the caller as one "other" cell), by batched enumeration."""
-    probs = {(): 1.0}
-    for _ in range(n_tokens):
-        seqs = list(probs)
-        ids = torch.tensor([prompt + list(s) for s in seqs])
-        with torch.no_grad():
-            logits = target(ids, torch.arange(ids.shape[1]).expand_as(ids)).logits
-        p_next = torch.softmax(logits[:, -1].double() / temperature, dim=-1)
-        probs = {s + (t,): probs[s] * float(p_next[i, t]) for i, s in enumerate(seqs)
-                 for t in torch.nonzero(p_next[i] * probs[s] >= floor).flatten().tolist()}
-    return probs

@@ -46,27 +46,3 @@ def grammar_greedy_decode(target, prompt, compiled, stop_ids, max_new_tokens) ->
         if tok in ends:
             break
     return out
-
-
-def exact_joint_grammar(target, prompt, n_tokens, temperature, compiled, stop_ids):
-    """Exact law of the first n_tokens sampled tokens under the grammar (softmax(logits / T) renormalised over the
-    allowed tokens, a sequence ending at a request stop id or a grammar terminator); by enumeration over the
-    allowed prefixes."""
-    probs: dict[tuple, float] = {}
-    ends = set(stop_ids) | grammar_stops(compiled)
-
-    def walk(seq, p):
-        if len(seq) == n_tokens or (seq and seq[-1] in ends):
-            probs[tuple(seq)] = probs.get(tuple(seq), 0.0) + p
-            return
-        full = prompt + seq
-        with torch.no_grad():
-            logits = target(torch.tensor([full]), torch.arange(len(full))[None]).logits[0, -1].double()
-        allowed = sorted(grammar_allowed(compiled, seq))
-        w = torch.softmax(logits[allowed] / temperature, -1)
-        for tok, q in zip(allowed, w.tolist()):
-            if q > 0:
-                walk(seq + [tok], p * q)
-
-    walk([], 1.0)
-    return probs

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 
-import itertools
 import math
 
 import torch
@@ -43,22 +42,3 @@ def penalised_greedy_decode(target, prompt, sp) -> tuple[list[int], list[float]]
         if tok in sp.stop_token_ids:
             break
     return out, logprobs
-
-
-def exact_joint_penalised(target, prompt, n_tokens, sp) -> dict:
-    """Exact distribution of the first n_tokens tokens sampled at sp.temperature (no top-k / top-p) under `sp`'s
-    penalties, by enumeration over all sequences (the penalties of each prefix by `penalised_row64`)."""
-    V = target.config.vocab_size
-    probs = {}
-    for seq in itertools.product(range(V), repeat=n_tokens):
-        full = prompt + list(seq)
-        with torch.no_grad():
-            logits = target(torch.tensor([full[:-1]]), torch.arange(len(full) - 1)[None]).logits[0]
-        p = 1.0
-        for j, tok in enumerate(seq):
-            row = penalised_row64(logits[len(prompt) - 1 + j], prompt, list(seq[:j]), sp)
-            p *= float(torch.softmax(row / sp.temperature, -1)[tok])
-            if p == 0.0:
-                break
-        probs[seq] = p
-    return probs
