@@ -1,10 +1,11 @@
 """Differential testing: random batches through every worker against target-only decoding of each request alone.
 
-A seeded generator draws cases: a worker and a random SpecConfig for it, a ragged batch of held-out prompts, and per
-request a random mix of stop ids, logprob options, penalties, logit bias (-inf included), min_new_tokens and
-grammars (regex, JSON schema, EBNF), greedy or sampled. Every greedy request must equal target-only decoding of that
-request alone (tokens, finish reason, error, logprobs); every request, greedy or sampled, must obey its own rules: an
-output the request's grammar accepts token by token, a stop id only as the last token, at most max_new_tokens.
+A seeded generator draws cases: a worker and a random SpecConfig for it (its verify rule and drafting from the rules'
+records), a ragged batch of held-out prompts, and per request a random mix of stop ids, logprob options, penalties,
+logit bias (-inf included), min_new_tokens and grammars (regex, JSON schema, EBNF), greedy or sampled. Every greedy
+request must equal target-only decoding of that request alone (tokens, finish reason, error, logprobs); every
+request, greedy or sampled, must obey its own rules: an output the request's grammar accepts token by token, a stop id
+only as the last token, at most max_new_tokens.
 
 CI runs up to `CI_CASES` cases, those that fit in `CI_SECONDS` (always at least `MIN_CASES`); `-m slow` runs many
 more, the fast path among them. This is how the stop-id / grammar fault (a stop id the grammar needs as content)
@@ -18,7 +19,9 @@ import pytest
 import torch
 
 from specdec import Engine, SamplingParams, SpecConfig, zoo
+from specdec.draft_kinds import DRAFT_KINDS
 from specdec.grammar import GrammarCompiler
+from specdec.verify_rules import VERIFY_RULES
 from specdec.zoo import corpus
 from tests.helpers import LOGPROB_ATOL, ZOO_WORKERS
 from tests.helpers.oracles import grammar_stops
@@ -49,19 +52,30 @@ STOP_POOL = [32, 10, 40, 101, 58, 95, EOS]
 KINDS = ["target-only", "eagle", "eagle3", "mtp", "mtp_chain"]
 
 
+def random_rule(rng: random.Random, kind: str, topk: int) -> dict:
+    """A verify rule and a drafting for `kind` at `topk`, drawn from the rules' records (`VERIFY_RULES`, plugins
+    included): a rule that runs on the shape, one reading the draft's distribution only for a kind that has one (it
+    then drafts by sampling), the others with either drafting the kind can do."""
+    samples = DRAFT_KINDS[kind].samples_drafts
+    rule = rng.choice([r for r in VERIFY_RULES.values() if r.runs_on(topk) and (samples or not r.reads_draft)])
+    drafting = "sample" if rule.reads_draft else rng.choice(["topk", "sample"] if samples else ["topk"])
+    return dict(verify=rule.name, draft_sampling=drafting)
+
+
 def random_spec(rng: random.Random, kind: str, draft) -> SpecConfig | None:
-    """A legal SpecConfig for `kind`, drawn at random (the MTP workers' depth is their layer count)."""
+    """A legal SpecConfig for `kind`, drawn at random (the MTP workers' depth is their layer count), its verify rule and
+    drafting among them (`random_rule`)."""
     if kind == "target-only":
         return None
     extra = dict(draft_penalties=rng.random() < 0.3, draft_grammar=rng.random() < 0.4,
                  penalty_mode="exact")
     if kind.startswith("mtp"):
-        return SpecConfig(draft.num_layers, **extra)
+        return SpecConfig(draft.num_layers, **extra, **random_rule(rng, kind, 1))
     S, K = rng.randint(1, 5), rng.randint(1, 4)
     if K == 1:
-        return SpecConfig(S, 1, **extra)
+        return SpecConfig(S, 1, **extra, **random_rule(rng, kind, 1))
     W = rng.randint(2, min(1 + K + (S - 1) * K * K, 20))
-    return SpecConfig(S, K, W, **extra)
+    return SpecConfig(S, K, W, **extra, **random_rule(rng, kind, K))
 
 
 def random_params(rng: random.Random, greedy: bool) -> SamplingParams:
@@ -343,3 +357,19 @@ def test_an_emptied_row_through_the_graph_buffers(small, differ, worker):
     assert codes and all(c is not None and not c.any() for c in codes)
     for p, sp, out in zip(prompts, reqs, outs):
         assert_same(out, differ.baseline(p, sp), worker)
+
+
+def test_the_cases_draw_every_rule_and_drafting_a_kind_can_run():
+    """Over many draws, each kind of the pair takes every rule that runs on its shapes and its drafting: the sampled
+    rules are fuzzed like the rest."""
+    rng, seen = random.Random(5), set()
+    for _ in range(400):
+        for kind in KINDS[1:]:
+            spec = random_spec(rng, kind, type("Draft", (), {"num_layers": 3})())
+            seen.add((kind, spec.topk > 1, spec.verify, spec.draft_sampling))
+    for kind in KINDS[1:]:
+        for rule in VERIFY_RULES.values():
+            for tree in ([False] if kind.startswith("mtp") else [False, True]):
+                if rule.runs_on(2 if tree else 1):
+                    assert (kind, tree, rule.name, "sample") in seen, (kind, tree, rule.name)
+        assert (kind, False, "target_only", "topk") in seen

@@ -1,8 +1,10 @@
 """The draft-kind registry: what each shipped kind means, a kind registered at run time running end to end on an
-existing worker, and the ValueErrors of bad records and of drafts no kind claims."""
+existing worker (and, registered from outside with its classes, through the exact-law checker), and the ValueErrors of
+bad records, of plugins that would change a shipped kind and of drafts no kind claims."""
 import pytest
 import torch
 
+import specdec
 from specdec import Engine, NgramDraft, SamplingParams, SpecConfig, draft_kinds, zoo
 from specdec.bench.cases import CASES, by_kind, kind_of_label
 from specdec.draft_kinds import (DRAFT_KINDS, DraftKind, draft_kind, kind_of, register, tree_kv_margin,
@@ -198,3 +200,60 @@ def test_every_kind_of_the_e2e_runs_has_a_random_draft_and_it_is_lossless():
         out = Engine(target, draft, kind.e2e_specs[0], max_seq_len=64).generate([prompt], SamplingParams(
             max_new_tokens=8))[0]
         assert out.token_ids == base, kind.name
+
+
+# ---- kinds registered from outside the package (specdec.register_draft_kind) ------------------------------------
+
+def plugin_fields(**fields) -> dict:
+    """A plugin's kind by its fields, its model and worker the classes themselves."""
+    return {**dict(name="renamed", label="Renamed EAGLE", model=RenamedHead, worker=CountingWorker,
+                   kv_margin=tree_kv_margin, shape_label=tree_shape_label, demo_specs=(SpecConfig(2, 1),)), **fields}
+
+
+def test_a_plugin_kind_runs_through_the_engine_and_the_exact_law_checker(registry):
+    from specdec import lab
+    from specdec.models.bigram import near_bigram_target
+    target = near_bigram_target(seed=21, mix=0.5, vocab_size=3, hidden_size=16, num_attention_heads=2, init_std=0.3)
+    perfect = perfect_eagle(target)
+    head = RenamedHead(perfect.config, target)
+    head.load_state_dict(perfect.state_dict())
+    kind = specdec.register_draft_kind(**plugin_fields())
+    assert kind_of(head) is kind and kind_of(perfect).name == "eagle"
+    assert worker_label("renamed", SpecConfig(2, 1)) == "Renamed EAGLE chain S2"
+    CountingWorker.drafts = 0
+    spec = SpecConfig(2, 1, draft_sampling="sample", verify="rejection")
+    report = lab.exact_law(target, head, spec, SamplingParams(temperature=0.9), prompt=[1, 2], n=3, steps=1)
+    assert report.max_diff < 1e-6 and CountingWorker.drafts > 0, report
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(worker=None), "draft kind 'renamed' lacks worker, which the engine needs"),
+    (dict(kv_margin=None, shape_label=None), "lacks kv_margin, shape_label, which the engine needs"),
+    (dict(kv_margin=6), "kv_margin must be a function of the SpecConfig"),
+    (dict(model=EagleDraftHead), "its model specdec.models.eagle:EagleDraftHead is the model of 'eagle'"),
+    (dict(model="specdec.models.eagle:EagleDraftHead"), "is the model of 'eagle'"),
+    (dict(name="eagle"), "draft kind 'eagle' is already registered"),
+    (dict(worker="a worker"), "worker must be 'package.module:Name' or the class itself"),
+])
+def test_a_plugin_kind_the_registry_cannot_take_is_a_one_line_error(registry, fields, message):
+    with pytest.raises(ValueError, match=message) as e:
+        specdec.register_draft_kind(**plugin_fields(**fields))
+    assert "\n" not in str(e.value) and tuple(DRAFT_KINDS) == SHIPPED
+
+
+def test_a_field_the_engine_needs_left_out_is_named():
+    fields = plugin_fields()
+    del fields["worker"], fields["kv_margin"]
+    with pytest.raises(ValueError, match="draft kind 'renamed' lacks worker, kv_margin, which the engine needs"):
+        specdec.register_draft_kind(**fields)
+
+
+def test_a_plugin_cannot_change_a_shipped_kind(registry):
+    eagle = DRAFT_KINDS["eagle"]
+    with pytest.raises(TypeError):
+        DRAFT_KINDS["eagle"] = eagle  # a read-only view
+    with pytest.raises(ValueError, match="draft kind 'eagle' ships with the package: it cannot be removed"):
+        draft_kinds.unregister("eagle")
+    specdec.register_draft_kind(**plugin_fields())
+    draft_kinds.unregister("renamed")
+    assert tuple(DRAFT_KINDS) == SHIPPED and DRAFT_KINDS["eagle"] is eagle
