@@ -54,9 +54,9 @@ def tree_speculative_sampling_traversal(
     Column 0 of ``uniform_samples`` is not read.
 
     Exact (the emitted tokens follow the target's law) when each node's children were drawn from its q row without
-    replacement and the tree's shape does not depend on the drawn tokens; on the trees checked (exact enumeration
-    of six shapes, tests/workers/test_sampled_verification.py) it accepts at least as much as recursive rejection in
-    expectation.
+    replacement and the tree's shape does not depend on the drawn tokens (the exact-law checker `specdec.lab` proves
+    it on the shapes of its record, through every drafting kind); on a depth-three tree it accepts more than
+    recursive rejection on the same draws (tests/workers/test_sampled_verification.py).
     """
     B, W = check_tree_args(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, num_steps)
     V = check_draft_probs_args(B, W, uniform_samples, uniform_samples_for_final_sampling, target_probs,

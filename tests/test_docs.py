@@ -127,3 +127,26 @@ def test_module_map_reader_places_a_module_under_its_folder():
              "  c.py  three\nreference/\n```\n"
     assert set(module_map_paths(design)) == {"specdec/", "specdec/a.py", "specdec/sub/", "specdec/sub/b.py",
                                              "specdec/c.py", "reference/"}
+
+
+def usage_example(heading: str) -> str:
+    """The Python block of docs/usage.md's section `heading`."""
+    section = (ROOT / "docs" / "usage.md").read_text().split(f"### {heading}\n", 1)[1].split("\n#", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("heading, name, lossless", [("Adding a verification rule", "uniform_q", False),
+                                                     ("Adding a kind", "table_draft", True)])
+def test_the_plugin_examples_run_and_the_checker_says_what_they_say(heading, name, lossless, capsys):
+    """Each example registers from outside the package, and the exact-law checker finds its configuration lossless or
+    not as its comment says; what it registered leaves with it."""
+    from specdec import draft_kinds, verify_rules
+    space = {"__name__": "usage_example"}
+    try:
+        exec(compile(usage_example(heading), f"docs/usage.md, {heading}", "exec"), space)
+    finally:
+        for registry in (verify_rules.VERIFY_RULES, draft_kinds.DRAFT_KINDS):
+            if name in registry:
+                (verify_rules if registry is verify_rules.VERIFY_RULES else draft_kinds).unregister(name)
+    assert (space["report"].max_diff < 1e-6) == lossless and "largest difference" in capsys.readouterr().out
+    assert name not in verify_rules.VERIFY_RULES and name not in draft_kinds.DRAFT_KINDS

@@ -12,7 +12,7 @@ are distributed as the target's), and any registered from outside:
 * ``block``: block verification of a chain (``chain_speculative_sampling_block``);
 * ``traversal``: Traversal Verification (``tree_speculative_sampling_traversal``): the tree decided from its leaves
   up with sequence-level weights; block verification on a chain, recursive rejection on a tree of depth one, and
-  more accepted tokens than recursive rejection in expectation on the deeper trees checked.
+  more accepted tokens than recursive rejection on the same draws of a deeper tree.
 
 `SampledVerify` runs the rule's op with the arguments its signature names (`verify_rules.VERIFY_ARGUMENTS`). A rule
 that reads q (`VerifyRule.reads_draft`) needs ``draft_sampling="sample"``: each node's proposals are drawn from q, the
