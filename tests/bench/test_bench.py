@@ -572,3 +572,39 @@ def test_check_prompts_limits_the_untimed_passes_to_the_first_batches(tmp_path):
     rows = list(csv.DictReader(path.open()))
     assert [r["same_tokens_as_target_only"] for r in rows] == ["True", "True"]
     assert rows[1]["max_logprob_diff"] != "" and rows[1]["draft_ms_per_step"] != ""
+
+
+def test_a_kind_and_a_rule_registered_from_outside_run_through_the_bench(tmp_path):
+    """A draft LM of a kind of its own and Medusa's typical acceptance, both registered as a notebook would: the
+    acceptance suite measures them beside target-only, each row labelled by the kind's label and the rule's name."""
+    import specdec
+    from specdec.bench.cases import with_verify_rules
+    from specdec.draft_kinds import draft_lm_kv_margin, tree_shape_label, unregister
+    from specdec.models.llama import LlamaForCausalLM
+    from specdec.verify_rules import unregister as unregister_rule
+    from specdec.workers.standalone import StandaloneWorker
+    from tests.helpers.rules import TYPICAL
+
+    class PluginDraft(LlamaForCausalLM):
+        """A draft LM of its own kind."""
+
+    target = near_bigram_target(seed=1, mix=0.2, vocab_size=16)
+    source = near_bigram_target(seed=2, mix=0.2, vocab_size=16)
+    draft = PluginDraft(source.config)
+    draft.load_state_dict(source.state_dict())
+    specdec.register_draft_kind(name="plugin_lm", label="Plugin LM", model=PluginDraft, worker=StandaloneWorker,
+                                kv_margin=draft_lm_kv_margin, shape_label=tree_shape_label)
+    specdec.register_verify_rule(**TYPICAL)
+    try:
+        cases = with_verify_rules([WorkerCase("target-only", None), WorkerCase("plugin_lm", SpecConfig(2, 1))],
+                                  ["target_only", "typical"])
+        path = run_benchmark(target, {"plugin_lm": draft}, cases, [[1, 2, 3]], [1], [1.0], 3, "tiny",
+                             out_dir=tmp_path, progress=lambda s: None, repeats=1, show_progress=False)
+    finally:
+        unregister("plugin_lm")
+        unregister_rule("typical")
+    rows = {r["label"]: r for r in csv.DictReader(path.open())}
+    assert list(rows) == ["target-only", "Plugin LM chain S2", "Plugin LM chain S2 typical"]
+    assert rows["Plugin LM chain S2"]["worker"] == "plugin_lm"
+    assert rows["Plugin LM chain S2 typical"]["verify"] == "typical"
+    assert all(float(r["mean_accept_len"]) >= 1 for r in rows.values())
