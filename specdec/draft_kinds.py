@@ -345,10 +345,6 @@ def register_plugin(kind: DraftKind | None = None, **fields) -> DraftKind:
     return register(kind)
 
 
-#: the kinds the package ships, registered at the end of this module; `unregister` refuses them
-BUILT_IN = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "draft_lm", "dflash")
-
-
 def unregister(name: str) -> None:
     """Remove the plugin kind `name`; ValueError for a shipped kind or a name not registered."""
     if name in BUILT_IN:
@@ -474,3 +470,6 @@ register(DraftKind(
                              "gamma": 4.0, "norm_from_target": True}),
                  "DFlash block drafter ({num_hidden_layers} layers, block {block_size}, context from target layers "
                  "{target_layer_ids})", card_cost=True, target_opts=f"{_FOR_TARGET}:dflash_target_opts")))
+
+#: the kinds the package ships, registered above; `unregister` refuses them
+BUILT_IN: tuple[str, ...] = tuple(_KINDS)

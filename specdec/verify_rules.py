@@ -11,9 +11,9 @@ any of `VERIFY_ARGUMENTS` by name (the verification component passes those its s
 `reference` and `fast` both export (a worker looks it up in its ops module); a plugin passes the op itself (a
 PyTorch function, which both paths then run) and may add a Triton one (`fast_op`).
 
-Adding a rule to the package is its op in `reference` and `fast` and one `register(VerifyRule(...))` below; from
-outside, `specdec.register_verify_rule(VerifyRule(...))`. A registered rule cannot be replaced or removed (a plugin
-cannot change what a built-in rule does); `unregister` removes a plugin's.
+Adding a rule to the package is its op in `reference` and `fast` and one `_register_built_in(VerifyRule(...))` at the
+end of this module; from outside, `specdec.register_verify_rule(VerifyRule(...))`. A registered rule cannot be
+replaced or removed (a plugin cannot change what a built-in rule does); `unregister` removes a plugin's.
 
 This module imports nothing of specdec: `config` reads it (a SpecConfig names its rule), so it sits below config.
 """
@@ -106,8 +106,6 @@ def op_arguments(op: Callable, rule: str = "?") -> tuple[str, ...]:
 _RULES: dict[str, VerifyRule] = {}
 #: every registered rule by name, read-only (`register` adds, `unregister` removes a plugin's), in registration order
 VERIFY_RULES = MappingProxyType(_RULES)
-#: the rules the package ships, registered below; `unregister` refuses them
-BUILT_IN: tuple[str, ...] = ("target_only", "rejection", "block", "traversal")
 
 
 def _check(rule: VerifyRule) -> None:
@@ -216,6 +214,7 @@ def rule_ops() -> tuple[str, ...]:
 
 
 def _register_built_in(rule: VerifyRule) -> None:
+    """A rule the package ships (`BUILT_IN`): `register`'s record checks."""
     # the package's ops are checked by its tests (both modules export them, with the signatures the records claim):
     # importing reference here would run before specdec's own import is done
     _check(rule)
@@ -235,3 +234,6 @@ _register_built_in(VerifyRule(
 _register_built_in(VerifyRule(
     name="traversal", label="Traversal Verification", op="tree_speculative_sampling_traversal", bench_shapes=("tree",),
     check_shapes=((1, 2, 3), (2, 2, 4), (2, 1, 3))))
+
+#: the rules the package ships, registered above; `unregister` refuses them
+BUILT_IN: tuple[str, ...] = tuple(_RULES)
