@@ -93,6 +93,10 @@ def op_arguments(op: Callable, rule: str = "?") -> tuple[str, ...]:
         params = inspect.signature(op).parameters.values()
     except (TypeError, ValueError):
         raise ValueError(f"verify rule {rule!r}: its op {op!r} has no signature to bind by name") from None
+    params = list(params)
+    if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        raise ValueError(f"verify rule {rule!r}: its op {getattr(op, '__name__', op)!r} names no parameter to bind by "
+                         "(a wrapper taking *args, **kwargs: wrap it with functools.wraps)")
     names = []
     for p in params:
         if p.name in VERIFY_ARGUMENTS:

@@ -122,3 +122,15 @@ def test_an_unknown_rule_names_the_registered_ones():
     with pytest.raises(ValueError, match=r"verify must be one of the registered rules \(target_only, rejection, "
                                          r"block, traversal\), got 'typical'"):
         SpecConfig(2, verify="typical")
+
+
+def test_an_op_that_names_no_parameter_is_refused_in_one_line():
+    """A wrapper taking *args, **kwargs hides the names the verification component binds by."""
+    from specdec.verify_rules import op_arguments
+
+    def traced(*args, **kwargs):
+        return None
+
+    with pytest.raises(ValueError, match="functools.wraps") as e:
+        op_arguments(traced, "mine")
+    assert "\n" not in str(e.value)

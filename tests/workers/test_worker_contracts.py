@@ -1,6 +1,7 @@
 """EagleWorkerV2 and MultiLayerEagleWorkerV2: bad input at construction, no host sync in a step (and on the meta
 device), steps without length syncs, stop tokens inside an accepted window, the CUDA-graph buffers, identical op
 shapes per step, scaled ropes."""
+import functools
 import importlib
 import threading
 
@@ -225,6 +226,7 @@ class _RecordingOps:
     def __getattr__(self, name):
         fn = getattr(self._ops, name)
 
+        @functools.wraps(fn)  # the verify rules' ops are called by their parameters' names, read off the signature
         def recorded(*args, **kwargs):
             self.calls.append(self.record(name, args, kwargs))
             return fn(*args, **kwargs)
