@@ -432,8 +432,8 @@ register(dataclasses.replace(
                             card_text="{num_hidden_layers} MTP layers, Step-3.5 style (chained hidden)")))
 # no model: a host n-gram trie, one for every request, fed each decode step's last tokens (SGLang's NGRAM)
 register(DraftKind(
-    name="ngram", label="NGRAM", model="specdec.models.ngram:NgramDraft", worker="specdec.workers.ngram:NgramWorker",
-    kv_margin=verify_only_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
+    name="ngram", label="NGRAM", model="specdec.models.ngram:NgramDraft",
+    worker="specdec.workers.host_proposal:HostProposalWorker", kv_margin=verify_only_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
     untrained="specdec.models.ngram:NgramDraft", random_draft="specdec.models.ngram:ngram_draft_for",
     samples_drafts=False, forwards_per_step=no_forward, gpu_e2e_specs=(CHAIN,)))
 # a small causal LM of the target's vocabulary drafting from its own tokens and KV cache (SGLang's STANDALONE)

@@ -27,8 +27,8 @@ descending count) and `shared=False` (one trie per request). A SpecConfig bounds
 `num_steps`, children per node at most `topk`; at S >= D - 1 and K >= max_bfs_breadth neither binds, as in SGLang
 (which sets topk to max_bfs_breadth and ignores num_steps for NGRAM).
 
-Everything here is host work on Python objects: the worker brings the last step's tokens down once and sends the
-tree up once (`specdec.workers.ngram`).
+Everything here is host work on Python objects: the host-proposal worker (`specdec.workers.host_proposal`) brings
+the last step's tokens down once, calls `NgramProposer`, and sends the tree up once.
 """
 from __future__ import annotations
 
@@ -104,6 +104,14 @@ class NgramDraft:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if not isinstance(self.shared, bool):
             raise ValueError(f"shared must be True or False, got {type(self.shared).__name__} {self.shared!r}")
+
+    def new_proposer(self) -> "NgramProposer":
+        return NgramProposer(self)
+
+    def bounds(self, num_steps: int, topk: int) -> tuple[int, int]:
+        """A tree's depth and children per node under a SpecConfig: a match of at least one token continues at most
+        D - 1, and BFS takes at most max_bfs_breadth children."""
+        return min(num_steps, self.max_trie_depth - 1), min(topk, self.max_bfs_breadth)
 
 
 def ngram_draft_for(target) -> NgramDraft:
@@ -435,3 +443,61 @@ def verify_input(roots: list[int], trees: list[list[tuple[int, int]]], committed
     retrieve_index = torch.arange(B * W, dtype=torch.int64).view(B, W)
     return (torch.from_numpy(candidates), torch.from_numpy(tree_mask), torch.from_numpy(positions), retrieve_index,
             torch.from_numpy(next_token), torch.from_numpy(next_sibling))
+
+
+# ---- what the worker calls ---------------------------------------------------------------------------------------
+
+class NgramProposer:
+    """What the host-proposal worker calls for an `NgramDraft`: each request's trie (the shared one, kept across
+    generate calls until `clear`, or its own), its match state, and with indexing="sequence" the trie nodes of its
+    suffixes still growing."""
+
+    def __init__(self, draft: NgramDraft):
+        self.draft = draft
+        self.shared_trie: NgramTrie | None = None
+        self.clear()
+        self._tries: list[NgramTrie] = []
+        self._match_states: list[MatchState] = []
+        self._open_paths: list[list] = []
+
+    def clear(self) -> None:
+        """A shared draft's trie starts empty again (SGLang's NGRAM worker's `clear_cache_pool`)."""
+        d = self.draft
+        if d.shared:
+            self.shared_trie = NgramTrie(d.max_trie_depth, d.capacity)
+
+    def start(self, prompts: list[list[int]]) -> None:
+        d = self.draft
+        shared = self.shared_trie
+        self._tries = [shared if shared is not None else NgramTrie(d.max_trie_depth, d.capacity) for _ in prompts]
+        self._match_states = [MatchState() for _ in prompts]
+        self._open_paths = [[] for _ in prompts]
+        if d.indexing == "sequence":
+            for i, (trie, seq) in enumerate(zip(self._tries, prompts)):
+                for t in seq:
+                    self._open_paths[i] = trie.extend(self._open_paths[i], t)
+
+    def filter(self, keep: list[int]) -> None:
+        for name in ("_tries", "_match_states", "_open_paths"):
+            setattr(self, name, [getattr(self, name)[i] for i in keep])
+
+    def propose(self, seqs: list[list[int]], new: list[list[int]], max_nodes: int, depth: int,
+                breadth: int) -> list[list[tuple[int, int]]]:
+        """Each request's tree from its last max_trie_depth tokens (`build_tree`); the trie indexed as `indexing`
+        says (SGLang's: every request's window after every request's match)."""
+        d = self.draft
+        D, by_sequence = d.max_trie_depth, d.indexing == "sequence"
+        trees, windows = [], []
+        for i, (trie, seq, tokens) in enumerate(zip(self._tries, seqs, new)):
+            if by_sequence:
+                for t in tokens:
+                    self._open_paths[i] = trie.extend(self._open_paths[i], t)
+            window = seq[-D:]
+            windows.append(window)
+            anchors = trie.match(window, len(seq), self._match_states[i]) if depth else []
+            trees.append(build_tree(anchors, d, max_nodes, depth, breadth))
+        if not by_sequence:
+            # after every request's match, as SGLang inserts the batch's windows after its verify
+            for trie, window in zip(self._tries, windows):
+                trie.insert(window)
+        return trees

@@ -5,11 +5,11 @@ from __future__ import annotations
 from .base import TargetOnlyWorker, WorkerBase
 from .dflash import DFlashWorker
 from .eagle import EagleWorkerV2
+from .host_proposal import HostProposalWorker
 from .multi_layer_eagle import MultiLayerEagleWorkerV2
-from .ngram import NgramWorker
 from .speculative import SpeculativeWorkerBase
 from .standalone import StandaloneWorker
 from .step import StepOutput
 
-__all__ = ["DFlashWorker", "EagleWorkerV2", "MultiLayerEagleWorkerV2", "NgramWorker", "SpeculativeWorkerBase",
+__all__ = ["DFlashWorker", "EagleWorkerV2", "HostProposalWorker", "MultiLayerEagleWorkerV2", "SpeculativeWorkerBase",
            "StandaloneWorker", "StepOutput", "TargetOnlyWorker", "WorkerBase"]

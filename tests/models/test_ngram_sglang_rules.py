@@ -134,11 +134,11 @@ def small_target():
 
 
 def recorded_trees(monkeypatch):
-    """The trees the worker builds, step by step (the worker's build_tree, recorded)."""
-    import specdec.workers.ngram as worker_module
+    """The trees the worker builds, step by step (the NGRAM proposer's build_tree, recorded)."""
+    import specdec.models.ngram as ngram_module
     trees = []
-    build = worker_module.build_tree
-    monkeypatch.setattr(worker_module, "build_tree", lambda *a: trees.append(build(*a)) or trees[-1])
+    build = ngram_module.build_tree
+    monkeypatch.setattr(ngram_module, "build_tree", lambda *a: trees.append(build(*a)) or trees[-1])
     return trees
 
 
@@ -152,7 +152,7 @@ def test_each_decode_step_indexes_its_window_after_its_match(monkeypatch):
     engine = Engine(target, draft=NgramDraft(max_trie_depth=3), spec=SpecConfig(2, 2, 4), max_seq_len=32)
     first = engine.generate([prompt], SamplingParams(max_new_tokens=2))[0].token_ids[0]
     assert trees == [[]]  # one decode step, nothing matched
-    trie = engine.worker.shared_trie
+    trie = engine.worker.proposer.shared_trie
     window = prompt[-2:] + [first]
     assert set(trie.root.children) == set(window)
     assert sum(1 for _ in _paths(trie.root)) == 6  # the window's 3 + 2 + 1 n-gram prefixes, nothing else
@@ -160,7 +160,7 @@ def test_each_decode_step_indexes_its_window_after_its_match(monkeypatch):
     engine = Engine(target, draft=NgramDraft(max_trie_depth=3, indexing="sequence"), spec=SpecConfig(2, 2, 4),
                     max_seq_len=32)
     engine.generate([prompt], SamplingParams(max_new_tokens=2))
-    head = engine.worker.shared_trie.root.children[10]
+    head = engine.worker.proposer.shared_trie.root.children[10]
     assert head.freq == 2 and 11 in head.children  # each occurrence counted once
 
 
@@ -178,18 +178,18 @@ def test_one_trie_serves_every_request_and_outlives_the_call():
     params = SamplingParams(max_new_tokens=3)
     engine = Engine(target, draft=NgramDraft(max_trie_depth=3), spec=SpecConfig(2, 2, 4), max_seq_len=32)
     outs = engine.generate(prompts, params)
-    trie = engine.worker.shared_trie
+    trie = engine.worker.proposer.shared_trie
     seen = [{*p[-2:], *o.token_ids[:-1]} for p, o in zip(prompts, outs)]  # the last token is never indexed
     assert set(trie.root.children) == seen[0] | seen[1]
     engine.generate([[9, 9]], SamplingParams(max_new_tokens=2))
-    assert engine.worker.shared_trie is trie and seen[0] | seen[1] | {9} <= set(trie.root.children)
+    assert engine.worker.proposer.shared_trie is trie and seen[0] | seen[1] | {9} <= set(trie.root.children)
 
     own = Engine(target, draft=NgramDraft(max_trie_depth=3, shared=False), spec=SpecConfig(2, 2, 4), max_seq_len=32)
     tries = []
     start = own.worker.start
-    own.worker.start = lambda *a, **k: (start(*a, **k), tries.extend(own.worker._tries))
+    own.worker.start = lambda *a, **k: (start(*a, **k), tries.extend(own.worker.proposer._tries))
     outs = own.generate(prompts, params)
-    assert own.worker.shared_trie is None and tries[0] is not tries[1]
+    assert own.worker.proposer.shared_trie is None and tries[0] is not tries[1]
     assert [set(t.root.children) for t in tries] == seen
 
 

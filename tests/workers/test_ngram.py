@@ -163,7 +163,7 @@ def test_an_ngram_step_moves_kv_in_its_commit_only_when_a_tree_branches():
     def recorded():
         commits.clear()
         out = decode()
-        nxt, sib = w.state.ngram_next_token, w.state.ngram_next_sibling
+        nxt, sib = w.state.proposal_next_token, w.state.proposal_next_sibling
         node = torch.arange(nxt.shape[1])
         chain = bool((sib < 0).all() and ((nxt < 0) | (nxt == node + 1)).all())
         steps.append((chain, len(commits)))
@@ -236,7 +236,8 @@ def test_ngram_through_the_graph_buffers(small, prompts, baseline):
 
 
 def test_a_tree_the_ngram_draft_cannot_fill_is_a_value_error_and_the_engine_serves_on(small):
-    with pytest.raises(ValueError, match="num_draft_tokens=16 cannot be filled by an n-gram tree of depth"):
+    with pytest.raises(ValueError, match="num_draft_tokens=16 cannot be filled by a NgramDraft tree of depth 5 with 1 "
+                                         "children per node"):
         Engine(small.target, draft=NgramDraft(max_bfs_breadth=1), spec=SpecConfig(5, 4, 16))
     engine = Engine(small.target, draft=NgramDraft(), spec=SpecConfig(2, 2, 6), max_seq_len=64)
     with pytest.raises(ValueError, match="request 0"):

@@ -1,5 +1,13 @@
-"""NgramWorker: SGLang's NGRAM speculative algorithm, a tree of continuations from a host n-gram trie, verified by
-the same tree verify, commit, penalties, grammar masks and logprobs as EagleWorkerV2."""
+"""HostProposalWorker: the model-free drafts, a tree of continuations proposed on the host and verified by the
+same tree verify, commit, penalties, grammar masks and logprobs as EagleWorkerV2. Two proposers serve it, each
+made by its draft (`draft.new_proposer()`): SGLang's NGRAM trie (`specdec.models.ngram.NgramProposer`) and
+suffix decoding's suffix trees (`specdec.models.suffix.SuffixProposer`).
+
+A proposer is an object with `start(prompts)` (a new batch), `filter(keep)` (the requests kept, in order),
+`propose(seqs, new, max_nodes, depth, breadth)` (each request's tokens so far and those the last step emitted ->
+its tree as (token, parent) nodes, parent 0 the root, node i >= 1 the i-th, every parent before its children) and
+`clear()` (forget what it learned across requests: `Engine.flush_cache`). Its draft states the tree's bounds under a
+SpecConfig (`draft.bounds(num_steps, topk)` -> depth, children per node)."""
 from __future__ import annotations
 
 import torch
@@ -7,27 +15,27 @@ import torch
 from ..config import SpecConfig
 from ..ops.contract import NO_DRAFT
 from ..kv_cache import KVCache
-from ..models.ngram import MatchState, NgramDraft, NgramTrie, build_tree, verify_input
+from ..models.ngram import verify_input
 from .base import RequestState
 from .speculative import SpeculativeWorkerBase
 from .step import EagleVerifyInput, StepOutput
 from .graphs import batch_buckets
 
 #: the state tensors of a step's verify input, built on the host by `prepare_decode`
-VERIFY_INPUT = ("ngram_candidates", "ngram_tree_mask", "ngram_positions", "ngram_retrieve_index",
-                "ngram_next_token", "ngram_next_sibling")
+VERIFY_INPUT = ("proposal_candidates", "proposal_tree_mask", "proposal_positions", "proposal_retrieve_index",
+                "proposal_next_token", "proposal_next_sibling")
 
 
-class NgramState(RequestState):
-    ngram_tokens: torch.Tensor | None  # (B, S+1) int64: the last step's emitted tokens, not yet on the host
-    ngram_lens: torch.Tensor | None  # (B,): how many of them were emitted
+class HostProposalState(RequestState):
+    proposal_tokens: torch.Tensor | None  # (B, S+1) int64: the last step's emitted tokens, not yet on the host
+    proposal_lens: torch.Tensor | None  # (B,): how many of them were emitted
     # the step's verify tree, built on the host (`verify_input`), at the step's width W'
-    ngram_candidates: torch.Tensor | None  # (B, W') int64
-    ngram_tree_mask: torch.Tensor | None  # (B, W', W') bool
-    ngram_positions: torch.Tensor | None  # (B, W') int64
-    ngram_retrieve_index: torch.Tensor | None  # (B, W') int64
-    ngram_next_token: torch.Tensor | None  # (B, W') int64
-    ngram_next_sibling: torch.Tensor | None  # (B, W') int64
+    proposal_candidates: torch.Tensor | None  # (B, W') int64
+    proposal_tree_mask: torch.Tensor | None  # (B, W', W') bool
+    proposal_positions: torch.Tensor | None  # (B, W') int64
+    proposal_retrieve_index: torch.Tensor | None  # (B, W') int64
+    proposal_next_token: torch.Tensor | None  # (B, W') int64
+    proposal_next_sibling: torch.Tensor | None  # (B, W') int64
 
 
 def tree_capacity(depth: int, breadth: int) -> int:
@@ -35,45 +43,39 @@ def tree_capacity(depth: int, breadth: int) -> int:
     return sum(breadth ** d for d in range(1, depth + 1))
 
 
-class NgramWorker(SpeculativeWorkerBase):
-    """The draft is an `NgramDraft`: no model, no draft cache. Its work is host work in the step's prologue
-    (`prepare_decode`): the last step's emitted tokens come down in one transfer and extend each request's
-    sequence, each request's proposal is matched and built into a verify tree (then, SGLang's indexing, each
-    request's last max_trie_depth tokens enter the trie), and the tree goes up in one transfer as state tensors.
+class HostProposalWorker(SpeculativeWorkerBase):
+    """The draft is one of parameters only (`NgramDraft`, `SuffixDraft`): no model, no draft cache. Its work is host
+    work in the step's prologue (`prepare_decode`): the last step's emitted tokens come down in one transfer and
+    extend each request's sequence, its proposer indexes them and proposes a tree per request, and the trees go up
+    in one transfer as state tensors.
     The body (verify, commit) reads only those, so it has fixed shapes (W nodes per request, proposals padded with
     nodes no link reaches) and replays as a CUDA graph like the other workers'."""
 
     #: The prologue reads the last step's tokens on the host, so a step enqueued before the engine reads the last
-    #: one gains nothing, and a request that step ends would feed the trie the tokens of a step that is dropped.
+    #: one gains nothing, and a request that step ends would feed the index the tokens of a step that is dropped.
     decodes_ahead = False
 
-    state_type = NgramState
+    state_type = HostProposalState
 
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
         self._tree_bitmask = None  # a grammar batch's per-node masks, filled by the prologue
         self.allow_shapes([spec])
         self.use_shape((spec.num_steps, spec.topk, spec.num_draft_tokens))
-        self.shared_trie = None
-        self.clear_cache_pool()
-        # per request: its trie (the shared one or its own), its tokens, its match state, and with
-        # indexing="sequence" the trie nodes of its suffixes still growing
-        self._tries: list[NgramTrie] = []
-        self._seqs: list[list[int]] = []
-        self._match_states: list[MatchState] = []
-        self._open_paths: list[list] = []
+        self.proposer = draft.new_proposer()
+        self._seqs: list[list[int]] = []  # per request: its tokens, prompt and output
 
     # ---- step shapes (a tuned or adaptive engine's, as EagleWorkerV2's) -----------------------------------
     def check_shape(self, spec: SpecConfig) -> None:
-        """ValueError when an n-gram tree of this draft cannot fill `spec`'s num_draft_tokens."""
+        """ValueError when a tree of this draft cannot fill `spec`'s num_draft_tokens."""
         d = self.draft_model
-        depth, breadth = min(spec.num_steps, d.max_trie_depth - 1), min(spec.topk, d.max_bfs_breadth)
+        depth, breadth = d.bounds(spec.num_steps, spec.topk)
         room = tree_capacity(depth, breadth)
         if spec.num_draft_tokens - 1 > room:
             raise ValueError(
-                f"num_draft_tokens={spec.num_draft_tokens} cannot be filled by an n-gram tree of depth "
-                f"min(num_steps, max_trie_depth - 1)={depth} with min(topk, max_bfs_breadth)={breadth} children "
-                f"per node: at most {room + 1} nodes, the root included")
+                f"num_draft_tokens={spec.num_draft_tokens} cannot be filled by a {type(d).__name__} tree of depth "
+                f"{depth} with {breadth} children per node (num_steps and topk within the draft's own bounds): at "
+                f"most {room + 1} nodes, the root included")
 
     def allow_shapes(self, specs: list[SpecConfig], no_draft: bool = False) -> None:
         """The shapes `use_shape` may switch among (the worker's own `spec` one of them), and `NO_DRAFT` (propose
@@ -90,8 +92,7 @@ class NgramWorker(SpeculativeWorkerBase):
             self.num_steps, self.topk, self.num_draft_tokens, self.depth, self.breadth = 1, 1, 1, 0, 1
         else:
             self.num_steps, self.topk, self.num_draft_tokens = shape
-            self.depth = min(self.num_steps, self.draft_model.max_trie_depth - 1)
-            self.breadth = min(self.topk, self.draft_model.max_bfs_breadth)
+            self.depth, self.breadth = self.draft_model.bounds(self.num_steps, self.topk)
         self.verify_width = self.num_draft_tokens
         self.chains = True
 
@@ -105,44 +106,35 @@ class NgramWorker(SpeculativeWorkerBase):
         return self._max_steps + 1
 
     def check_draft(self, target, draft) -> None:
-        if not isinstance(draft, NgramDraft):
-            raise ValueError(f"NgramWorker drafts with an NgramDraft, got {type(draft).__name__}")
+        if not callable(getattr(draft, "new_proposer", None)):
+            raise ValueError(f"HostProposalWorker drafts with a draft that makes a proposer (NgramDraft, "
+                             f"SuffixDraft), got {type(draft).__name__}")
 
     def caches(self) -> list[KVCache]:
         return [self.cache]
 
     def clear_cache_pool(self) -> None:
-        """A shared draft's trie starts empty again (SGLang's NGRAM worker's `clear_cache_pool`)."""
-        d = self.draft_model
-        if d.shared:
-            self.shared_trie = NgramTrie(d.max_trie_depth, d.capacity)
+        """The proposer forgets what it learned across requests (SGLang's NGRAM worker's `clear_cache_pool`)."""
+        self.proposer.clear()
 
-    # ---- the requests' tries and sequences ----------------------------------------------------------
+    # ---- the requests' sequences ----------------------------------------------------------------------
     def start(self, prompts, params, seed, grammars=None) -> None:
         super().start(prompts, params, seed, grammars)
-        d = self.draft_model
-        shared = self.shared_trie
-        self._tries = [shared if shared is not None else NgramTrie(d.max_trie_depth, d.capacity) for _ in prompts]
         self._seqs = [[int(t) for t in p] for p in prompts]
-        self._match_states = [MatchState() for _ in prompts]
-        self._open_paths = [[] for _ in prompts]
-        if d.indexing == "sequence":
-            for i, (trie, seq) in enumerate(zip(self._tries, self._seqs)):
-                for t in seq:
-                    self._open_paths[i] = trie.extend(self._open_paths[i], t)
+        self.proposer.start(self._seqs)
 
     def filter(self, keep: list[int]) -> None:
         super().filter(keep)
-        for name in ("_tries", "_seqs", "_match_states", "_open_paths"):
-            setattr(self, name, [getattr(self, name)[i] for i in keep])
+        self._seqs = [self._seqs[i] for i in keep]
+        self.proposer.filter(keep)
 
     def count_emitted(self, tokens, num_emitted) -> None:
         super().count_emitted(tokens, num_emitted)
         # kept on the device until the next step's prologue brings them down with one transfer; the prefill's one
         # token padded to the largest allowed shape's S+1, so that the state keeps one shape (the CUDA graphs copy it)
         pad = self._max_steps + 1 - tokens.shape[1]
-        self.state.ngram_tokens = torch.nn.functional.pad(tokens, (0, pad)) if pad else tokens
-        self.state.ngram_lens = num_emitted
+        self.state.proposal_tokens = torch.nn.functional.pad(tokens, (0, pad)) if pad else tokens
+        self.state.proposal_lens = num_emitted
 
     # ---- stages --------------------------------------------------------------------------------------
     def draft_extend_for_prefill(self, ids, hidden, positions, tokens) -> None:
@@ -150,33 +142,22 @@ class NgramWorker(SpeculativeWorkerBase):
 
     def prepare_decode(self) -> None:
         """Host prologue: the step's uniforms, then the last step's tokens down, each request's sequence extended,
-        its proposal matched and built, the trie indexed, and the verify tree up (state tensors `VERIFY_INPUT`)."""
+        the proposer's trees built (it indexes the new tokens as its rules say), and the verify tree up (state
+        tensors `VERIFY_INPUT`)."""
         super().prepare_decode()
         st = self.state
-        T = st.ngram_tokens.shape[1]
-        rows = torch.cat([st.ngram_tokens.long(), st.ngram_lens[:, None].long()], dim=1).tolist()
-        d = self.draft_model
-        D, by_sequence = d.max_trie_depth, d.indexing == "sequence"
+        T = st.proposal_tokens.shape[1]
+        rows = torch.cat([st.proposal_tokens.long(), st.proposal_lens[:, None].long()], dim=1).tolist()
         with self.phase("draft"):
-            roots, trees, committed, windows = [], [], [], []
-            for i, (trie, seq, row) in enumerate(zip(self._tries, self._seqs, rows)):
-                new = row[:row[T]]
-                seq.extend(new)
-                if by_sequence:
-                    for t in new:
-                        self._open_paths[i] = trie.extend(self._open_paths[i], t)
-                window = seq[-D:]
-                windows.append(window)
-                anchors = trie.match(window, len(seq), self._match_states[i]) if self.depth else []
-                trees.append(build_tree(anchors, d, self.num_draft_tokens - 1, self.depth, self.breadth))
-                roots.append(seq[-1])
-                committed.append(len(seq) - 1)  # the root (last token) is not committed yet
-            if not by_sequence:
-                # after every request's match, as SGLang inserts the batch's windows after its verify
-                for trie, window in zip(self._tries, windows):
-                    trie.insert(window)
+            new = [row[:row[T]] for row in rows]
+            for seq, tokens in zip(self._seqs, new):
+                seq.extend(tokens)
+            trees = self.proposer.propose(self._seqs, new, self.num_draft_tokens - 1, self.depth, self.breadth)
+            roots = [seq[-1] for seq in self._seqs]
+            committed = [len(seq) - 1 for seq in self._seqs]  # the root (last token) is not committed yet
             self.verify_width = self.width_for(max(len(t) for t in trees) + 1)
-            # a later anchor can branch even a breadth-1 tree: whether the commit has nothing to move is read here
+            # a breadth-1 proposal can still branch (NGRAM's shorter anchor adds a sibling): whether the commit has
+            # nothing to move is read from the trees
             self.chains = all(parent == i for t in trees for i, (_, parent) in enumerate(t))
             host = verify_input(roots, trees, committed, self.verify_width)
             for name, tensor in zip(VERIFY_INPUT, host):
