@@ -10,9 +10,10 @@ from .draft_kinds import DraftKind
 from .draft_kinds import register_plugin as register_draft_kind
 from .engine import Engine, GenerateOutput, GenerateStats
 from .models.ngram import NgramDraft
+from .models.suffix import SuffixDraft
 from .verify_rules import VerifyRule
 from .verify_rules import register_plugin as register_verify_rule
 
 __all__ = ["DraftKind", "Engine", "GenerateOutput", "GenerateStats", "NgramDraft", "SamplingParams", "SpecConfig",
-           "VerifyRule", "register_draft_kind", "register_verify_rule"]
+           "SuffixDraft", "VerifyRule", "register_draft_kind", "register_verify_rule"]
 __version__ = "0.1.0"

@@ -62,7 +62,7 @@ def chain_window_kv_margin(spec: SpecConfig) -> int:
 
 
 def verify_only_kv_margin(spec: SpecConfig) -> int:
-    """A worker that drafts without a cache of its own (NGRAM) writes only the W verify nodes past the committed
+    """A worker that drafts without a cache of its own (NGRAM, SUFFIX) writes only the W verify nodes past the committed
     length."""
     return spec.num_draft_tokens
 
@@ -433,9 +433,19 @@ register(dataclasses.replace(
 # no model: a host n-gram trie, one for every request, fed each decode step's last tokens (SGLang's NGRAM)
 register(DraftKind(
     name="ngram", label="NGRAM", model="specdec.models.ngram:NgramDraft",
-    worker="specdec.workers.host_proposal:HostProposalWorker", kv_margin=verify_only_kv_margin, shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
+    worker="specdec.workers.host_proposal:HostProposalWorker", kv_margin=verify_only_kv_margin,
+    shape_label=tree_shape_label, demo_specs=(TREE, CHAIN), e2e_specs=(CHAIN,),
     untrained="specdec.models.ngram:NgramDraft", random_draft="specdec.models.ngram:ngram_draft_for",
     samples_drafts=False, forwards_per_step=no_forward, gpu_e2e_specs=(CHAIN,)))
+# no model: suffix trees over each request's prompt and output and over earlier requests' outputs, proposing the
+# most frequent continuation as far as the match is long (vLLM's suffix decoding); first its default shape, a chain
+# of up to max_tree_depth = 24 tokens (vLLM's num_speculative_tokens when none is given)
+register(DraftKind(
+    name="suffix", label="SUFFIX", model="specdec.models.suffix:SuffixDraft",
+    worker="specdec.workers.host_proposal:HostProposalWorker", kv_margin=verify_only_kv_margin,
+    shape_label=tree_shape_label, demo_specs=(SpecConfig(24), TREE, CHAIN),
+    untrained="specdec.models.suffix:SuffixDraft",
+    random_draft="specdec.models.suffix:suffix_draft_for", samples_drafts=False, forwards_per_step=no_forward))
 # a small causal LM of the target's vocabulary drafting from its own tokens and KV cache (SGLang's STANDALONE)
 register(DraftKind(
     name="draft_lm", label="STANDALONE", model="specdec.models.llama:LlamaForCausalLM",

@@ -29,8 +29,8 @@ def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
     if layout in ("mtp-deepseek", "mtp-mimo"):
         draft = mtp_from_target_dir(draft_dir or target_dir, target, layout.removeprefix("mtp-"))
         return draft, kind_of(draft).default_spec(draft)
-    if str(draft_dir) == "ngram":  # no weights: a host n-gram trie (SGLang's NGRAM)
-        draft = draft_kind("ngram").untrained_draft()
+    if str(draft_dir) in untrained_kinds():  # no weights: a draft of parameters only (NGRAM, SUFFIX)
+        draft = draft_kind(str(draft_dir)).untrained_draft()
         return draft, kind_of(draft).default_spec(draft)
     if draft_dir is None:
         if layout != "auto":
@@ -40,6 +40,11 @@ def load_draft(target, target_dir: Path, draft_dir: Path | None, layout: str):
         layout = zoo.draft_kind_of_dir(draft_dir)
     draft = zoo.load_draft_for(layout, draft_dir, target)
     return draft, kind_of(draft).default_spec(draft)
+
+
+def untrained_kinds() -> list[str]:
+    """The kinds whose drafts need no weights, which `--draft` names instead of a directory."""
+    return [k.name for k in DRAFT_KINDS.values() if k.untrained]
 
 
 def parse_logit_bias(items: list[str]) -> dict[int, float] | None:
@@ -164,7 +169,7 @@ def load_models(args):
     target_dir = Path(args.target)
     if not target_dir.is_dir():
         raise ValueError(f"--target {target_dir}: no such directory")
-    if args.draft not in (None, "ngram", "none") and not Path(args.draft).is_dir():
+    if args.draft not in (None, "none", *untrained_kinds()) and not Path(args.draft).is_dir():
         raise ValueError(f"--draft {args.draft}: no such directory")
     tokenizer = load_tokenizer(target_dir)
     target = LlamaForCausalLM.from_pretrained(target_dir)
@@ -269,9 +274,11 @@ def add_parser(subparsers):
                         "target-only with a note where none measured a draft faster). With --target: the draft's "
                         "directory (a head, MTP layers, or a small causal LM of the target's vocabulary: "
                         "STANDALONE; for mtp-deepseek / mtp-mimo the directory holding the MTP layers, by default "
-                        "the target's), or 'ngram' (no model: SGLang's NGRAM); none decodes target-only")
+                        f"the target's), or a kind that needs no weights ({', '.join(untrained_kinds())}: "
+                        "SGLang's NGRAM, vLLM's suffix decoding); none decodes target-only")
     p.add_argument("--draft-layout", default="auto",
-                   choices=["auto", *(k for k in DRAFT_KINDS if k != "ngram"), "mtp-deepseek", "mtp-mimo"],
+                   choices=["auto", *(k for k in DRAFT_KINDS if k not in untrained_kinds()), "mtp-deepseek",
+                            "mtp-mimo"],
                    help="how to read --draft DIR (with --target); auto: from the draft's config.json and weights "
                         "(this project's heads, an EAGLE-1/2 or an EAGLE-3 checkpoint, MTP layers, a causal LM)")
     p.add_argument("--num-steps", type=positive_int, default=None,

@@ -13,7 +13,6 @@ PACKAGE = ROOT / "specdec"
 
 #: user-facing defaults and names: a command's default or choice, the word a user types
 USER_FACING = {
-    "specdec/cli/generate.py": {"ngram"},  # `--draft ngram` (no directory, SGLang's NGRAM)
     "specdec/zoo/__init__.py": {"eagle", "draft_lm"},  # a draft directory's kind when its files say no more: a causal
     # LM's layout is a draft LM, else the EAGLE layout (`draft_kind_of_dir`)
     "specdec/cli/tune.py": {"eagle"},  # `specdec tune --kind` default
