@@ -28,7 +28,7 @@ def add_parser(subparsers):
                                           "--no-peers; specdec bench --model my.gguf --draft drafts/ --prompts "
                                           "question.jsonl --categories writing,coding")
     p.add_argument("--suite", default="acceptance", choices=["acceptance", "kernels", "e2e", "penalties",
-                                                             "draft-cost", "draft-vocab"],
+                                                             "draft-cost", "draft-vocab", "repetitive"],
                    help="acceptance: every worker against target-only on the shipped models; "
                         "kernels: every op of the decode step, reference / fast / torch.compile, against "
                         "the copy bandwidth (the full B x S+1 x V sweep on CUDA, a corner of it on CPU); "
@@ -40,7 +40,12 @@ def add_parser(subparsers):
                         "card states it), written onto the pair's card and MODEL_CARD.md (--model, "
                         "--num-prompts: the card used 4); draft-vocab: a real target's EAGLE-3 head with "
                         "each draft vocabulary of --vocab-sizes, acceptance against draft-step cost (B = 1, "
-                        "greedy)")
+                        "greedy); repetitive: agent-like requests built from the standard library's sources (a "
+                        "tool-call schema filled again and again, code edits that copy a function, conversations "
+                        "that quote an earlier turn), written to a prompt file in --out, target-only and the "
+                        "--workers (default: the kinds that need no weights) at their default shapes (--shapes "
+                        "demo: every demo shape) on a real target (--model auto: smollm2-135m-instruct), B = 1 "
+                        "unless --batch-sizes")
     p.add_argument("--impl", default="auto", choices=["auto", "reference", "fast"], help=IMPL_HELP)
     p.add_argument("--batch-sizes", type=positive_int_list, default=None,
                    help="comma-separated batch sizes (default: 1,4 for acceptance, 1,8,32 for e2e)")
@@ -126,6 +131,9 @@ def run(args) -> int:
     if args.suite == "draft-vocab":
         from ..bench.suites.draft_vocab import main_draft_vocab
         return main_draft_vocab(args) or 0
+    if args.suite == "repetitive":
+        from ..bench.suites.repetitive import main_repetitive
+        return main_repetitive(args) or 0
     if args.suite == "draft-cost":
         from ..bench.suites.draft_cost import main_draft_cost
         return main_draft_cost(args) or 0
