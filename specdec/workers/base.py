@@ -3,11 +3,11 @@ target-only worker.
 
 `WorkerBase` has two subclasses: `TargetOnlyWorker` (here) and `SpeculativeWorkerBase` (`speculative.py`: draft,
 verify, commit), whose four subclasses draft: `EagleWorkerV2` (`eagle.py`; `StandaloneWorker`, `standalone.py`,
-derives from it), `MultiLayerEagleWorkerV2` (`multi_layer_eagle.py`), `NgramWorker` (`ngram.py`) and `DFlashWorker`
-(`dflash.py`). A worker binds an ops module (`reference` or `fast`); the algorithms are written once here and in
-`SpeculativeWorkerBase`. One decode step has fixed shapes and makes no host sync. Correctness
-never depends on the host's copy of the lengths: the device holds the exact lengths, the worker keeps
-a host upper bound that grows by the most a step can add, and a caller that has read a step's
+derives from it), `MultiLayerEagleWorkerV2` (`multi_layer_eagle.py`), `HostProposalWorker` (`host_proposal.py`: NGRAM
+and suffix decoding) and `DFlashWorker` (`dflash.py`). A worker binds an ops module (`reference` or `fast`); the
+algorithms are written once here and in `SpeculativeWorkerBase`. One decode step has fixed shapes and makes no
+host sync. Correctness never depends on the host's copy of the lengths: the device holds the exact lengths, the
+worker keeps a host upper bound that grows by the most a step can add, and a caller that has read a step's
 `accept_lens` may tighten it (`sync_lengths`); a stale bound costs attention compute only.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ from .verification import SampledVerify
 
 class SpeculativeWorkerBase(WorkerBase):
     """Verify, commit and logprobs: the part every drafting worker shares: EagleWorkerV2 (and StandaloneWorker,
-    its subclass), MultiLayerEagleWorkerV2, NgramWorker and DFlashWorker."""
+    its subclass), MultiLayerEagleWorkerV2, HostProposalWorker and DFlashWorker."""
 
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         super().__init__(target, ops, max_batch, max_seq_len, return_original_logprob)

@@ -88,12 +88,17 @@ def test_suffix_fast_path_is_identical_on_a_tiny_target():
     assert_same_as_baseline(outs, ref)
 
 
-def test_a_tree_the_suffix_draft_cannot_fill_is_a_value_error():
+def test_a_shape_the_suffix_draft_cannot_run_is_a_one_line_value_error():
+    """A tree it cannot fill; a rule that needs the draft's distribution, which frequency counts are not."""
     from specdec.models import random_llama
     target = random_llama(vocab_size=16, hidden_size=32, num_hidden_layers=1, seed=1)
     with pytest.raises(ValueError, match=r"num_draft_tokens=16 cannot be filled by a SuffixDraft tree of depth 1 "
                                          r"with 4 children per node"):
         Engine(target, draft=SuffixDraft(max_tree_depth=1), spec=SpecConfig(5, 4, 16))
+    for kwargs in ({"draft_sampling": "sample"}, {"draft_sampling": "sample", "verify": "rejection"}):
+        with pytest.raises(ValueError, match="SUFFIX draft has no distribution") as e:
+            Engine(target, draft=SuffixDraft(), spec=SpecConfig(3, **kwargs))
+        assert "\n" not in str(e.value)
 
 
 def test_generate_drafts_with_suffix_decoding(capsys):
