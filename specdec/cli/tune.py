@@ -45,7 +45,8 @@ def main(argv=None) -> int:
                    help=MODEL_HELP + " (a model with a chat template tunes on chat prompts)")
     p.add_argument("--draft", action="append", default=None, metavar="DIR", help=DRAFT_DIR_HELP)
     p.add_argument("--kind", default="eagle", choices=list(DRAFT_KINDS),
-                   help="the pair's draft to tune: a kind that switches shapes (eagle, eagle3, draft_lm, ngram)")
+                   help="the pair's draft to tune: a kind that switches shapes (eagle, eagle3, draft_lm, ngram, "
+                        "suffix)")
     p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes, one tuned shape each")
     p.add_argument("--num-prompts", type=int, default=32,
                    help="tuning prompts: those after the first N of --prompts (or of the held-out set), whose first N "
@@ -133,7 +134,7 @@ def _tune_command(a, sizes) -> int:
     kind = draft_kind(a.kind)
     if not hasattr(kind.worker_class(), "use_shape"):
         raise ValueError(f"draft kind {a.kind!r} runs on {kind.worker_class().__name__}, which keeps one shape for a "
-                         f"whole run: tune a kind that switches shapes (eagle, eagle3, draft_lm, ngram)")
+                         f"whole run: tune a kind that switches shapes (eagle, eagle3, draft_lm, ngram, suffix)")
     name = zoo.speed_pair() if a.model == "auto" else a.model
     bundle = zoo.load_model(name, dtype=DTYPES[a.dtype], drafts=a.draft or ())
     draft = getattr(bundle, a.kind, None)

@@ -107,3 +107,20 @@ def test_generate_drafts_with_suffix_decoding(capsys):
                  "def f(x):\n    return x\n\ndef g(x):\n    return x\n\ndef h("]) == 0
     out = capsys.readouterr().out
     assert "[suffix: SuffixDraft S24" in out and out.rstrip().endswith("identical tokens: yes")
+
+
+def test_suffix_is_lossless_as_the_shape_switches(small, prompts, baseline):
+    """An adaptive tuned spec whose policy runs a chain, no draft, a tree and a long chain in turn: the trees keep
+    indexing through the no-draft steps, and the output stays target-only's."""
+    from specdec.ops.contract import NO_DRAFT
+    from specdec.tuning import Bucket, Candidate, TunedSpec, fingerprint, parameters_entry
+    from tests.helpers import CyclingSpec
+    draft = SuffixDraft()
+    cycle = [(4, 1, 5), NO_DRAFT, (3, 2, 6), (24, 1, 25)]
+    tuned = TunedSpec({"fingerprint": fingerprint(small.target)},
+                      {"kind": "suffix", "fingerprint": fingerprint(draft), **parameters_entry(draft)}, {},
+                      {4: Bucket((4, 1, 5), tuple(Candidate(s, 2.0, 1.0) for s in cycle))}, adaptive=True)
+    engine = Engine(small.target, draft=draft, spec=tuned, max_batch=4, max_seq_len=320)
+    engine.tuned = CyclingSpec(cycle)
+    assert_same_as_baseline(engine.generate(prompts, logprob_params(40)), baseline)
+    assert set(engine.last_stats.step_shapes) == set(cycle)
