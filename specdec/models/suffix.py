@@ -23,9 +23,10 @@ arctic keeps the trees path-compressed (O(N) nodes); here every node is one toke
 no count and no order: a compressed edge is a run of only children of equal count, along which arctic multiplies
 nothing, and this code multiplies nothing either (`_on_edge`).
 
-The toolkit's own bounds, which do not bind at their defaults: a SpecConfig's num_steps caps a proposal's depth
-(a chain's length; vLLM's num_speculative_tokens), its topk the children a tree takes per node, its
-num_draft_tokens - 1 a tree's node count. `SuffixProposer` is what the host-proposal worker calls
+A SpecConfig's num_steps caps a proposal's depth (a chain's length: vLLM's num_speculative_tokens; at S = D, the
+default shape, it binds nothing) and num_draft_tokens - 1 a tree's node count (arctic's max_spec_tokens for a
+tree); its topk caps the children a tree takes per node, a bound of the toolkit's (arctic takes every child above
+min_token_prob). `SuffixProposer` is what the host-proposal worker calls
 (`specdec.workers.host_proposal`).
 """
 from __future__ import annotations
