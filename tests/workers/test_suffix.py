@@ -7,10 +7,10 @@ import pytest
 
 from specdec import Engine, SamplingParams, SpecConfig, SuffixDraft
 from specdec.cli import main
+from specdec.lab import target_law
 from specdec.zoo import corpus
 from tests.helpers import (FALSE_FAILURE_RATE, assert_same_as_baseline, chi_square_pvalue, logprob_params,
                            near_bigram_target)
-from tests.helpers.oracles import exact_joint
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_suffix_sampling_is_the_exact_distribution(spec):
     V, N = 6, 3000
     target = near_bigram_target(seed=21, mix=0.5, vocab_size=V, hidden_size=16, num_attention_heads=2, init_std=0.3)
     prompt = [1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2]
-    exact = exact_joint(target, prompt, 3, 0.8, -1, 1.0)
+    exact = target_law(target, prompt, 3, SamplingParams(temperature=0.8))
     engine = Engine(target, draft=SuffixDraft(max_cached_requests=0), spec=spec, max_batch=N, max_seq_len=24)
     outs = engine.generate([prompt] * N, SamplingParams(max_new_tokens=3, temperature=0.8), seed=3)
     assert any(a > 1 for o in outs for a in o.accept_lens)  # drafts were accepted: verify decided the law
