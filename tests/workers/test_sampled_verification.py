@@ -23,6 +23,7 @@ from specdec.models.dflash import random_dflash
 from specdec.models.eagle3 import random_eagle3_head
 from specdec.models.llama import random_llama
 from specdec.models.ngram import NgramDraft
+from specdec.models.suffix import SuffixDraft
 from specdec.verify_rules import VERIFY_RULES
 from specdec.workers.graphs import DecodeGraphs
 from tests.helpers.equivalence import no_host_sync
@@ -189,6 +190,8 @@ DRAFTS = {
     "draft_lm": lambda t, S: random_llama(vocab_size=t.config.vocab_size, hidden_size=16, num_hidden_layers=1,
                                           num_attention_heads=2, seed=2),
     "ngram": lambda t, S: NgramDraft(shared=False),
+    # each path of the enumeration a request of its own: no global tree, so that no path proposes from another's
+    "suffix": lambda t, S: SuffixDraft(max_cached_requests=0),
 }
 
 
