@@ -138,8 +138,8 @@ def prompt_ids(tokenizer, prompts) -> list[list[int]]:
 
 def main_repetitive(args) -> int:
     """`specdec bench --suite repetitive`: the prompt file written to --out, then target-only and the asked drafts
-    (default: NGRAM and suffix decoding) on it at each kind's default shape, greedy unless --temperatures says
-    otherwise, one CSV beside it."""
+    (default: the kinds that need no weights, NGRAM and suffix decoding) on it at each kind's default shape (every
+    demo shape with --shapes demo or all), at each of --temperatures, one CSV beside it."""
     # lazy: the CLI imports the bench at start; the zoo loads the models on use
     from ... import zoo
     from ...draft_kinds import DRAFT_KINDS
