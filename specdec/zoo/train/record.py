@@ -163,8 +163,8 @@ class RecordedTarget(torch.nn.Module):
     recording: the batch `RecordedWindows` drew last, whose ids x must be (a prefix of). The final hidden state is the
     target's norm applied to the recorded layer-L stream. Logits, with teacher "full", are the target's LM head on that
     hidden state; with "topk", on the rows where the recording holds the target's top-k (an answer's), the recorded
-    top-k distribution (`topk_logits`), and the LM head only on the rows without (a prompt's): the LM head over the
-    whole vocabulary is most of a small draft's training step, and the answers' rows, the most, need none of it."""
+    top-k distribution (`topk_logits`), and the LM head only on the rows without (a prompt's): the draft then learns
+    the distribution the target was sampled from while it wrote the answer, and the answers' rows need no LM head."""
 
     def __init__(self, target, layers, teacher: str = "full"):
         super().__init__()
