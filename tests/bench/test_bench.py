@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from specdec import SpecConfig
-from specdec.bench.suites.acceptance import AcceptanceRow, run_benchmark
 from specdec.bench.cases import WorkerCase
 from specdec.bench.common import columns
 from specdec.bench.report.figures import load_results
 from specdec.bench.report.plots import plot_acceptance_and_speedup
+from specdec.bench.suites.acceptance import AcceptanceRow, run_benchmark
 from specdec.models import random_eagle3_head
 from tests.helpers import near_bigram_target, perfect_eagle, perfect_mtp
 
@@ -80,8 +80,8 @@ def test_kernel_benchmark_csv_schema_and_plot(tmp_path):
     """The kernel suite on a corner of the sweep: one CSV in the documented schema, and its plot."""
     import torch
 
-    from specdec.bench.suites.kernels import KernelRow, run_kernel_benchmark
     from specdec.bench.report.plots import plot_kernels
+    from specdec.bench.suites.kernels import KernelRow, run_kernel_benchmark
 
     path = run_kernel_benchmark("cpu", impls=("reference", "fast"), batch_sizes=(1, 2), num_slots=(2,),
                                 vocab_sizes=(300, 1001), dtypes=(torch.float32,), top_logprobs_nums=(0, 3),
@@ -104,8 +104,8 @@ def test_kernel_benchmark_csv_schema_and_plot(tmp_path):
 def test_e2e_benchmark_csv_schema_phases_and_plot(tmp_path, monkeypatch):
     """The e2e suite on tiny random models: one CSV in the documented schema, phase times per step that
     add up to at most the step, tokens equal to the reference's, and the plot."""
-    from specdec.bench.suites import e2e as bench_e2e
     from specdec.bench.report.plots import plot_e2e
+    from specdec.bench.suites import e2e as bench_e2e
 
     target = near_bigram_target(seed=1, mix=0.2)
     drafts = {"eagle": perfect_eagle(target), "eagle3": random_eagle3_head(target, draft_vocab_size=40, seed=2),
@@ -166,40 +166,6 @@ def test_draft_step_cost_is_a_ratio_of_two_measured_costs():
     assert abs(cost["draft_forward_in_target_only_steps"] - ratio) <= 1e-3 * ratio + 1e-4
 
 
-def test_old_csvs_read_in_todays_schema(tmp_path):
-    """A committed acceptance CSV from before the `suite` and `label` columns reads with both (the label from
-    its draft kind and shape); an e2e CSV whose `worker` held the label reads with `worker` the draft kind."""
-    from specdec.bench.report.figures import read_results
-
-    old = read_results("results/acceptance-20261130-010414.csv")
-    assert set(old["suite"]) == {"acceptance"}
-    assert list(old.columns).index("label") == list(old.columns).index("worker") + 1
-    labels = dict(zip(old["worker"], old["label"]))
-    assert labels["eagle3"].startswith("EAGLE-3 ") and labels["mtp_chain"] == "MTP Step-3.5 S3"
-    assert labels["hf-target-only"] == "transformers target-only"
-    (tmp_path / "e2e-1.csv").write_text("suite,worker,num_steps\ne2e,target-only,0\ne2e,EAGLE-3 tree S5 K4 W16,5\n"
-                                        "e2e,MTP Step-3.5 S3,3\n")
-    e2e = read_results(tmp_path / "e2e-1.csv")
-    assert list(e2e["worker"]) == ["target-only", "eagle3", "mtp_chain"]
-    (tmp_path / "acceptance-2.csv").write_text("suite,run_id,commit\nacceptance,20261202-161310,43e4079\n")
-    assert read_results(tmp_path / "acceptance-2.csv")["commit"].tolist() == ["43e4079"]  # not inf
-    assert list(e2e["label"]) == ["target-only", "EAGLE-3 tree S5 K4 W16", "MTP Step-3.5 S3"]
-    # the random model of Llama-3.2-1B's shapes, named for 1.2B parameters before its count was fixed
-    counts = read_results("results/kernel-count-20261206-200539.csv")
-    assert set(counts["model"]) == {"random-llama-1.5b"}
-
-
-def test_the_random_1b_models_name_states_its_parameter_count():
-    """Counted from its shapes on the meta device (nothing allocated): two 128,256 x 2,048 matrices (embedding and
-    untied LM head) and 16 layers of 60.8M make 1.5B, which the name in every CSV says."""
-    from specdec.bench.suites.e2e import RANDOM_1B_NAME, RANDOM_1B_SHAPES
-    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
-    with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaConfig(**RANDOM_1B_SHAPES))
-    billions = sum(p.numel() for p in model.parameters()) / 1e9
-    assert RANDOM_1B_NAME == f"random-llama-{billions:.1f}b"
-
-
 def test_the_grammar_benchmark_rows():
     pytest.importorskip("xgrammar")
     from specdec import zoo
@@ -217,70 +183,6 @@ def test_the_grammar_benchmark_rows():
     assert all(r.relative_tokens_per_s == 1.0 for r in rows if r.grammar == "none")
     fills = fill_rows(run, bundle, zoo.SMALL_NAME, 12)
     assert len(fills) == 3 and all(f.us_per_node > 0 and f.trees > 0 for f in fills)
-
-
-def test_one_plot_entry_point_draws_every_committed_schema(tmp_path):
-    """`specdec plot` over the newest committed penalties and grammar CSVs (the acceptance, kernel and e2e plots are
-    drawn by the tests above): a PNG beside each (the grammar-fill file drawn with its grammar run), and a CSV of a
-    schema with no plot is an error naming it."""
-    import shutil
-    from pathlib import Path
-
-    from PIL import Image
-
-    from specdec.cli import main
-    committed = sorted(Path("results").glob("*.csv"))
-    suites = {}
-    for f in committed:  # the newest file of each schema
-        suites[f.stem.rsplit("-", 2)[0]] = f
-    suites = {k: v for k, v in suites.items() if k in ("penalties", "grammar", "grammar-fill")}
-    assert len(suites) == 3
-    for f in suites.values():
-        shutil.copy(f, tmp_path / f.name)
-    assert main(["plot", "--results", str(tmp_path)]) == 0
-    drawn = {p.stem for p in tmp_path.glob("*.png")}
-    assert drawn == {f.stem for f in suites.values() if not f.stem.startswith("grammar-fill-")}
-    for png in tmp_path.glob("*.png"):
-        with Image.open(png) as im:
-            assert im.size[0] > 400 and im.size[1] > 200
-    (tmp_path / "odd-1.csv").write_text("suite,x\nodd,1\n")
-    assert main(["plot", str(tmp_path / "odd-1.csv")]) == 1  # the CLI's one-line error: no plot for suite 'odd'
-
-
-def test_a_tune_csv_of_the_grid_check_alone_plots_a_row_per_prompt_set(tmp_path):
-    """`specdec tune --check-tuned` writes check rows only: its plot has no empty tuning row, one row of panels per
-    prompt set (a row is as tall in both figures, the title strip aside)."""
-    from pathlib import Path
-
-    import pandas as pd
-    from PIL import Image
-
-    from specdec.bench.report.plots import plot_csv
-    tunes = [pd.read_csv(f) for f in sorted(Path("results").glob("tune-*.csv"))]
-    df = [t for t in tunes if (t["source"] == "check").any() and (t["prompt_set"] == "tuning").any()][-1]
-    sets = df.loc[df["source"] == "check", "prompt_set"].nunique()
-    df.to_csv(tmp_path / "tune-full.csv", index=False)
-    df[df["source"] == "check"].to_csv(tmp_path / "tune-check.csv", index=False)
-    with Image.open(plot_csv(tmp_path / "tune-full.csv")) as a, Image.open(plot_csv(tmp_path / "tune-check.csv")) as b:
-        row = a.size[1] - b.size[1]  # the tuning row the check-only figure leaves out
-        assert a.size[0] == b.size[0] and row > 200
-        assert abs(b.size[1] - sets * row) < row / 2
-
-
-def test_every_committed_results_csv_has_its_plot_committed_beside_it():
-    """What the notebooks and the README show is committed: a CSV written without its PNG would have notebook 02 draw
-    it (into a scratch directory) on every run, and the README point at a missing file."""
-    from pathlib import Path
-
-    from specdec.bench.report.figures import read_results
-    from specdec.bench.report.plots import SUITE_PLOTS, TABLE_SUITES
-
-    csvs = [f for f in sorted(Path("results").glob("*.csv")) if not f.stem.startswith("grammar-fill-")]
-    suites = {f: str(read_results(f)["suite"].iloc[0]) for f in csvs}
-    assert set(suites.values()) <= set(SUITE_PLOTS) | set(TABLE_SUITES)  # `specdec plot` reads every one
-    drawn = [f for f, suite in suites.items() if suite in SUITE_PLOTS]
-    assert {"acceptance", "tune"} <= {suites[f] for f in drawn}
-    assert [f.name for f in drawn if not f.with_suffix(".png").is_file()] == []
 
 
 def test_dflash_scaling_rows(tmp_path):
@@ -440,24 +342,11 @@ def test_a_shared_ngram_case_starts_every_pass_from_an_empty_index(small, tmp_pa
         assert float(row["mean_accept_len"]) == round(sum(lens) / len(lens), 4)
 
 
-def test_case_label_names_every_row_of_the_committed_acceptance_csvs():
-    """Notebook 02 labels every row of results/acceptance-*.csv: a tuned row whose bucket ran no draft (shape
-    0, 0, 1) is named by its label, a static row by its shape as `worker_label` names it."""
-    from pathlib import Path
-
-    from specdec.bench.report.figures import case_label, load_results
-    df = load_results(Path(__file__).resolve().parents[2] / "results", "acceptance-*.csv")
-    labels = df.apply(case_label, axis=1)
-    tuned = df[(df.get("shape_policy") == "tuned") & (df["num_steps"] == 0)]
-    assert len(tuned) > 0 and set(labels[tuned.index]) <= {"NGRAM tuned"}
-    static = df[(df["worker"] == "eagle") & (df["num_steps"] == 5) & (df["topk"] == 4) & (df["num_draft_tokens"] == 16)]
-    assert set(labels[static.index]) == {"EAGLE tree S5 K4 W16"}
-
-
 def test_the_reports_goals_compare_two_rows_pass_by_pass():
     """A goal's ratio is the median over passes of the per-pass ratio (computed here by hand), not the ratio of the
     two rows' median passes; a CSV without the per-pass column falls back to that ratio and says so."""
     import pandas as pd
+
     from specdec.bench.report.tables import goals_table
 
     def row(label, worker, B, passes):
@@ -516,25 +405,6 @@ def test_standalone_against_trained_heads_where_it_accepts_more():
         "| EAGLE tree S5 K4 W16 | STANDALONE tree S5 K4 W16 | 1 of 4 | 2.00 / 1.00 | 3.00x (2.00-4.00) | yes |",
         "| MTP MiMo S3 | STANDALONE tuned | 0 of 4 |  |  |  |"]  # NGRAM needs no trained head; the old row: no data
     assert accepts_more_table(df.drop(columns="cpu_s_by_batch").assign(cpu_s_by_batch="")) == ""
-
-
-def test_write_csv_never_replaces_another_runs_file(tmp_path):
-    """Two runs started in the same second share a run id and so a file name: the second keeps its rows in
-    `<stem>-2.csv` and the first's file stays as it was."""
-    import dataclasses
-
-    from specdec.bench.common import write_csv
-
-    @dataclasses.dataclass
-    class Row:
-        model: str
-
-    first = write_csv([Row("deep")], tmp_path, "tune-20261204-120606.csv")
-    second = write_csv([Row("small")], tmp_path, "tune-20261204-120606.csv")
-    third = write_csv([Row("other")], tmp_path, "tune-20261204-120606.csv")
-    assert [first.name, second.name, third.name] == ["tune-20261204-120606.csv", "tune-20261204-120606-2.csv",
-                                                     "tune-20261204-120606-3.csv"]
-    assert first.read_text().splitlines() == ["model", "deep"] and second.read_text().splitlines()[1] == "small"
 
 
 def test_each_verify_rule_runs_on_the_shapes_it_verifies():
