@@ -79,7 +79,8 @@ MODEL_PATH_HELP = ("a zoo name (`specdec zoo list`: a shipped pair, or a release
 
 DRAFT_DIR_HELP = ("a draft directory `specdec zoo train-draft` wrote for this model (its --out, or one draft's "
                   "directory), in place of the model's draft of the same kind; refused when it was trained for another "
-                  "target (repeatable)")
+                  "target (repeatable); or `scripted:0.8,0.7,0.6`, the lab's scripted draft of that agreement by "
+                  "depth with the target's own continuations (specdec.lab.scripted)")
 
 PROMPTS_HELP = ("a prompt file, one prompt a line: MT-Bench's and Spec-Bench's JSON lines ({\"question_id\", "
                 "\"category\", \"turns\": [...]}), chat lines ({\"messages\": [...]}) or plain text (default: the "

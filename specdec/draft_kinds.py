@@ -189,7 +189,11 @@ class DraftKind:
     layers_per_forward: whether one of those forwards runs every draft layer ("all") or one of them ("one": MTP layer
     k drafts token k);
     gpu_e2e_specs: the shapes the GPU one-shot's e2e part runs (`specdec.gpu_check.decode.e2e_cases`; one per kind:
-    the EAGLE tree as the headline, the other kinds' chain or block), among its demo_specs."""
+    the EAGLE tree as the headline, the other kinds' chain or block), among its demo_specs;
+    from_text: "module:function" called (target, text) -> a draft of this kind for `target` made from the text after
+    its name in `--draft NAME:TEXT` (the scripted draft's rates), None when the kind is not given so;
+    gpu_e2e_graphs_only: the GPU one-shot's e2e part runs it on the fast path with CUDA graphs at B = 1 and 32 only
+    (the scripted draft: its rows measure what a draft of its agreement gains, not an implementation)."""
 
     name: str
     label: str
@@ -211,6 +215,8 @@ class DraftKind:
     forwards_per_step: Callable[[int], int] | None = None
     layers_per_forward: str = "all"
     gpu_e2e_specs: tuple[SpecConfig, ...] = ()
+    from_text: str | Callable | None = None
+    gpu_e2e_graphs_only: bool = False
 
     def model_class(self) -> type:
         return self._resolve("model", self.model)
@@ -247,6 +253,12 @@ class DraftKind:
     def untrained_draft(self):
         """A fresh draft of this kind that needs no weights, or None when the kind needs trained ones."""
         return self._resolve("untrained", self.untrained)() if self.untrained else None
+
+    def draft_from_text(self, target, text: str):
+        """The draft `--draft NAME:TEXT` names (`from_text`); ValueError when the kind is not given so."""
+        if self.from_text is None:
+            raise ValueError(f"draft kind {self.name!r} is not given as '{self.name}:...' (a draft directory is)")
+        return self._resolve("from_text", self.from_text)(target, text)
 
     def new_random_draft(self, target):
         """An untrained draft of this kind for `target` (random weights; NGRAM's needs none), or None when the kind
@@ -294,7 +306,8 @@ def register(kind: DraftKind) -> DraftKind:
             raise ValueError(f"draft kind {kind.name!r}: {what} must be a function of the SpecConfig, got "
                              f"{getattr(kind, what)!r}")
     paths = [("model", kind.model), ("worker", kind.worker)]
-    paths += [(what, getattr(kind, what)) for what in ("loader", "untrained", "random_draft") if getattr(kind, what)]
+    paths += [(what, getattr(kind, what)) for what in ("loader", "untrained", "random_draft", "from_text")
+              if getattr(kind, what)]
     if kind.zoo is not None:
         paths += [("zoo.trainer", kind.zoo.trainer), ("zoo.evaluator", kind.zoo.evaluator)]
         paths += [("zoo.target_opts", kind.zoo.target_opts)] if kind.zoo.target_opts else []
@@ -480,6 +493,16 @@ register(DraftKind(
                              "gamma": 4.0, "norm_from_target": True}),
                  "DFlash block drafter ({num_hidden_layers} layers, block {block_size}, context from target layers "
                  "{target_layer_ids})", card_cost=True, target_opts=f"{_FOR_TARGET}:dflash_target_opts")))
-
+# the lab's draft of set quality: the target's own greedy continuation, departed from at set rates by depth (a
+# benchmark device: what a trained draft of that agreement would gain on any target, outputs exact). Its chain is as
+# deep as its default rates; no zoo draft, and none offered unasked (`--draft scripted:RATES` gives one)
+_SCRIPTED_CHAIN = SpecConfig(5, 1)
+register(DraftKind(
+    name="scripted", label="SCRIPTED", model="specdec.lab.scripted:ScriptedDraft",
+    worker="specdec.workers.host_proposal:HostProposalWorker", kv_margin=verify_only_kv_margin,
+    shape_label=tree_shape_label, demo_specs=(_SCRIPTED_CHAIN, TREE), e2e_specs=(_SCRIPTED_CHAIN, TREE),
+    random_draft="specdec.lab.scripted:scripted_draft_for", from_text="specdec.lab.scripted:draft_from_text",
+    samples_drafts=False, forwards_per_step=no_forward, gpu_e2e_specs=(_SCRIPTED_CHAIN, TREE),
+    gpu_e2e_graphs_only=True))
 #: the kinds the package ships, registered above; `unregister` refuses them
 BUILT_IN: tuple[str, ...] = tuple(_KINDS)

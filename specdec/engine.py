@@ -351,6 +351,18 @@ class Engine:
         with self._lock, torch.inference_mode():
             return self._generate(prompts, params, seed, stream)
 
+    def prepare(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> None:
+        """Let the draft do ahead of time the work it does once per request (a `ScriptedDraft` computes the target's
+        continuation of each prompt, `specdec.lab.scripted`); nothing for the other drafts. The benchmarks call it
+        before their timed passes, so that work is not timed; `generate` would otherwise do it when it meets the
+        request. Arguments as `generate`'s."""
+        prepare = getattr(self.draft, "prepare", None)
+        if prepare is None:
+            return
+        with self._lock, torch.inference_mode():
+            prompts, params, _ = self._validate(prompts, params)
+            prepare(prompts, params)
+
     def flush_cache(self) -> None:
         """Forget what the draft has learned across requests (SGLang's `flush_cache`, which clears the NGRAM worker's
         cache pool): an `NgramDraft(shared=True)`'s index over every sequence decoded so far. The next request then

@@ -466,7 +466,7 @@ class NgramProposer:
         if d.shared:
             self.shared_trie = NgramTrie(d.max_trie_depth, d.capacity)
 
-    def start(self, prompts: list[list[int]]) -> None:
+    def start(self, prompts: list[list[int]], params=None) -> None:
         d = self.draft
         shared = self.shared_trie
         self._tries = [shared if shared is not None else NgramTrie(d.max_trie_depth, d.capacity) for _ in prompts]

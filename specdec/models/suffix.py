@@ -356,7 +356,7 @@ class SuffixProposer:
     def bounds(self, num_steps: int, topk: int) -> tuple[int, int]:
         return self.draft.bounds(num_steps, topk)
 
-    def start(self, prompts: list[list[int]]) -> None:
+    def start(self, prompts: list[list[int]], params=None) -> None:
         """A new batch: the last batch's requests stopped, each new one's tree built over its prompt."""
         for key in self._keys:
             self.cache.stop_request(key)

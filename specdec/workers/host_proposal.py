@@ -1,9 +1,11 @@
 """HostProposalWorker: the model-free drafts, a tree of continuations proposed on the host and verified by the
-same tree verify, commit, penalties, grammar masks and logprobs as EagleWorkerV2. Two proposers serve it, each
-made by its draft (`draft.new_proposer()`): SGLang's NGRAM trie (`specdec.models.ngram.NgramProposer`) and
-suffix decoding's suffix trees (`specdec.models.suffix.SuffixProposer`).
+same tree verify, commit, penalties, grammar masks and logprobs as EagleWorkerV2. Three proposers serve it, each
+made by its draft (`draft.new_proposer()`): SGLang's NGRAM trie (`specdec.models.ngram.NgramProposer`),
+suffix decoding's suffix trees (`specdec.models.suffix.SuffixProposer`) and the lab's scripted draft, the target's
+own continuation at set agreement rates (`specdec.lab.scripted.ScriptedProposer`).
 
-A proposer is an object with `start(prompts)` (a new batch), `filter(keep)` (the requests kept, in order),
+A proposer is an object with `start(prompts, params)` (a new batch and its requests' SamplingParams), `filter(keep)`
+(the requests kept, in order),
 `propose(seqs, new, max_nodes, depth, breadth)` (each request's tokens so far and those the last step emitted ->
 its tree as (token, parent) nodes, parent 0 the root, node i >= 1 the i-th, every parent before its children) and
 `clear()` (forget what it learned across requests: `Engine.flush_cache`). Its draft states the tree's bounds under a
@@ -108,7 +110,9 @@ class HostProposalWorker(SpeculativeWorkerBase):
     def check_draft(self, target, draft) -> None:
         if not callable(getattr(draft, "new_proposer", None)):
             raise ValueError(f"HostProposalWorker drafts with a draft that makes a proposer (NgramDraft, "
-                             f"SuffixDraft), got {type(draft).__name__}")
+                             f"SuffixDraft, ScriptedDraft), got {type(draft).__name__}")
+        if getattr(draft, "target", target) is not target:
+            raise ValueError(f"{type(draft).__name__} was made for another target than the engine's (its `target`)")
 
     def caches(self) -> list[KVCache]:
         return [self.cache]
@@ -121,7 +125,7 @@ class HostProposalWorker(SpeculativeWorkerBase):
     def start(self, prompts, params, seed, grammars=None) -> None:
         super().start(prompts, params, seed, grammars)
         self._seqs = [[int(t) for t in p] for p in prompts]
-        self.proposer.start(self._seqs)
+        self.proposer.start(self._seqs, self.params)
 
     def filter(self, keep: list[int]) -> None:
         super().filter(keep)

@@ -281,9 +281,14 @@ def drafts_of(path) -> dict[str, Path]:
 
 def add_drafts(bundle: Bundle, path) -> list[str]:
     """The drafts of a draft directory (`drafts_of`) into `bundle.drafts`, on its target's device and dtype, in place
-    of a draft of the same kind -> the kinds added. A draft whose config.json names another target's fingerprint
+    of a draft of the same kind -> the kinds added; `KIND:TEXT` (`scripted:0.8,0.7`) adds the draft a kind makes
+    from text (`DraftKind.draft_from_text`). A draft whose config.json names another target's fingerprint
     (`specdec_target_fingerprint`, as train-draft writes it), a directory that holds none, or a draft that does not
     fit the target is a one-line ValueError."""
+    kind, colon, text = str(path).partition(":")
+    if colon and kind in DRAFT_KINDS and not Path(path).exists():  # `scripted:0.8,0.7`: a draft made from text
+        bundle.drafts[kind] = DRAFT_KINDS[kind].draft_from_text(bundle.target, text)
+        return [kind]
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"draft directory {str(path)!r}: no such directory")

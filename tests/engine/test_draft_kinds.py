@@ -15,7 +15,7 @@ from specdec.workers import EagleWorkerV2, MultiLayerEagleWorkerV2
 from specdec.zoo.train import DRAFTS, STAGES, default_opts
 from tests.helpers import bigram_target, perfect_eagle
 
-SHIPPED = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "suffix", "draft_lm", "dflash")
+SHIPPED = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "suffix", "draft_lm", "dflash", "scripted")
 #: the kinds the zoo trains and ships weights of
 ZOO = ("eagle", "eagle3", "mtp", "mtp_chain", "draft_lm", "dflash")
 
@@ -36,15 +36,15 @@ def test_the_shipped_kinds_and_what_reads_them():
     # the demo's order, written out: the kinds side by side at each shape (MTP's S3 chain is the chain S3)
     assert [c.label for c in CASES] == [
         "target-only", "EAGLE tree S5 K4 W16", "EAGLE-3 tree S5 K4 W16", "NGRAM tree S5 K4 W16",
-        "SUFFIX tree S5 K4 W16", "STANDALONE tree S5 K4 W16", "EAGLE chain S3", "EAGLE-3 chain S3", "MTP MiMo S3",
-        "MTP Step-3.5 S3", "NGRAM chain S3", "SUFFIX chain S3", "STANDALONE chain S3", "SUFFIX chain S24",
-        "DFlash block 8"]
+        "SUFFIX tree S5 K4 W16", "STANDALONE tree S5 K4 W16", "SCRIPTED tree S5 K4 W16", "EAGLE chain S3",
+        "EAGLE-3 chain S3", "MTP MiMo S3", "MTP Step-3.5 S3", "NGRAM chain S3", "SUFFIX chain S3",
+        "STANDALONE chain S3", "SUFFIX chain S24", "DFlash block 8", "SCRIPTED chain S5"]
     assert [c.label for c in CASES if not c.e2e] == ["NGRAM tree S5 K4 W16", "SUFFIX tree S5 K4 W16",
                                                      "STANDALONE tree S5 K4 W16", "EAGLE-3 chain S3",
                                                      "MTP Step-3.5 S3", "SUFFIX chain S3", "SUFFIX chain S24"]
     assert [c.kind for c in by_kind(CASES)] == ["target-only", "eagle", "eagle", "eagle3", "eagle3", "mtp",
                                                 "mtp_chain", "ngram", "ngram", "suffix", "suffix", "suffix",
-                                                "draft_lm", "draft_lm", "dflash"]
+                                                "draft_lm", "draft_lm", "dflash", "scripted", "scripted"]
     assert [kind_of_label(c.label) for c in CASES] == [c.kind for c in CASES]
     opts = default_opts()
     assert list(opts) == list(STAGES) and "draft_vocab_size" not in opts["eagle3"].extra  # the whole vocabulary
@@ -83,7 +83,7 @@ def test_labels():
     assert worker_label("eagle3", SpecConfig(4, 2, 7)) == "EAGLE-3 tree S4 K2 W7"
     assert worker_label("mtp_chain", SpecConfig(2)) == "MTP Step-3.5 S2"
     with pytest.raises(ValueError, match=r"unknown draft kind 'eagle4'; registered: eagle, eagle3, mtp, mtp_chain, "
-                                         r"ngram, suffix, draft_lm, dflash"):
+                                         r"ngram, suffix, draft_lm, dflash, scripted"):
         worker_label("eagle4", SpecConfig(3))
 
 
@@ -92,7 +92,7 @@ def test_a_draft_no_kind_claims_is_a_value_error_naming_the_kinds():
     with pytest.raises(ValueError, match=r"draft must be the model of a draft kind \(EagleDraftHead: eagle; "
                                          r"Eagle3DraftHead: eagle3; MTPDraftModel: mtp, mtp_chain; NgramDraft: "
                                          r"ngram; SuffixDraft: suffix; LlamaForCausalLM: draft_lm; DFlashDraftModel: "
-                                         r"dflash\), got Linear"):
+                                         r"dflash; ScriptedDraft: scripted\), got Linear"):
         Engine(target, torch.nn.Linear(2, 2), SpecConfig(3))
 
 

