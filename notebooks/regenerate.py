@@ -9,7 +9,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 NOTEBOOKS = ["01_correctness_walkthrough.ipynb", "02_results_viewer.ipynb", "03_structured_output.ipynb",
-             "04_real_model.ipynb"]
+             "04_real_model.ipynb", "05_a_new_idea.ipynb"]
 
 
 def main() -> int:

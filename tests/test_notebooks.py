@@ -15,7 +15,7 @@ MAX_NOTEBOOK_BYTES = 1_000_000
 
 
 @pytest.mark.parametrize("name", ["01_correctness_walkthrough.ipynb", "02_results_viewer.ipynb",
-                                  "03_structured_output.ipynb", "04_real_model.ipynb"])
+                                  "03_structured_output.ipynb", "04_real_model.ipynb", "05_a_new_idea.ipynb"])
 def test_notebook_runs(name):
     if name.startswith("03"):
         pytest.importorskip("xgrammar")
