@@ -37,3 +37,30 @@ def small():
     """The shipped small pair (`specdec.zoo.SMALL_NAME`)."""
     from specdec import zoo
     return zoo.load(zoo.SMALL_NAME)
+
+
+#: The modules with tests of a minute or more of one core, run first: `-n auto` hands the tests out in collection
+#: order, so a long one collected late keeps one worker busy while the others have finished. Whole modules move, so
+#: that a module's fixtures are still set up once per worker (an entry that matches nothing costs nothing).
+RUN_FIRST = (
+    "tests/test_notebooks.py",
+    "tests/gpu_check/test_gpu_check.py",
+    "tests/bench/test_kernel_count.py",
+    "tests/models/test_gguf.py",
+    "tests/workers/test_sampled_verification.py",
+    "tests/workers/test_fast_workers.py",
+    "tests/engine/test_penalties.py",
+    "tests/bench/test_bench_real_target.py",
+    "tests/workers/test_eagle3.py",
+    "tests/zoo/test_deep_pair.py",
+    "tests/zoo/test_real_drafts.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules of `RUN_FIRST` first, in its order, then the rest in collection order: a stable reorder, the same
+    in every xdist worker."""
+    def rank(item):
+        path = item.nodeid.split("::")[0]
+        return RUN_FIRST.index(path) if path in RUN_FIRST else len(RUN_FIRST)
+    items.sort(key=rank)

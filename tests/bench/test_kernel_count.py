@@ -4,6 +4,8 @@ budget (`KERNEL_BUDGETS`), and issues at most `EAGER_OPS_GOAL` of them outside i
 when a change adds kernels to a step."""
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -101,11 +103,33 @@ def budgeted_case(label):
     return cases[0]
 
 
+PER_LAYER = ("total_kernels", "aten_kernels", "triton_launches", "body_kernels")
+
+
+def at_e2e_depth(one: dict, two: dict) -> dict:
+    """The counts of one step on 1 and 2 target layers -> its counts at the e2e model's depth (`E2E_LAYERS`): the
+    second layer's launches repeated, as `test_a_step_adds_the_same_launches_with_each_layer` checks they are.
+    (Counting under the interpreter costs CPU seconds per layer.)"""
+    deep = dict(two)
+    deep.update({k: two[k] + (kc.E2E_LAYERS - 2) * (two[k] - one[k]) for k in PER_LAYER})
+    deep["by_op"] = two["by_op"] + Counter({op: (kc.E2E_LAYERS - 2) * (n - one["by_op"][op])
+                                            for op, n in two["by_op"].items() if n > one["by_op"][op]})
+    return deep
+
+
+@interpreted
+def test_a_step_adds_the_same_launches_with_each_layer():
+    one, two, three = (kc.count_step_kernels("target-only", 1, "fast", num_layers=n) for n in (1, 2, 3))
+    assert {k: two[k] - one[k] for k in PER_LAYER} == {k: three[k] - two[k] for k in PER_LAYER}, (one, two, three)
+    assert two["by_op"] - one["by_op"] == three["by_op"] - two["by_op"]
+    assert one["eager_ops"] == two["eager_ops"] == three["eager_ops"] and one["eager_by_op"] == three["eager_by_op"]
+
+
 @interpreted
 @pytest.mark.parametrize("label", sorted(kc.KERNEL_BUDGETS))
 def test_decode_step_stays_within_its_kernel_budget(label):
     case = budgeted_case(label)
-    c = kc.count_step_kernels(case.kind, 1, "fast", spec=case.spec)
+    c = at_e2e_depth(*(kc.count_step_kernels(case.kind, 1, "fast", spec=case.spec, num_layers=n) for n in (1, 2)))
     assert c["label"] == label
     assert c["total_kernels"] == c["aten_kernels"] + c["triton_launches"] == c["body_kernels"] + c["eager_ops"]
     assert c["host_reads"] == 0, "a decode body must not read a device value on the host"

@@ -284,9 +284,9 @@ def _draft_and_spec(worker_kind: str, target, spec):
 
 def count_step_kernels(worker_kind: str = "target-only", batch_size: int = 1, impl: str = "fast", width: int = 64,
                        spec=None, vocab_size: int = 512, dtype=torch.bfloat16, prompt_len: int = 8,
-                       return_logprob: bool = True) -> dict:
+                       return_logprob: bool = True, num_layers: int = E2E_LAYERS) -> dict:
     """The kernels of one decode step of `worker_kind` ("target-only" or a draft kind, its random draft, at `spec`
-    or the kind's default shape) on `e2e_structure_target(width)`, after B = `batch_size` prompts are prefilled
+    or the kind's default shape) on `e2e_structure_target(width)` (of `num_layers` layers), after B = `batch_size` prompts are prefilled
     and one warm-up step has run (the step's argument checks and the kernels' first-use work are then done).
 
     The step runs through `DecodeGraphs(worker, capture=False)`, as a GPU runs it as a CUDA graph (the module
@@ -302,7 +302,7 @@ def count_step_kernels(worker_kind: str = "target-only", batch_size: int = 1, im
             raise ValueError("impl='fast' is counted under Triton's CPU interpreter, which is off in this process "
                              "(CUDA is present, or TRITON_INTERPRET turns it off): use impl='reference' or a "
                              "machine without CUDA")
-    target = e2e_structure_target(width, vocab_size, dtype)
+    target = e2e_structure_target(width, vocab_size, dtype, num_layers)
     draft, spec = _draft_and_spec(worker_kind, target, spec)
     engine = Engine(target, draft, spec, impl=impl, max_batch=batch_size, max_seq_len=prompt_len + 64,
                     preallocate=True)  # its worker is wrapped before the call
