@@ -16,6 +16,7 @@ import inspect
 import os
 import re
 import sys
+import threading
 
 import torch
 
@@ -56,6 +57,8 @@ def use_interpreter_without_cuda() -> bool:
         _interpret_language_functions()
     _squeeze_scalar_index()
     _reuse_language_builtins()
+    _patch_language_once_per_launch()
+    _memoize_numpy_dtypes()
     return True
 
 
@@ -130,6 +133,92 @@ def _reuse_language_builtins() -> bool:
 
     reusing_patch_builtin._reuses_builtins = True
     interpreter._patch_builtin = reusing_patch_builtin
+    return True
+
+
+def _patch_language_once_per_launch() -> bool:
+    """Make a device-function call inside a launch keep the launch's language patch instead of making its own.
+
+    A launch swaps triton's language builtins for interpreted ones and restores them when it ends; every call of one
+    `@triton.jit` function from another made the whole swap again (and never restored it, since the launch's restore
+    does), which was an eighth of an interpreted sampling step's host time (a cProfile of the fast-path tests). Inside
+    a launch, a call whose function sees no language module beyond those the launch patched now patches nothing;
+    outside a launch, or for a module the launch did not patch, triton's patch runs as before. Returns whether the
+    wrap is in place."""
+    try:
+        # lazy: TRITON_INTERPRET must be set (fast/__init__) before triton is imported
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    patch_lang = getattr(interpreter, "_patch_lang", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    if patch_lang is None or executor is None or scope_type is None:  # another layout: nothing known to speed up
+        return False
+    if getattr(patch_lang, "_once_per_launch", False):
+        return True
+    launch = threading.local()  # the language modules the running launch has patched (None: no launch running)
+    languages = {}
+
+    def languages_of(fn) -> frozenset:
+        key = id(fn.__globals__)
+        if key not in languages:
+            languages[key] = frozenset(id(v) for v in list(fn.__globals__.values())
+                                       if inspect.ismodule(v) and (v is tl or v is tl.core))
+        return languages[key]
+
+    def patch_lang_once(fn):
+        patched, needed = getattr(launch, "patched", None), languages_of(fn)
+        if patched is not None and needed <= patched:
+            return scope_type()  # the launch's patch covers this call; nothing to restore
+        scope = patch_lang(fn)
+        if patched is not None:
+            launch.patched = patched | needed
+        return scope
+
+    run_grid = executor.__call__
+
+    def run_grid_patching_once(self, *args, **kwargs):
+        launch.patched = frozenset()
+        try:
+            return run_grid(self, *args, **kwargs)
+        finally:
+            launch.patched = None
+
+    patch_lang_once._once_per_launch = True
+    interpreter._patch_lang = patch_lang_once
+    executor.__call__ = run_grid_patching_once
+    return True
+
+
+def _memoize_numpy_dtypes() -> bool:
+    """The interpreter maps a triton dtype to its numpy dtype by building a table of twenty numpy dtypes on every call,
+    several times per interpreted operation; the answer for each triton dtype is kept here. Returns whether the wrap is
+    in place."""
+    try:
+        # lazy: TRITON_INTERPRET must be set (fast/__init__) before triton is imported
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    get_np_dtype = getattr(interpreter, "_get_np_dtype", None)
+    if get_np_dtype is None:  # another layout: nothing known to speed up
+        return False
+    if getattr(get_np_dtype, "_memoized", False):
+        return True
+    found = {}
+
+    def memoized_np_dtype(tt_dtype):
+        try:
+            return found[tt_dtype]
+        except KeyError:
+            result = found[tt_dtype] = get_np_dtype(tt_dtype)
+            return result
+        except TypeError:  # an unhashable type: asked each time
+            return get_np_dtype(tt_dtype)
+
+    memoized_np_dtype._memoized = True
+    interpreter._get_np_dtype = memoized_np_dtype
     return True
 
 
