@@ -287,7 +287,8 @@ def count_step_kernels(worker_kind: str = "target-only", batch_size: int = 1, im
                        return_logprob: bool = True, num_layers: int = E2E_LAYERS) -> dict:
     """The kernels of one decode step of `worker_kind` ("target-only" or a draft kind, its random draft, at `spec`
     or the kind's default shape) on `e2e_structure_target(width)` (of `num_layers` layers), after B = `batch_size`
-    prompts are prefilled and one warm-up step has run (the step's argument checks and the kernels' first-use work are then done).
+    prompts are prefilled and one warm-up step has run (the step's argument checks and the kernels' first-use work
+    are then done).
 
     The step runs through `DecodeGraphs(worker, capture=False)`, as a GPU runs it as a CUDA graph (the module
     docstring says what is counted where). Greedy, logprobs returned (the e2e suite's requests). -> dict:
