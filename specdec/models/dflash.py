@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -52,20 +53,27 @@ class DFlashConfig(DraftConfig):
     mask_token_id: int = 0
     num_target_layers: int | None = None
 
+    #: where config.json holds the drafter's own fields (z-lab's: in `dflash_config`), for the error messages
+    FIELDS_AT: ClassVar[str] = "dflash_config."
+    #: the smallest context layer id (z-lab's: 0, the output of target layer 0)
+    LOWEST_LAYER_ID: ClassVar[int] = 0
+    #: the smallest block (z-lab's: the last verified token and at least one mask token)
+    SMALLEST_BLOCK: ClassVar[int] = 2
+
     def __post_init__(self):
         super().__post_init__()
-        self.block_size = check_int("config field block_size", self.block_size, 2)
+        at = self.FIELDS_AT
+        self.block_size = check_int("config field block_size", self.block_size, self.SMALLEST_BLOCK)
         if not isinstance(self.target_layer_ids, (list, tuple)) or not self.target_layer_ids:
-            raise ValueError(f"config field dflash_config.target_layer_ids must be a non-empty list of layer ids, "
+            raise ValueError(f"config field {at}target_layer_ids must be a non-empty list of layer ids, "
                              f"got {self.target_layer_ids!r}")
-        self.target_layer_ids = [check_int(f"config field dflash_config.target_layer_ids[{j}]", i, 0)
+        self.target_layer_ids = [check_int(f"config field {at}target_layer_ids[{j}]", i, self.LOWEST_LAYER_ID)
                                  for j, i in enumerate(self.target_layer_ids)]
-        self.mask_token_id = check_int("config field dflash_config.mask_token_id", self.mask_token_id, 0,
-                                       self.vocab_size - 1)
+        self.mask_token_id = check_int(f"config field {at}mask_token_id", self.mask_token_id, 0, self.vocab_size - 1)
         if self.num_target_layers is not None:
             self.num_target_layers = check_int("config field num_target_layers", self.num_target_layers, 1)
         if self.model_type != "qwen3":
-            raise ValueError(f"config field model_type={self.model_type!r}: a DFlash drafter's layers are Qwen3's "
+            raise ValueError(f"config field model_type={self.model_type!r}: a block drafter's layers are Qwen3's "
                              f"(q and k norms)")
 
 
@@ -94,18 +102,20 @@ class DFlashDraftModel(DraftModelBase):
     that fills the block after the last verified one."""
 
     architecture = "DFlashDraftModel"
+    #: how the error messages name the drafter
+    label = "DFlash"
 
     def __init__(self, config: DFlashConfig, target):
         super().__init__(config, target)
         L = target.config.num_hidden_layers
         if config.num_target_layers is not None and config.num_target_layers != L:
-            raise ValueError(f"DFlash drafter num_target_layers={config.num_target_layers} does not match the "
+            raise ValueError(f"{self.label} drafter num_target_layers={config.num_target_layers} does not match the "
                              f"target's num_hidden_layers={L}")
         bad = [i for i in config.target_layer_ids if i > L - 2]
         if bad:
-            raise ValueError(f"DFlash drafter target_layer_ids {bad} do not fit the target's {L} layers: ids "
-                             f"0..{L - 2} (the last layer's output is read normed by transformers and is not "
-                             f"implemented)")
+            raise ValueError(f"{self.label} drafter target_layer_ids {bad} do not fit the target's {L} layers: ids "
+                             f"{config.LOWEST_LAYER_ID}..{L - 2} (the last layer's output is read normed by "
+                             f"transformers and is not implemented)")
         H, nf = config.hidden_size, len(config.target_layer_ids)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.fc = Linear(nf * H, H, bias=False)
@@ -136,6 +146,11 @@ class DFlashDraftModel(DraftModelBase):
         context keys and values are projected from."""
         return self.hidden_norm(self.fc(features.to(self.dtype)))
 
+    def embed(self, input_ids):
+        """input_ids (B, T) -> the block's input embeddings (B, T, H) in the drafter's dtype: the target's
+        embedding."""
+        return self.target.embed(input_ids).to(self.dtype)
+
     def compute_logits(self, hidden):
         """hidden: (..., H), the drafter's (normed) output -> logits (..., V) through the target's LM head, in its
         dtype."""
@@ -160,7 +175,7 @@ class DFlashDraftModel(DraftModelBase):
         """The block. input_ids, positions: (B, T) int64 (the last verified token then mask tokens); meta: the
         block's slots past the committed context, its tree mask all ones (non-causal) -> ModelOutput: logits
         (B, T, V) fp32 (None unless return_logits), hidden (B, T, H) normed (what the LM head reads)."""
-        x = self.target.embed(input_ids).to(self.dtype)
+        x = self.embed(input_ids)
         cos, sin = self._rope(positions, cache)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.layer(i), meta)
@@ -173,7 +188,7 @@ class DFlashDraftModel(DraftModelBase):
         blocks side by side); mask: (B or 1, Tb, Tc + Tb) bool, which context and block keys each block query
         sees -> hidden (B, Tb, H) normed. Gradients flow (the trainer's path)."""
         ctx = self.project_context(features)
-        x = self.target.embed(input_ids).to(self.dtype)
+        x = self.embed(input_ids)
         cos_c, sin_c = self._rope(ctx_positions)
         cos_b, sin_b = self._rope(positions)
         for layer in self.layers:
@@ -322,17 +337,19 @@ def read_dflash_config(path, num_target_layers: int) -> DFlashConfig:
 
 
 def dflash_config_like(target, num_layers: int, block_size: int, target_layer_ids=None, mask_token_id: int = 0,
-                       **overrides) -> DFlashConfig:
+                       config_class=None, heads=None, **overrides) -> DFlashConfig:
     """A DFlash drafter's config with the target's decoder shape (`draft_config_like`, `overrides` on top),
-    z-lab's default context layers (`build_target_layer_ids`, clipped to 0..L-2) unless given."""
+    z-lab's default context layers (`build_target_layer_ids`, clipped to 0..L-2) unless given. config_class: a
+    subclass of DFlashConfig to build instead (DSpark's), with its own fields `heads` (a dict)."""
     base = draft_config_like(target, num_layers, **overrides)
     kw = {f: getattr(base, f) for f in DraftConfig.__dataclass_fields__}
     kw["model_type"] = "qwen3"
     L = target.config.num_hidden_layers
     if target_layer_ids is None:  # z-lab's rule, clipped to the layers a shallow target has
         target_layer_ids = sorted({min(max(i, 0), max(L - 2, 0)) for i in build_target_layer_ids(L, num_layers)})
-    return DFlashConfig(**kw, block_size=block_size, mask_token_id=mask_token_id, num_target_layers=L,
-                        target_layer_ids=list(target_layer_ids))
+    return (config_class or DFlashConfig)(**kw, block_size=block_size, mask_token_id=mask_token_id,
+                                          num_target_layers=L, target_layer_ids=list(target_layer_ids),
+                                          **(heads or {}))
 
 
 def random_dflash(target, num_layers: int = 1, block_size: int = 4, target_layer_ids=None, mask_token_id: int = 0,

@@ -9,6 +9,7 @@ draws the logprob helper's random batches; `penalties` and `grammars` decode pla
 and with masks from fresh xgrammar matchers.
 """
 from .dflash import dflash_logits_from_tensors
+from .dspark import dspark_block_from_tensors
 from .distributions import NEG_INF, oracle_softmax, oracle_top_k, oracle_top_p, plackett_luce, softmax_filtered
 from .grammars import grammar_allowed, grammar_greedy_decode, grammar_stops
 from .logprob_cases import random_logprob_case
@@ -20,7 +21,7 @@ from .trees import (FAST_GRID, FIXED_DRAFT_TOKENS, FIXED_PARENT, FIXED_PARENT_LI
                     valid_verify_inputs)
 
 __all__ = [
-    "dflash_logits_from_tensors",
+    "dflash_logits_from_tensors", "dspark_block_from_tensors",
     "NEG_INF", "oracle_softmax", "oracle_top_k", "oracle_top_p", "plackett_luce", "softmax_filtered",
     "grammar_allowed", "grammar_greedy_decode", "grammar_stops", "random_logprob_case", "penalised_greedy_decode",
     "penalised_row64", "FAST_GRID",

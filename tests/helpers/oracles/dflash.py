@@ -7,9 +7,14 @@ import torch
 def dflash_logits_from_tensors(sd: dict, cfg: dict, embed, lm_head, features, block_ids) -> torch.Tensor:
     """z-lab's DFlash forward written out in float64 from a checkpoint's raw tensors (`sd`, names as z-lab's
     safetensors hold them) and config.json (`cfg`), for one request: the context features (Tc, F*H) at positions
-    0..Tc-1, the block `block_ids` (bs,) at Tc..Tc+bs-1 -> logits (bs, V) through the target's `lm_head` (V, H).
-    Every block query attends to every context key and every block key (non-causal); q and k RMS-normed per head,
-    rotate-half RoPE, SwiGLU MLP; the context is hidden_norm(fc(features)), the same for every layer."""
+    0..Tc-1, the block `block_ids` (bs,) at Tc..Tc+bs-1 -> logits (bs, V) through the target's `lm_head` (V, H)."""
+    return block_hidden_from_tensors(sd, cfg, embed, features, block_ids) @ lm_head.double().T
+
+
+def block_hidden_from_tensors(sd: dict, cfg: dict, embed, features, block_ids) -> torch.Tensor:
+    """The block forward DFlash and DSpark share, in float64 -> the block's normed outputs (bs, H). Every block
+    query attends to every context key and every block key (non-causal); q and k RMS-normed per head, rotate-half
+    RoPE, SwiGLU MLP; the context is hidden_norm(fc(features)), the same for every layer."""
     f64 = {k: v.double() for k, v in sd.items()}
     eps, theta = cfg["rms_norm_eps"], cfg.get("rope_theta", 10000.0)
     Hq, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -46,4 +51,4 @@ def dflash_logits_from_tensors(sd: dict, cfg: dict, embed, lm_head, features, bl
         x = rms(h, w["post_attention_layernorm.weight"])
         gate, up = x @ w["mlp.gate_proj.weight"].T, x @ w["mlp.up_proj.weight"].T
         h = h + (torch.nn.functional.silu(gate) * up) @ w["mlp.down_proj.weight"].T
-    return rms(h, f64["norm.weight"]) @ lm_head.double().T
+    return rms(h, f64["norm.weight"])
