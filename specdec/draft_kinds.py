@@ -89,6 +89,17 @@ def trained_block(draft) -> SpecConfig:
     return SpecConfig(draft.config.block_size - 1)
 
 
+def dspark_shape_label(spec: SpecConfig) -> str:
+    """`block 7`: a DSpark block of S positions, each proposing (the last verified token then S - 1 mask tokens),
+    verified up to its confidence cap."""
+    return f"block {spec.num_steps}"
+
+
+def dspark_trained_block(draft) -> SpecConfig:
+    """The chain a DSpark drafter runs by default: its trained block, every position proposing (S = block_size)."""
+    return SpecConfig(draft.config.block_size)
+
+
 def tree_shape_label(spec: SpecConfig) -> str:
     """`chain S3` for K = 1, `tree S5 K4 W16` otherwise."""
     if spec.topk == 1:
@@ -504,5 +515,14 @@ register(DraftKind(
     random_draft="specdec.lab.scripted:scripted_draft_for", from_text="specdec.lab.scripted:draft_from_text",
     samples_drafts=False, forwards_per_step=no_forward, gpu_e2e_specs=(_SCRIPTED_CHAIN, TREE),
     gpu_e2e_graphs_only=True))
+# a block drafter with a Markov head that chooses the block token after token and a confidence head that caps how
+# much of it is verified (DeepSeek's DSpark, SGLang's DSPARK); the cap is per request and per step, on the device
+register(DraftKind(
+    name="dspark", label="DSpark", model="specdec.models.dspark:DSparkDraftModel",
+    worker="specdec.workers.dspark:DSparkWorker", kv_margin=block_kv_margin, shape_label=dspark_shape_label,
+    spec_of_model=dspark_trained_block, forwards_per_step=one_forward,
+    # random: DFlash's speed draft (two layers at the target's width) with DeepSpec's block of 7
+    random_draft="specdec.models.dspark:random_dspark", random_draft_config={"num_layers": 2, "block_size": 7}))
+
 #: the kinds the package ships, registered above; `unregister` refuses them
 BUILT_IN: tuple[str, ...] = tuple(_KINDS)

@@ -52,7 +52,11 @@ class VerifyRule:
     `specdec.lab`, and that the checker flags a lossy one);
     bench_shapes: the shapes `specdec bench --verify` runs it on (None: all of `shapes`);
     check_shapes: the tests' parameters: small (num_steps, topk, num_draft_tokens) shapes on which the exact-law
-    checker runs the rule through every drafting kind (each among `shapes`; none: the tests pick one per shape)."""
+    checker runs the rule through every drafting kind (each among `shapes`; none: the tests pick one per shape);
+    stopped_chains: whether it stays exact on a chain that ends where the drafted tokens decide (a tree whose links
+    stop at a node chosen from the draws before it: DSpark's confidence cap). Rules that follow the tree's links
+    node by node do; block verification weighs the whole chain against a length fixed before the draws, and the
+    exact-law checker finds it lossy on such a chain."""
 
     name: str
     label: str
@@ -63,6 +67,7 @@ class VerifyRule:
     lossless: bool = True
     bench_shapes: tuple[str, ...] | None = None
     check_shapes: tuple[tuple[int, int, int], ...] = ()
+    stopped_chains: bool = True
 
     def runs_on(self, topk: int) -> bool:
         """Whether the rule verifies the shape of a SpecConfig with this topk (1: a chain)."""
@@ -233,7 +238,7 @@ _register_built_in(VerifyRule(
     check_shapes=((2, 1, 3), (1, 2, 3), (2, 2, 4))))
 _register_built_in(VerifyRule(
     name="block", label="block verification", op="chain_speculative_sampling_block", shapes=("chain",),
-    check_shapes=((2, 1, 3),)))
+    check_shapes=((2, 1, 3),), stopped_chains=False))
 # on a chain traversal verification is block verification: the bench runs it on trees only
 _register_built_in(VerifyRule(
     name="traversal", label="Traversal Verification", op="tree_speculative_sampling_traversal", bench_shapes=("tree",),

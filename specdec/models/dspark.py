@@ -151,11 +151,6 @@ class DSparkDraftModel(DFlashDraftModel):
             raise ValueError(f"confidence_threshold must be in [0, 1], got {value!r}")
         self._confidence_threshold = v
 
-    @property
-    def caps_blocks(self) -> bool:
-        """Whether the confidence head shortens blocks (it exists and the threshold is above 0)."""
-        return self.confidence_head is not None and self.confidence_threshold > 0.0
-
     # ---- the heads -------------------------------------------------------------------------------------
     def refine_logits(self, logits, prev_ids, hidden):
         """logits (..., V) the LM head's at block positions whose outputs are hidden (..., H), prev_ids (...) the
@@ -174,13 +169,15 @@ class DSparkDraftModel(DFlashDraftModel):
             features = torch.cat([hidden, self.markov_head.prev_embedding(prev_ids).to(hidden.dtype)], dim=-1)
         return self.confidence_head(features).float()
 
-    def confident_length(self, confidence_logits, S: int):
+    def confident_length(self, confidence_logits, S: int, threshold: float | None = None):
         """confidence_logits (B, S) fp32 -> (B,) int64: the number of leading positions whose estimated acceptance
-        is at least the threshold (S when there is no cap), computed on the device."""
+        is at least `threshold` (the drafter's `confidence_threshold` when None; S at a threshold of 0 or without a
+        confidence head), computed on the device."""
         B = confidence_logits.shape[0]
-        if not self.caps_blocks:
+        threshold = self.confidence_threshold if threshold is None else threshold
+        if self.confidence_head is None or threshold <= 0.0:
             return torch.full((B,), S, dtype=torch.int64, device=confidence_logits.device)
-        below = torch.sigmoid(confidence_logits) < self.confidence_threshold
+        below = torch.sigmoid(confidence_logits) < threshold
         first = below.to(torch.int8).argmax(-1)  # the first True; 0 when there is none
         return torch.where(below.any(-1), first, S)
 

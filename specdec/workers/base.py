@@ -85,6 +85,10 @@ class WorkerBase(LogitShaping):
     #: prologue reads nothing of the last step on the host, and a step run for a request the last one ended changes
     #: nothing another request reads
     decodes_ahead = True
+    #: whether every decode step must keep the shapes of its step shape whatever the step's data: set by
+    #: `DecodeGraphs`, whose static buffers (and CUDA graphs) hold one shape per key. A worker that may narrow a step
+    #: to its data otherwise (DSpark's verify, to the longest confident block on a CPU) keeps the full width then
+    fixed_step_shapes = False
 
     def __init__(self, target, ops, max_batch: int, max_seq_len: int, return_original_logprob: bool = False):
         self.target = target

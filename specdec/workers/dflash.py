@@ -25,25 +25,37 @@ class DFlashWorker(SpeculativeWorkerBase):
     (`draft_extend_for_decode`); fixed shapes, no host sync (the draft's penalties and grammar masks, when asked,
     choose the block's proposals one position after another along the chain)."""
 
+    #: the block position whose output proposes d_1: DFlash's block position 0 holds the root and proposes nothing
+    first_proposing = 1
+
     def __init__(self, target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob=False):
         S = spec.num_steps
         if spec.topk != 1 or spec.num_draft_tokens != S + 1:
-            raise ValueError(f"DFlashWorker drafts a block verified as a chain: it needs topk=1 and "
+            raise ValueError(f"{type(self).__name__} drafts a block verified as a chain: it needs topk=1 and "
                              f"num_draft_tokens=num_steps+1={S + 1}, got topk={spec.topk}, "
                              f"num_draft_tokens={spec.num_draft_tokens}")
-        block = getattr(getattr(draft, "config", None), "block_size", None)
-        if block is not None and S + 1 > block:
-            raise ValueError(f"block size num_steps+1={S + 1} exceeds the DFlash drafter's trained block_size="
-                             f"{block}")
+        self.check_block(S, getattr(getattr(draft, "config", None), "block_size", None))
         super().__init__(target, draft, spec, ops, max_batch, max_seq_len, return_original_logprob)
         self.draft_cache = KVCache.for_model(draft.config, draft.config.num_hidden_layers, max_batch, max_seq_len,
                                              draft.dtype, self.device)
         self.target_features = draft.feature_layers
-        W = S + 1
+        W, Wb = S + 1, self.block_width
         self._chain = chain_verify_input(max_batch, W, self.device)
-        self._block_mask = torch.ones(max_batch, W, W, dtype=torch.bool, device=self.device)
-        self._mask_tokens = torch.full((max_batch, S), draft.mask_token_id, dtype=torch.int64, device=self.device)
+        self._block_mask = torch.ones(max_batch, Wb, Wb, dtype=torch.bool, device=self.device)
+        self._mask_tokens = torch.full((max_batch, Wb - 1), draft.mask_token_id, dtype=torch.int64,
+                                       device=self.device)
         self.proposer = DraftProposer(self, self.sampled_verify.samples)
+
+    def check_block(self, S: int, block: int | None) -> None:
+        """ValueError when S proposals need a longer block than the drafter was trained on."""
+        if block is not None and S + 1 > block:
+            raise ValueError(f"block size num_steps+1={S + 1} exceeds the DFlash drafter's trained block_size="
+                             f"{block}")
+
+    @property
+    def block_width(self) -> int:
+        """The drafter's block: the root, then mask tokens, up to the position that proposes d_S."""
+        return self.num_steps + self.first_proposing
 
     @property
     def uniforms_per_step(self) -> int:
@@ -56,8 +68,8 @@ class DFlashWorker(SpeculativeWorkerBase):
         L = target.config.num_hidden_layers
         bad = [i for i in draft.config.target_layer_ids if i > L - 2]
         if bad:
-            raise ValueError(f"DFlash drafter target_layer_ids {bad} do not fit the target's {L} layers "
-                             f"(ids 0..{L - 2})")
+            raise ValueError(f"{draft.label} drafter target_layer_ids {bad} do not fit the target's {L} layers "
+                             f"(ids {draft.config.LOWEST_LAYER_ID}..{L - 2})")
 
     # ---- stages ------------------------------------------------------------------------------
     def _write_context(self, features, start, T: int) -> None:
@@ -74,26 +86,29 @@ class DFlashWorker(SpeculativeWorkerBase):
         self._write_context(hidden, torch.zeros_like(self.state.seq_lens), ids.shape[1])
 
     def draft(self) -> EagleVerifyInput:
-        """One forward over the block [root, mask * S] -> the chain [root, d_1..d_S] to verify."""
+        """One forward over the block [root, mask, ...] -> the chain [root, d_1..d_S] to verify."""
         st = self.state
-        B, W = st.seq_lens.shape[0], self.num_draft_tokens
+        B, W, Wb = st.seq_lens.shape[0], self.num_draft_tokens, self.block_width
         with self.phase("draft"):
             block = torch.cat([st.last_tokens[:, None], self._mask_tokens[:B]], dim=1)
-            positions = st.seq_lens[:, None] + torch.arange(W, device=self.device)
-            meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(W), ops=self.ops,
+            positions = st.seq_lens[:, None] + torch.arange(max(W, Wb), device=self.device)
+            meta = AttentionMetadata(st.slots, st.seq_lens, attn_len=self.attn_len(Wb), ops=self.ops,
                                      tree_mask=self._block_mask[:B])
-            hidden = self.draft_model(block, positions, self.draft_cache, meta, return_logits=False).hidden
-            logits = self.draft_model.compute_logits(hidden[:, 1:])  # (B, S, V): position j proposes x_{n+j}
-            proposals, q_rows = self._propose_block(logits, st.last_tokens)
+            hidden = self.draft_model(block, positions[:, :Wb], self.draft_cache, meta, return_logits=False).hidden
+            # block position first_proposing + j - 1 proposes x_{n+j}
+            proposals, q_rows = self._propose_block(hidden[:, self.first_proposing:], st.last_tokens)
             candidates = torch.cat([st.last_tokens[:, None], proposals], dim=1)
         mask, retrieve_index, next_token, next_sibling = (t[:B] for t in self._chain)
         draft_probs = None if q_rows is None else chain_draft_probs(q_rows, W)
-        return EagleVerifyInput(candidates, mask, positions, retrieve_index, next_token, next_sibling, draft_probs)
+        return EagleVerifyInput(candidates, mask, positions[:, :W], retrieve_index, next_token, next_sibling,
+                                draft_probs)
 
-    def _propose_block(self, logits, root):
-        """logits: (B, S, V) -> (proposals (B, S), q (B, S, V) or None): d_j is the argmax of logits j, or for a
-        sampled draft a draw from its q (`DraftProposer`); where the SpecConfig asks, logits j are first shaped
-        along [root, d_1..d_{j-1}] (the draft's penalties and grammar masks, `shape_draft_logits`)."""
+    def _propose_block(self, hidden, root):
+        """hidden: (B, S, H) the outputs of the block positions that propose -> (proposals (B, S), q (B, S, V) or
+        None): d_j is the argmax of its logits, or for a sampled draft a draw from its q (`DraftProposer`); where the
+        SpecConfig asks, logits j are first shaped along [root, d_1..d_{j-1}] (the draft's penalties and grammar
+        masks, `shape_draft_logits`)."""
+        logits = self.draft_model.compute_logits(hidden)
         B, S, V = logits.shape
         uniforms = self.proposer.uniforms(0, S)
         if not (self.draft_penalties or self.draft_grammar):

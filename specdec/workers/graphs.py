@@ -83,6 +83,7 @@ class DecodeGraphs:
         if capture and torch.device(worker.device).type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; the worker runs on {worker.device}")
         self.worker = worker
+        worker.fixed_step_shapes = True  # one shape per key: the static buffers hold it
         self.capture = capture
         self.buckets = batch_buckets(worker.cache.max_batch)
         self.entries: dict[tuple, _Entry] = {}

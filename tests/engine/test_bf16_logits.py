@@ -41,7 +41,7 @@ def decode(target, draft, spec, impl):
     return engine.generate(PROMPTS, requests(), seed=11)
 
 
-KINDS = ["target-only", "eagle", "eagle3", "mtp", "draft_lm", "dflash"]
+KINDS = ["target-only", "eagle", "eagle3", "mtp", "draft_lm", "dflash", "dspark"]
 CASES = [(kind, "reference") for kind in KINDS] + [
     pytest.param(kind, "fast", marks=[] if kind == "target-only" else pytest.mark.slow) for kind in KINDS]
 

@@ -48,16 +48,33 @@ GRAMMARS = [
 ]
 #: bytes a stop id is drawn from: space, newline, "(", "e", ":", "_" and EOS (content of the grammars above, or not)
 STOP_POOL = [32, 10, 40, 101, 58, 95, EOS]
-#: the worker kinds of the shipped pair, target-only included
-KINDS = ["target-only", "eagle", "eagle3", "mtp", "mtp_chain"]
+#: the worker kinds of the shipped pair, target-only included, and DSpark with its random draft (`random_draft`: the
+#: pair ships none; random proposals still reach every verify path, and its confidence cap varies per request)
+KINDS = ["target-only", "eagle", "eagle3", "mtp", "mtp_chain", "dspark"]
 
 
-def random_rule(rng: random.Random, kind: str, topk: int) -> dict:
+def draft_of(bundle, kind: str):
+    """The pair's draft of `kind`, or its kind's random draft for the pair's target when the pair ships none (made
+    once per bundle)."""
+    if kind == "target-only":
+        return None
+    shipped = bundle.drafts.get(kind)
+    if shipped is not None:
+        return shipped
+    made = bundle.__dict__.setdefault("_random_drafts", {})
+    if kind not in made:
+        made[kind] = DRAFT_KINDS[kind].new_random_draft(bundle.target)
+    return made[kind]
+
+
+def random_rule(rng: random.Random, kind: str, topk: int, stopped: bool = False) -> dict:
     """A verify rule and a drafting for `kind` at `topk`, drawn from the rules' records (`VERIFY_RULES`, plugins
     included): a rule that runs on the shape, one reading the draft's distribution only for a kind that has one (it
-    then drafts by sampling), the others with either drafting the kind can do."""
+    then drafts by sampling), the others with either drafting the kind can do; `stopped`: only rules exact on a chain
+    the drafted tokens stop (DSpark's capped block)."""
     samples = DRAFT_KINDS[kind].samples_drafts
-    rule = rng.choice([r for r in VERIFY_RULES.values() if r.runs_on(topk) and (samples or not r.reads_draft)])
+    rule = rng.choice([r for r in VERIFY_RULES.values() if r.runs_on(topk) and (samples or not r.reads_draft)
+                       and (r.stopped_chains or not stopped)])
     drafting = "sample" if rule.reads_draft else rng.choice(["topk", "sample"] if samples else ["topk"])
     return dict(verify=rule.name, draft_sampling=drafting)
 
@@ -71,6 +88,8 @@ def random_spec(rng: random.Random, kind: str, draft) -> SpecConfig | None:
                  penalty_mode="exact")
     if kind.startswith("mtp"):
         return SpecConfig(draft.num_layers, **extra, **random_rule(rng, kind, 1))
+    if kind == "dspark":  # a chain of at most its block
+        return SpecConfig(rng.randint(1, draft.block_size), **extra, **random_rule(rng, kind, 1, stopped=True))
     S, K = rng.randint(1, 5), rng.randint(1, 4)
     if K == 1:
         return SpecConfig(S, 1, **extra, **random_rule(rng, kind, 1))
@@ -104,7 +123,7 @@ def random_params(rng: random.Random, greedy: bool) -> SamplingParams:
 def draw_case(rng: random.Random, bundle) -> tuple[str, SpecConfig | None, list[list[int]], list[SamplingParams]]:
     """(kind, spec, prompts, params): a ragged batch of 1-4 held-out prompts for one worker."""
     kind = rng.choice(KINDS)
-    draft = None if kind == "target-only" else getattr(bundle, kind)
+    draft = draft_of(bundle, kind)
     spec = random_spec(rng, kind, draft)
     B = rng.randint(1, 4)
     windows = corpus.heldout_windows(B, 48, seed=rng.randrange(10 ** 6))
@@ -164,7 +183,7 @@ class Differ:
     def engine(self, kind, spec, impl) -> Engine:
         key = (kind, spec, impl)
         if key not in self.engines:
-            draft = None if kind == "target-only" else getattr(self.bundle, kind)
+            draft = draft_of(self.bundle, kind)
             self.engines[key] = Engine(self.bundle.target, draft=draft, spec=spec, impl=impl, max_batch=5,
                                        max_seq_len=MAX_SEQ_LEN, tokenizer=self.bundle.tokenizer)
         return self.engines[key]
@@ -232,7 +251,7 @@ ISSUE_PARAMS = SamplingParams(max_new_tokens=12, regex=r"(def|class) [A-Za-z_]+"
 def test_a_stop_id_the_grammar_needs_is_content_then_stops(small, differ, kind, impl):
     """The stop id (a space) is content the grammar needs after 'class': every worker emits it and stops there."""
     d = differ
-    spec = random_spec(random.Random(0), kind, None if kind == "target-only" else getattr(small, kind))
+    spec = random_spec(random.Random(0), kind, draft_of(small, kind))
     out = d.engine(kind, spec, impl).generate([small.tokenizer.encode(ISSUE_PROMPT)], ISSUE_PARAMS)[0]
     assert small.tokenizer.decode(out.token_ids) == "class " and out.finish_reason == "stop"
 

@@ -15,7 +15,7 @@ from specdec.workers import EagleWorkerV2, MultiLayerEagleWorkerV2
 from specdec.zoo.train import DRAFTS, STAGES, default_opts
 from tests.helpers import bigram_target, perfect_eagle
 
-SHIPPED = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "suffix", "draft_lm", "dflash", "scripted")
+SHIPPED = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "suffix", "draft_lm", "dflash", "scripted", "dspark")
 #: the kinds the zoo trains and ships weights of
 ZOO = ("eagle", "eagle3", "mtp", "mtp_chain", "draft_lm", "dflash")
 
@@ -92,7 +92,7 @@ def test_a_draft_no_kind_claims_is_a_value_error_naming_the_kinds():
     with pytest.raises(ValueError, match=r"draft must be the model of a draft kind \(EagleDraftHead: eagle; "
                                          r"Eagle3DraftHead: eagle3; MTPDraftModel: mtp, mtp_chain; NgramDraft: "
                                          r"ngram; SuffixDraft: suffix; LlamaForCausalLM: draft_lm; DFlashDraftModel: "
-                                         r"dflash; ScriptedDraft: scripted\), got Linear"):
+                                         r"dflash; ScriptedDraft: scripted; DSparkDraftModel: dspark\), got Linear"):
         Engine(target, torch.nn.Linear(2, 2), SpecConfig(3))
 
 

@@ -26,7 +26,7 @@ def requests() -> list[SamplingParams]:
 
 
 def drafts(target) -> dict:
-    random_kinds = {k: draft_kind(k) for k in ("ngram", "draft_lm", "dflash")}
+    random_kinds = {k: draft_kind(k) for k in ("ngram", "draft_lm", "dflash", "dspark")}
     pairs = {"target-only": (None, None), "eagle": (perfect_eagle(target), SpecConfig(3, 2, 6)),
              "mtp": (perfect_mtp(target, 3, True), SpecConfig(3))}
     for name, kind in random_kinds.items():
@@ -67,7 +67,7 @@ def assert_identical(outs, expected):
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "static-buffers"])
-@pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp", "ngram", "draft_lm", "dflash"])
+@pytest.mark.parametrize("kind", ["target-only", "eagle", "mtp", "ngram", "draft_lm", "dflash", "dspark"])
 def test_decoding_ahead_equals_reading_every_step_first(kind, graphs):
     target = near_bigram_target(seed=4, mix=0.4)
     draft, spec = drafts(target)[kind]

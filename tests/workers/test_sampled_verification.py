@@ -21,6 +21,7 @@ from specdec.draft_kinds import BUILT_IN, DRAFT_KINDS
 from specdec.lab.scripted import ScriptedDraft
 from specdec.models.bigram import near_bigram_target, perfect_eagle, perfect_mtp
 from specdec.models.dflash import random_dflash
+from specdec.models.dspark import random_dspark
 from specdec.models.eagle3 import random_eagle3_head
 from specdec.models.llama import random_llama
 from specdec.models.ngram import NgramDraft
@@ -188,6 +189,9 @@ DRAFTS = {
     "mtp_chain": lambda t, S: biased(perfect_mtp(t, S, True), "layer_logits"),
     "dflash": lambda t, S: random_dflash(t, 1, 4, target_layer_ids=[0], mask_token_id=t.config.vocab_size - 1,
                                          seed=4),
+    # a confidence threshold that caps some blocks: the law must hold whatever length the cap verifies
+    "dspark": lambda t, S: random_dspark(t, 1, 4, target_layer_ids=[0], mask_token_id=t.config.vocab_size - 1,
+                                         seed=4, markov_rank=4, std=0.6, confidence_threshold=0.5),
     "draft_lm": lambda t, S: random_llama(vocab_size=t.config.vocab_size, hidden_size=16, num_hidden_layers=1,
                                           num_attention_heads=2, seed=2),
     "ngram": lambda t, S: NgramDraft(shared=False),
@@ -236,6 +240,8 @@ def test_every_rule_runs_exactly_through_every_kind(target, kind, rule, shape):
     draw and coin enumerated, the target completing shorter emissions: the target's own, under top-p."""
     S, K, W = shape
     draft = DRAFTS[kind](target, S)
+    if not VERIFY_RULES[rule].stopped_chains and hasattr(draft, "confidence_threshold"):
+        draft.confidence_threshold = 0.0  # such a rule verifies DSpark's whole block (a capped one is refused)
     sampling = "sample" if DRAFT_KINDS[kind].samples_drafts else "topk"
     spec = SpecConfig(S, K, W, draft_sampling=sampling, verify=rule)
     report = lab.exact_law(target, draft, spec, SamplingParams(temperature=0.9, top_p=0.95), prompt=[1, 2], n=3,
