@@ -146,7 +146,10 @@ class ZooStage:
     training by `specdec.bench.suites.draft_cost.record_step_costs`, a bench step: it decodes through the engine);
     target_opts: "module:function" called (target, mask_token_id) -> the stage's default `StageOpts` for a draft
     trained for a given target (`specdec zoo train-draft`, `for_target.target_draft_opts`), None when the zoo
-    trains none of this kind for a given target."""
+    trains none of this kind for a given target;
+    ships: whether the zoo's pairs ship this kind's draft (its stage is part of a whole run, `specdec zoo train`, and
+    a pair is complete only with it); False for a stage trained only when named (`--stage NAME`, `train-draft --kind
+    NAME`) until its weights are trained and shipped."""
 
     trainer: str
     evaluator: str
@@ -154,6 +157,7 @@ class ZooStage:
     card_text: str
     card_cost: bool = False
     target_opts: str | None = None
+    ships: bool = True
 
     def train(self, target, opts, seed: int, log):
         return resolve(self.trainer)(target, opts, seed=seed, log=log)
@@ -522,7 +526,16 @@ register(DraftKind(
     worker="specdec.workers.dspark:DSparkWorker", kv_margin=block_kv_margin, shape_label=dspark_shape_label,
     spec_of_model=dspark_trained_block, forwards_per_step=one_forward,
     # random: DFlash's speed draft (two layers at the target's width) with DeepSpec's block of 7
-    random_draft="specdec.models.dspark:random_dspark", random_draft_config={"num_layers": 2, "block_size": 7}))
+    random_draft="specdec.models.dspark:random_dspark", random_draft_config={"num_layers": 2, "block_size": 7},
+    # DFlash's stage settings with DeepSpec's block of 7, a vanilla Markov head and a confidence head reading its
+    # embedding, DeepSpec's loss; trained only when named until the pairs ship its weights
+    zoo=ZooStage(f"{_TRAIN}:train_dspark", f"{_EVALUATE}:evaluate_dspark",
+                 dict(steps=450, batch_size=8, seq_len=256, warmup=40, lr=3e-3,
+                      extra={"num_layers": 2, "num_context_layers": 3, "block_size": 7, "blocks_per_window": 128,
+                             "gamma": 4.0, "markov_rank": 32, "markov_head_type": "vanilla", "norm_from_target": True}),
+                 "DSpark block drafter ({num_hidden_layers} layers, block {block_size}, context from target layers "
+                 "{target_layer_ids}, Markov rank {markov_rank}, a confidence head)",
+                 target_opts=f"{_FOR_TARGET}:dspark_target_opts", ships=False)))
 
 #: the kinds the package ships, registered above; `unregister` refuses them
 BUILT_IN: tuple[str, ...] = tuple(_KINDS)

@@ -35,7 +35,7 @@ DEFAULT_NAME = DEEP_NAME
 
 __all__ = ["Bundle", "ByteTokenizer", "DEEP_NAME", "DEFAULT_NAME", "SMALL_NAME", "add_drafts", "draft_kind_of_dir",
            "load", "load_dir", "load_draft_for", "load_model", "load_target", "names", "speed_pair",
-           "target_fingerprint", "zoo_kinds"]
+           "target_fingerprint", "trainable_kinds", "zoo_kinds"]
 
 #: the kind a draft directory reads as when its config.json's architectures name no kind's model and its weights are
 #: not a whole causal LM: EAGLE-1/2 checkpoints are published under several (`EagleDraftHead.from_pretrained` reads
@@ -79,7 +79,13 @@ class Bundle:
 
 def zoo_kinds() -> list[str]:
     """The draft kinds the zoo trains and ships (each in a directory of that name beside the target)."""
-    return [k.name for k in DRAFT_KINDS.values() if k.zoo is not None]
+    return [k.name for k in DRAFT_KINDS.values() if k.zoo is not None and k.zoo.ships]
+
+
+def trainable_kinds() -> list[str]:
+    """The draft kinds the zoo trains: those it ships, then those it trains only when named (`ZooStage.ships`); a
+    pair's or a draft directory's draft of any of them loads."""
+    return zoo_kinds() + [k.name for k in DRAFT_KINDS.values() if k.zoo is not None and not k.zoo.ships]
 
 
 def names() -> list[str]:
@@ -129,7 +135,7 @@ def load_dir(root, name: str, device="cpu", dtype: torch.dtype = torch.float32) 
     root = Path(root)
     target = LlamaForCausalLM.from_pretrained(root / "target", device=device, dtype=dtype)
     b = Bundle(name=name, target=target, path=root, target_dir=root / "target")
-    for kind in zoo_kinds():
+    for kind in trainable_kinds():
         if (root / kind / "config.json").is_file():
             b.drafts[kind] = draft_kind(kind).load(root / kind, target, device=device, dtype=dtype)
     card = root / "card.json"
@@ -276,7 +282,7 @@ def drafts_of(path) -> dict[str, Path]:
     path = Path(path)
     if (path / "config.json").is_file():
         return {draft_kind_of_dir(path): path}
-    return {k: path / k for k in zoo_kinds() if (path / k / "config.json").is_file()}
+    return {k: path / k for k in trainable_kinds() if (path / k / "config.json").is_file()}
 
 
 def add_drafts(bundle: Bundle, path) -> list[str]:
@@ -295,7 +301,7 @@ def add_drafts(bundle: Bundle, path) -> list[str]:
     found = drafts_of(path)
     if not found:
         raise ValueError(f"draft directory {str(path)!r} holds no draft (a config.json, or a directory per kind: "
-                         f"{', '.join(zoo_kinds())})")
+                         f"{', '.join(trainable_kinds())})")
     weight = next(bundle.target.parameters())
     fingerprint = target_fingerprint(bundle.target)
     for kind, d in found.items():

@@ -12,7 +12,7 @@ from specdec.draft_kinds import (DRAFT_KINDS, DraftKind, draft_kind, kind_of, re
 from specdec.cli.generate import load_draft
 from specdec.models import EagleDraftHead
 from specdec.workers import EagleWorkerV2, MultiLayerEagleWorkerV2
-from specdec.zoo.train import DRAFTS, STAGES, default_opts
+from specdec.zoo.train import DRAFTS, EXTRA_STAGES, STAGES, default_opts
 from tests.helpers import bigram_target, perfect_eagle
 
 SHIPPED = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "suffix", "draft_lm", "dflash", "scripted", "dspark")
@@ -47,7 +47,9 @@ def test_the_shipped_kinds_and_what_reads_them():
                                                 "draft_lm", "draft_lm", "dflash", "scripted", "scripted"]
     assert [kind_of_label(c.label) for c in CASES] == [c.kind for c in CASES]
     opts = default_opts()
-    assert list(opts) == list(STAGES) and "draft_vocab_size" not in opts["eagle3"].extra  # the whole vocabulary
+    # DSpark's stage is trained only when named: its weights do not ship yet
+    assert EXTRA_STAGES == ("dspark",) and tuple(zoo.trainable_kinds()) == ZOO + EXTRA_STAGES
+    assert list(opts) == list(STAGES + EXTRA_STAGES) and "draft_vocab_size" not in opts["eagle3"].extra
     opts["eagle"].extra["unroll"] = 9  # each call's settings are its own
     assert default_opts()["eagle"].extra["unroll"] == 3 == DRAFT_KINDS["eagle"].zoo.opts["extra"]["unroll"]
 

@@ -18,7 +18,7 @@ USER_FACING = {
     "specdec/cli/tune.py": {"eagle"},  # `specdec tune --kind` default
     "specdec/bench/suites/kernel_count.py": {"eagle"},  # run_kernel_count's default kinds
     "specdec/zoo/train/cli.py": {"eagle", "eagle3"},  # `specdec zoo train`'s per-stage flags (--eagle3-unroll, ...)
-    "specdec/zoo/train/for_target.py": {"eagle3", "eagle", "dflash", "draft_lm"},  # `train-draft --kind`, its order
+    "specdec/zoo/train/for_target.py": {"eagle3", "eagle", "dflash", "draft_lm", "dspark"},  # `train-draft --kind`
 }
 #: not a kind: "eagle" is also a checkpoint layout (`DraftConfig.eagle_layout`: SafeAILab's EAGLE-1/2)
 OTHER_MEANING = {
@@ -27,7 +27,7 @@ OTHER_MEANING = {
 }
 #: a kind's own code naming its own kind: its trainer stage reports under the stage's name
 OWN_KIND = {
-    "specdec/zoo/train/stages.py": {"eagle", "eagle3", "mtp", "mtp_chain", "draft_lm", "dflash"},
+    "specdec/zoo/train/stages.py": {"eagle", "eagle3", "mtp", "mtp_chain", "draft_lm", "dflash", "dspark"},
 }
 #: per-kind facts still outside the record (to move into it: the card's per-kind prose, the benches' special cases)
 NOT_YET_IN_RECORD = {

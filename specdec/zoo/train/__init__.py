@@ -51,24 +51,26 @@ from __future__ import annotations
 from .card import (MODEL_CARD, card_path, read_card, render_model_card, render_model_cards, shape_summary,
                    why_this_shape, write_card)
 from .cli import main
-from .evaluate import (evaluate_bundle, evaluate_dflash, evaluate_draft_lm, evaluate_eagle, evaluate_mtp,
-                       evaluate_target)
-from .hparams import DRAFTS, STAGES, StageOpts, TargetShape, Windows, default_opts
+from .evaluate import (evaluate_bundle, evaluate_dflash, evaluate_draft_lm, evaluate_dspark, evaluate_eagle,
+                       evaluate_mtp, evaluate_target)
+from .hparams import DRAFTS, EXTRA_STAGES, STAGES, StageOpts, TargetShape, Windows, default_opts
 from .loop import init_weights_, lr_at, make_optimizer, num_params
 from .pipeline import train_all
 from .regenerate import SegmentWindows, load_segments, regenerate_segments
-from .stages import (DRAFT_LM_SHAPE, dflash_blocks, dflash_loss, draft_lm_loss, draft_vocabulary, eagle3_loss,
-                     eagle_loss, eagle_unrolled, mtp_forward, mtp_loss, new_draft_lm, new_eagle3_head, pass_weights,
-                     soft_ce, target_loss, train_dflash, train_draft_lm, train_eagle, train_eagle3, train_mtp,
-                     train_mtp_chain, train_target, ttt_mask, zoo_feature_layers)
+from .stages import (DRAFT_LM_SHAPE, DSPARK_LOSS_WEIGHTS, dflash_blocks, dflash_loss, draft_lm_loss, draft_vocabulary,
+                     dspark_loss, eagle3_loss, eagle_loss, eagle_unrolled, mtp_forward, mtp_loss, new_draft_lm,
+                     new_eagle3_head, pass_weights, soft_ce, target_loss, train_dflash, train_draft_lm, train_dspark,
+                     train_eagle, train_eagle3, train_mtp, train_mtp_chain, train_target, ttt_mask,
+                     zoo_feature_layers)
 from .storage import DRAFT_STORAGE, STORE_DTYPE, save_stored
 
-__all__ = ["DRAFTS", "DRAFT_LM_SHAPE", "DRAFT_STORAGE", "MODEL_CARD", "STAGES", "STORE_DTYPE", "SegmentWindows",
-           "StageOpts", "TargetShape", "Windows", "card_path", "default_opts", "dflash_blocks", "dflash_loss",
-           "draft_lm_loss", "draft_vocabulary", "eagle3_loss", "eagle_loss", "eagle_unrolled", "evaluate_bundle",
-           "evaluate_dflash", "evaluate_draft_lm", "evaluate_eagle", "evaluate_mtp", "evaluate_target", "init_weights_",
-           "load_segments", "lr_at", "main", "make_optimizer", "mtp_forward", "mtp_loss", "new_draft_lm",
-           "new_eagle3_head", "num_params", "pass_weights", "read_card", "regenerate_segments", "render_model_card",
-           "render_model_cards", "save_stored", "shape_summary", "soft_ce", "target_loss", "train_all", "train_dflash",
-           "train_draft_lm", "train_eagle", "train_eagle3", "train_mtp", "train_mtp_chain", "train_target", "ttt_mask",
+__all__ = ["DRAFTS", "DRAFT_LM_SHAPE", "DRAFT_STORAGE", "DSPARK_LOSS_WEIGHTS", "EXTRA_STAGES", "MODEL_CARD", "STAGES",
+           "STORE_DTYPE", "SegmentWindows", "StageOpts", "TargetShape", "Windows", "card_path", "default_opts",
+           "dflash_blocks", "dflash_loss", "draft_lm_loss", "draft_vocabulary", "dspark_loss", "eagle3_loss",
+           "eagle_loss", "eagle_unrolled", "evaluate_bundle", "evaluate_dflash", "evaluate_draft_lm",
+           "evaluate_dspark", "evaluate_eagle", "evaluate_mtp", "evaluate_target", "init_weights_", "load_segments",
+           "lr_at", "main", "make_optimizer", "mtp_forward", "mtp_loss", "new_draft_lm", "new_eagle3_head",
+           "num_params", "pass_weights", "read_card", "regenerate_segments", "render_model_card", "render_model_cards",
+           "save_stored", "shape_summary", "soft_ce", "target_loss", "train_all", "train_dflash", "train_draft_lm",
+           "train_dspark", "train_eagle", "train_eagle3", "train_mtp", "train_mtp_chain", "train_target", "ttt_mask",
            "why_this_shape", "write_card", "zoo_feature_layers"]

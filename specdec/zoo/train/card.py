@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ...draft_kinds import DRAFT_KINDS
 from .. import SMALL_NAME, WEIGHTS_DIR
-from .hparams import DRAFTS
+from .hparams import DRAFTS, EXTRA_STAGES
 
 
 #: the shipped pairs' rendered cards
@@ -89,7 +89,7 @@ def render_model_card(card: dict) -> str:
              "| model | what | parameters | layers | hidden | intermediate | heads (kv) | train steps | tokens seen | "
              "train time | on disk |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for k in ("target",) + DRAFTS:
+    for k in ("target",) + DRAFTS + EXTRA_STAGES:
         if k not in mo:
             continue
         m, t = mo[k], tr.get(k, {})
@@ -125,7 +125,7 @@ def render_model_card(card: dict) -> str:
                      f"bits/byte), top-1 accuracy {t['heldout_top1_accuracy']:.3f}.")
     lines += ["", "| draft | step | CE vs true byte (nats) | CE vs target distribution (nats) | "
               "top-1 agreement with target |", "|---|---|---|---|---|"]
-    for k in DRAFTS:
+    for k in DRAFTS + EXTRA_STAGES:
         for step, r in ho.get(k, {}).items():
             lines.append(f"| `{k}` | {step} | {r['ce_true_nats']:.3f} | {r['ce_target_nats']:.3f} | "
                          f"{r['top1_agreement']:.3f} |")

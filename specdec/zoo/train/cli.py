@@ -14,7 +14,7 @@ from .. import SMALL_NAME, WEIGHTS_DIR, names
 from ...tokenizer import ByteTokenizer
 from ...cli_args import HelpFormatter, about  # HelpFormatter: each default stated once
 from .card import MODEL_CARD, read_card, render_model_card, render_model_cards
-from .hparams import STAGES, TargetShape, default_opts
+from .hparams import EXTRA_STAGES, STAGES, TargetShape, default_opts
 from .pipeline import train_all
 from .regenerate import load_segments
 
@@ -32,14 +32,15 @@ def main(argv=None, after_training=None) -> int:
     p.add_argument("--out", default=None, help="weights root (default: the package's own, specdec/zoo/weights)")
     p.add_argument("--name", default=SMALL_NAME, help="the pair's directory under --out")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights' init and of the training windows")
-    p.add_argument("--stage", default="all", choices=("all",) + STAGES + ("eval",),
-                   help="train every stage, one stage (later stages read the stored target), or only "
+    p.add_argument("--stage", default="all", choices=("all",) + STAGES + EXTRA_STAGES + ("eval",),
+                   help=f"train every stage ({', '.join(EXTRA_STAGES) or 'none'} only when named), one stage (later "
+                        "stages read the stored target), or only "
 
 
                         "re-measure the held-out metrics of the stored weights and rewrite the card")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--no-amp", action="store_true", help="train in fp32 instead of bf16 autocast")
-    for st in STAGES:
+    for st in STAGES + EXTRA_STAGES:
         p.add_argument(f"--{st.replace('_', '-')}-steps", type=int, default=d[st].steps,
                        help=f"optimiser steps of the {st} stage")
     p.add_argument("--batch-size", type=int, default=None,
@@ -90,7 +91,7 @@ def main(argv=None, after_training=None) -> int:
     a.out = a.out or str(WEIGHTS_DIR)
     torch.set_num_threads(a.threads)
     opts = default_opts()
-    for st in STAGES:
+    for st in STAGES + EXTRA_STAGES:
         o = opts[st]
         o.steps = getattr(a, f"{st}_steps")
         o.batch_size = o.batch_size if a.batch_size is None else a.batch_size

@@ -201,6 +201,54 @@ def evaluate_dflash(target, model, windows: torch.Tensor, *, seq_len: int | None
             for j in range(bs - 1)}
 
 
+@torch.no_grad()
+def evaluate_dspark(target, model, windows: torch.Tensor, *, seq_len: int | None = None, stride: int = 4,
+                    chunk: int = 8) -> dict:
+    """windows: (N, T) (with seq_len: their first seq_len bytes) -> per block position j = 1..bs (the proposal of
+    x_{p+j}), over blocks anchored every `stride` bytes (the block x_p then mask tokens over the context x_0..x_{p-1},
+    teacher-forced on the held-out text: the Markov head and the confidence head read the true x_{p+j-1}):
+    cross-entropy against the true byte, against the target's distribution, top-1 agreement with the target's
+    argmax, `accept_prefix` (the fraction of blocks whose positions 1..j all agree) and `confidence` (the mean
+    estimated acceptance, beside the agreement it estimates; absent without a confidence head)."""
+    windows = windows.to(next(target.parameters()).device)
+    if seq_len is not None:
+        windows = windows[:, :seq_len]
+    T, bs = windows.shape[1], model.block_size
+    anchors = torch.arange(1, T - bs, stride)
+    n = len(anchors)
+    sums = torch.zeros(5, bs, dtype=torch.float64, device=windows.device)
+    count = 0
+    for w in windows.split(chunk):
+        B = w.shape[0]
+        grid = position_grid(B, T, w.device)
+        out = target(w, grid, features=model.feature_layers)
+        positions, mask = dflash_blocks(T, anchors[None].expand(B, n).to(w.device), bs, w.device)
+        before = w.gather(1, positions)
+        ids = before.clone()
+        ids.view(B, n, bs)[:, :, 1:] = model.mask_token_id
+        hidden = model.forward_dense(out.features, grid, ids, positions, mask)
+        lp = torch.log_softmax(model.refine_logits(model.compute_logits(hidden), before, hidden).float(), -1)
+        lp = lp.view(B, n, bs, -1)
+        z = out.logits.gather(1, positions[:, :, None].expand(-1, -1, out.logits.shape[-1])).view(B, n, bs, -1)
+        true = w.gather(1, positions + 1).view(B, n, bs)
+        agree = (lp.argmax(-1) == z.argmax(-1)).double()
+        confidence = model.confidence_logits(hidden, before)
+        estimate = (torch.zeros_like(agree) if confidence is None else
+                    torch.sigmoid(confidence).double().view(B, n, bs))
+        sums += torch.stack([-lp.gather(-1, true[..., None])[..., 0].double().sum((0, 1)),
+                             -(torch.softmax(z, -1) * lp).sum(-1).double().sum((0, 1)), agree.sum((0, 1)),
+                             agree.cumprod(-1).sum((0, 1)), estimate.sum((0, 1))])
+        count += B * n
+    r = sums / count
+    rows = {}
+    for j in range(bs):
+        rows[f"pos{j + 1}"] = {"ce_true_nats": round(float(r[0, j]), 4), "ce_target_nats": round(float(r[1, j]), 4),
+                               "top1_agreement": round(float(r[2, j]), 4), "accept_prefix": round(float(r[3, j]), 4)}
+        if model.confidence_head is not None:
+            rows[f"pos{j + 1}"]["confidence"] = round(float(r[4, j]), 4)
+    return rows
+
+
 def evaluate_bundle(bundle, n_windows: int = 32, seq_len: int = 512, seed: int = 4321) -> dict:
     """Held-out metrics of every model of a loaded bundle (fp32, no autocast)."""
     res = {}

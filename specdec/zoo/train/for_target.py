@@ -33,7 +33,7 @@ from ...cli_args import HelpFormatter
 from .record import TEACHERS, RecordedData, load_recordings
 
 #: the kinds trained for a given target, in the order `specdec zoo train-draft --kind all` trains them
-TARGET_DRAFT_KINDS = ("eagle3", "eagle", "dflash", "draft_lm")
+TARGET_DRAFT_KINDS = ("eagle3", "eagle", "dflash", "draft_lm", "dspark")
 #: what a draft for a given target is stored in (drafts only propose: their rounding cannot change a decoded token)
 TARGET_DRAFT_DTYPE = torch.float16
 
@@ -68,6 +68,16 @@ def dflash_target_opts(target, mask_token_id: int) -> StageOpts:
     return StageOpts(steps=550, **_COMMON, extra={
         "num_layers": 1, "block_size": 8, "target_layer_ids": [i - 1 for i in feats], "mask_token_id": mask_token_id,
         "blocks_per_window": 16, "gamma": 4.0, "norm_from_target": True})
+
+
+def dspark_target_opts(target, mask_token_id: int) -> StageOpts:
+    """DFlash's settings with DeepSpec's block of 7 and heads (a vanilla Markov head of rank 64, a confidence head
+    reading its embedding): the same context layers, so one recording serves the three."""
+    feats = default_feature_layers(target.config.num_hidden_layers)
+    return StageOpts(steps=550, **_COMMON, extra={
+        "num_layers": 1, "block_size": 7, "target_layer_ids": [i - 1 for i in feats], "mask_token_id": mask_token_id,
+        "blocks_per_window": 16, "gamma": 4.0, "markov_rank": 64, "markov_head_type": "vanilla",
+        "norm_from_target": True})
 
 
 def draft_lm_target_opts(target, mask_token_id: int) -> StageOpts:

@@ -10,7 +10,7 @@ import torch
 
 from ...draft_kinds import DRAFT_KINDS
 from ...models import LlamaConfig
-from .. import zoo_kinds
+from .. import trainable_kinds, zoo_kinds
 from ...tokenizer import ByteTokenizer
 
 
@@ -59,12 +59,14 @@ class StageOpts:
 #: the drafts the zoo trains, in `DRAFT_KINDS`' order; each is a stage of its own, trained after the target
 DRAFTS = tuple(zoo_kinds())
 STAGES = ("target",) + DRAFTS
+#: the stages trained only when named (`ZooStage.ships` False): not part of a whole run
+EXTRA_STAGES = tuple(k for k in trainable_kinds() if k not in DRAFTS)
 
 
 def default_opts() -> dict[str, StageOpts]:
     """Each stage's settings, fresh: the target's here, each draft's from its kind (`ZooStage.opts`)."""
     return {"target": StageOpts(steps=2200, warmup=100, lr=2e-3, eval_every=500),
-            **{kind: StageOpts(**copy.deepcopy(dict(DRAFT_KINDS[kind].zoo.opts))) for kind in DRAFTS}}
+            **{kind: StageOpts(**copy.deepcopy(dict(DRAFT_KINDS[kind].zoo.opts))) for kind in DRAFTS + EXTRA_STAGES}}
 
 
 class Windows:

@@ -17,7 +17,7 @@ from .. import SMALL_NAME, WEIGHTS_DIR, corpus, load_dir
 from ...tokenizer import ByteTokenizer
 from .card import read_card, shape_summary, write_card
 from .evaluate import evaluate_bundle
-from .hparams import DRAFTS, STAGES, StageOpts, TargetShape, default_opts
+from .hparams import DRAFTS, EXTRA_STAGES, STAGES, StageOpts, TargetShape, default_opts
 from .loop import freeze, num_params
 from .stages import train_target
 from .storage import DRAFT_STORAGE, save_stored
@@ -52,8 +52,8 @@ def train_all(out=WEIGHTS_DIR, name: str = SMALL_NAME, seed: int = 0, stages=STA
         card["created"] = now
     target = None
     for stage in stages:
-        if stage not in STAGES:
-            raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
+        if stage not in STAGES + EXTRA_STAGES:
+            raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES + EXTRA_STAGES}")
         o = opts[stage]
         if stage == "target":
             log(f"== target: {asdict(shape)}")
@@ -76,7 +76,7 @@ def train_all(out=WEIGHTS_DIR, name: str = SMALL_NAME, seed: int = 0, stages=STA
     card["heldout"] = evaluate_bundle(bundle, eval_windows, eval_len)
     card["heldout_eval"] = {"windows": eval_windows, "length": eval_len, "seed": 4321}
     card["models"] = {}
-    for key in ("target",) + DRAFTS:
+    for key in ("target",) + DRAFTS + EXTRA_STAGES:
         m = getattr(bundle, key)
         if m is not None:
             card["models"][key] = {"parameters": num_params(m), **shape_summary(m.config)}

@@ -19,6 +19,7 @@ from .hparams import StageOpts, TargetShape, Windows
 from .regenerate import SegmentWindows, load_segments
 from .loop import train_autocast, freeze, position_grid, run_stage_loop, init_weights_
 from ...models.dflash import DFlashDraftModel, build_target_layer_ids, dflash_config_like
+from ...models.dspark import DSparkDraftModel, dspark_config_like
 from ...tokenizer import ByteTokenizer
 
 
@@ -592,5 +593,99 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print, data=None):
         stats.update(data.stats())
     model.eval()
     stats["train_cpu_seconds"] = round(time.process_time() - cpu0, 1)  # wall time counts other processes' load
+    stats["target_layer_ids"] = list(model.config.target_layer_ids)
+    return model, stats
+
+
+# ----------------------------------------------------------------------------------------------
+# DSpark block drafter: DFlash's block with every position proposing, a Markov head and a confidence head
+# ----------------------------------------------------------------------------------------------
+
+#: DeepSpec's loss weights (its released configs): the block's cross-entropy on the data's tokens, the total
+#: variation between the drafter's and the target's distributions, the confidence head's binary cross-entropy
+DSPARK_LOSS_WEIGHTS = {"ce": 0.1, "l1": 0.9, "confidence": 1.0}
+
+
+def dspark_loss(target, model, batch: torch.Tensor, blocks: int, gamma: float, weights: dict, amp: bool,
+                gen: torch.Generator):
+    """batch: (B, T) -> (loss, parts), DeepSpec's loss. `blocks` random anchors p per window; the block is x_p then
+    mask tokens at p..p+bs-1 over the context features of x_0..x_{p-1}; block position j proposes x_{p+j+1}, its
+    logits Markov-refined by the token before it (teacher-forced: x_{p+j}). Per position, weighted
+    exp(-j/gamma): the cross-entropy on x_{p+j+1}, the total variation |q - p|_1 against the target's distribution
+    at p+j, and the confidence head's binary cross-entropy against the acceptance rate 1 - |q - p|_1 / 2 (a
+    constant target); `weights` scales the three. parts: each term and the top-1 agreement with the target at the
+    first and last position."""
+    B, T = batch.shape
+    bs = model.block_size
+    blocks = min(blocks, T - bs - 1)
+    z, feats = _target_features(target, batch, amp, model.feature_layers)
+    anchors = torch.stack([torch.randperm(T - bs - 1, generator=gen)[:blocks] + 1 for _ in range(B)]).sort(1).values
+    positions, mask = dflash_blocks(T, anchors.to(batch.device), bs, batch.device)
+    before = batch.gather(1, positions)  # x_{p+j}: the token each position's proposal follows
+    ids = before.clone()
+    ids.view(B, blocks, bs)[:, :, 1:] = model.mask_token_id
+    with train_autocast(amp):
+        hidden = model.forward_dense(feats, position_grid(B, T, batch.device), ids, positions, mask)
+        logits = model.refine_logits(model.compute_logits(hidden), before, hidden)
+        confidence = model.confidence_logits(hidden, before)
+    lq = torch.log_softmax(logits.float(), -1)
+    pt = torch.softmax(z.gather(1, positions[:, :, None].expand(-1, -1, z.shape[-1])), -1)
+    ce = F.nll_loss(lq.flatten(0, 1), batch.gather(1, positions + 1).flatten(), reduction="none").view(B, -1)
+    tv = (lq.exp() - pt).abs().sum(-1)
+    w = torch.exp(-torch.arange(bs, dtype=torch.float32, device=batch.device) / gamma)
+
+    def by_position(x):  # (B, blocks * bs) -> the decay-weighted mean over positions of the per-position means
+        return (x.view(B, blocks, bs).mean((0, 1)) * w).sum() / w.sum()
+
+    terms = {"ce": by_position(ce), "l1": by_position(tv)}
+    if confidence is not None:
+        accept = (1 - tv.detach() / 2).clamp(0, 1)
+        terms["confidence"] = by_position(F.binary_cross_entropy_with_logits(confidence.float(), accept,
+                                                                             reduction="none"))
+    loss = sum(weights[k] * v for k, v in terms.items())
+    agree = (logits.detach().argmax(-1) == pt.argmax(-1)).float().view(B, blocks, bs).mean((0, 1))
+    parts = {k: float(v.detach()) for k, v in terms.items()}
+    parts.update({"agree1": float(agree[0]), f"agree{bs}": float(agree[-1])})
+    return loss, parts
+
+
+def train_dspark(target, opts: StageOpts, seed: int = 0, log=print, data=None):
+    """-> (trained DSparkDraftModel fp32, stats). opts.extra: num_layers, block_size (DeepSpec's: 7),
+    blocks_per_window, gamma (the loss's decay by block position, DeepSpec's 4), markov_rank, markov_head_type,
+    confidence_head, confidence_head_with_markov, loss_weights (`DSPARK_LOSS_WEIGHTS` by default),
+    target_layer_ids (default z-lab's rule for num_context_layers, as DFlash's), mask_token_id (default the byte
+    vocabulary's BOS id), norm_from_target. The target is frozen; its embedding and LM head are the drafter's (a
+    DSpark checkpoint carries copies of them). data: as `train_eagle`."""
+    ex = opts.extra
+    L, bs = int(ex.get("num_layers", 2)), int(ex.get("block_size", 7))
+    freeze(target)
+    torch.manual_seed(seed + 70)
+    T = target.config.num_hidden_layers
+    if T < 2:
+        raise ValueError(f"a DSpark drafter reads the outputs of target layers -1..L-2: a {T}-layer target has too "
+                         f"few")
+    layer_ids = ex.get("target_layer_ids") or sorted({min(max(i, 0), T - 2) for i in build_target_layer_ids(
+        T, int(ex.get("num_context_layers", L)))})
+    heads = {k: ex[k] for k in ("markov_rank", "markov_head_type", "confidence_head", "confidence_head_with_markov",
+                                "intermediate_size") if k in ex}
+    mask_id = int(ex.get("mask_token_id", ByteTokenizer.bos_token_id))
+    model = DSparkDraftModel(dspark_config_like(target, L, bs, layer_ids, mask_id, **heads), target)
+    init_weights_(model, L, seed + 70)
+    if ex.get("norm_from_target", False):  # the output norm starts as the target's, whose LM head reads it
+        with torch.no_grad():
+            model.norm.weight.copy_(target.model.norm.weight)
+    model = on_target_device(model, target).train()
+    cpu0 = time.process_time()
+    teacher, windows = stage_batches(target, data, opts, opts.seq_len, seed + 71, corpus_windows)
+    gen = torch.Generator().manual_seed(seed + 73)
+    blocks, gamma = int(ex.get("blocks_per_window", 24)), float(ex.get("gamma", 4.0))
+    weights = dict(DSPARK_LOSS_WEIGHTS, **ex.get("loss_weights", {}))
+    stats = run_stage_loop("dspark", opts, model.named_parameters(),
+                           lambda b: dspark_loss(teacher, model, b, blocks, gamma, weights, opts.amp, gen), windows,
+                           seed + 72, None, log)
+    if data is not None:
+        stats.update(data.stats())
+    model.eval()
+    stats["train_cpu_seconds"] = round(time.process_time() - cpu0, 1)
     stats["target_layer_ids"] = list(model.config.target_layer_ids)
     return model, stats
