@@ -220,3 +220,20 @@ def test_block_verification_of_a_capped_block_is_refused(tiny):
     outs = Engine(target, draft, spec, max_seq_len=32).generate([[1, 2]], SamplingParams(max_new_tokens=6,
                                                                                          temperature=0.9))
     assert len(outs[0].token_ids) == 6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_replay_equals_eager():
+    """On a GPU: the capped block captured at its full width and replayed gives eager fast decoding's tokens and
+    logprobs (eager on CUDA verifies at the full width too: no narrowing off the CPU)."""
+    target = random_llama(vocab_size=12, hidden_size=32, num_hidden_layers=4, seed=11, model_type="qwen3",
+                          device="cuda")
+    draft = random_dspark(target, 2, 6, target_layer_ids=[-1, 2], mask_token_id=11, seed=5, std=0.5, markov_rank=8,
+                          confidence_threshold=0.5)
+    params = [logprob_params(max_new=6 + 5 * i) for i in range(3)]
+    eager = Engine(target, draft, SpecConfig(6), impl="fast", max_batch=4, max_seq_len=96, cuda_graphs=False)
+    graphed = Engine(target, draft, SpecConfig(6), impl="fast", max_batch=4, max_seq_len=96, cuda_graphs=True)
+    assert not eager.worker.trims_verify and graphed.worker.fixed_step_shapes
+    for a, b in zip(graphed.generate(PROMPTS, params), eager.generate(PROMPTS, params)):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-4
