@@ -208,7 +208,9 @@ class DraftKind:
     from_text: "module:function" called (target, text) -> a draft of this kind for `target` made from the text after
     its name in `--draft NAME:TEXT` (the scripted draft's rates), None when the kind is not given so;
     gpu_e2e_graphs_only: the GPU one-shot's e2e part runs it on the fast path with CUDA graphs at B = 1 and 32 only
-    (the scripted draft: its rows measure what a draft of its agreement gains, not an implementation)."""
+    (the scripted draft: its rows measure what a draft of its agreement gains, not an implementation);
+    stops_chains: whether its chains may end where the drafted tokens decide (DSpark's confidence cap): a verify rule
+    not exact there (`VerifyRule.stopped_chains` False) is not benchmarked or fuzzed with it."""
 
     name: str
     label: str
@@ -232,6 +234,7 @@ class DraftKind:
     gpu_e2e_specs: tuple[SpecConfig, ...] = ()
     from_text: str | Callable | None = None
     gpu_e2e_graphs_only: bool = False
+    stops_chains: bool = False
 
     def model_class(self) -> type:
         return self._resolve("model", self.model)
@@ -524,7 +527,8 @@ register(DraftKind(
 register(DraftKind(
     name="dspark", label="DSpark", model="specdec.models.dspark:DSparkDraftModel",
     worker="specdec.workers.dspark:DSparkWorker", kv_margin=block_kv_margin, shape_label=dspark_shape_label,
-    spec_of_model=dspark_trained_block, forwards_per_step=one_forward,
+    demo_specs=(SpecConfig(7),), spec_of_model=dspark_trained_block, forwards_per_step=one_forward,
+    stops_chains=True,
     # random: DFlash's speed draft (two layers at the target's width) with DeepSpec's block of 7
     random_draft="specdec.models.dspark:random_dspark", random_draft_config={"num_layers": 2, "block_size": 7},
     # DFlash's stage settings with DeepSpec's block of 7, a vanilla Markov head and a confidence head reading its

@@ -6,6 +6,7 @@ plot. Peers are Hugging Face transformers' `generate`, beside the specdec worker
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -22,7 +23,8 @@ class WorkerCase:
     "hf-prompt-lookup" (`generate` with `prompt_lookup_num_tokens=prompt_lookup`), "hf-assisted" (`generate` with
     `assistant_model=` the pair's draft LM, STANDALONE's peer); both batch size 1 only, as transformers allows.
     e2e: whether the e2e suite runs it. draft_options: (field, value) pairs that replace the kind's draft's own
-    (`dataclasses.replace`; a dataclass draft: `NgramDraft`), named in the label ("NGRAM indexing=sequence tree
+    (`dataclasses.replace` for a dataclass draft, `NgramDraft`; else attributes set on a shallow copy, which shares
+    the weights: `DSparkDraftModel.confidence_threshold`), named in the label ("NGRAM indexing=sequence tree
     S5 K4 W16"). token_map_size: n > 0 runs the draft with a token map of n ids (`Engine(token_map=)`: a
     hot-vocabulary LM head; `token_map_for` picks them), named in the label ("EAGLE tree S5 K4 W16 hot 32768").
     decode_ahead: False runs the engine without decoding ahead (`Engine(overlap=False)`, "target-only read
@@ -45,7 +47,12 @@ class WorkerCase:
         """The draft this case runs: the kind's `draft`, with `draft_options` in place of its own fields."""
         if not self.draft_options or draft is None:
             return draft
-        return dataclasses.replace(draft, **dict(self.draft_options))
+        if dataclasses.is_dataclass(draft):
+            return dataclasses.replace(draft, **dict(self.draft_options))
+        changed = copy.copy(draft)
+        for name, value in self.draft_options:
+            setattr(changed, name, value)
+        return changed
 
     @property
     def shape_policy(self) -> str:
@@ -112,14 +119,18 @@ ASSISTED_CASE = WorkerCase("hf-assisted", None)
 NGRAM_OPTION_CASES = [WorkerCase("ngram", spec, e2e=False, draft_options=(option,))
                       for option in (("shared", False), ("indexing", "sequence"), ("child_order", "frequency"))
                       for spec in DRAFT_KINDS["ngram"].demo_specs]
+#: DSpark's block verified whole (no confidence cap) beside the capped one, at its demo shapes: what the cap gains
+DSPARK_OPTION_CASES = [WorkerCase("dspark", spec, e2e=False, draft_options=(("confidence_threshold", 0.0),))
+                       for spec in DRAFT_KINDS["dspark"].demo_specs]
 
 
 def with_verify_rules(cases: list[WorkerCase], rules: list[str]) -> list[WorkerCase]:
     """`cases` with each static drafting case of a kind that has a distribution once per verify rule of `rules`
     (`SpecConfig.verify`, registered rules of `specdec.verify_rules`) that runs on its shape
     (`VerifyRule.benched_on`: block verification on chains only, traversal on trees only, as on a chain it is block
-    verification), after it; a rule that reads the draft's distribution drafts by sampling. Without "target_only" in
-    `rules`, those cases run the other rules only."""
+    verification; none that is inexact on a chain the kind's drafted tokens stop, `DraftKind.stops_chains`), after
+    it; a rule that reads the draft's distribution drafts by sampling. Without "target_only" in `rules`, those cases
+    run the other rules only."""
     out = []
     for c in cases:
         if c.spec is None or c.is_peer or c.shape_policy != "static" or not DRAFT_KINDS[c.kind].samples_drafts:
@@ -129,7 +140,7 @@ def with_verify_rules(cases: list[WorkerCase], rules: list[str]) -> list[WorkerC
             rule = verify_rule(name)
             if name == "target_only":
                 out.append(c)
-            elif rule.benched_on(c.spec.topk):
+            elif rule.benched_on(c.spec.topk) and (rule.stopped_chains or not DRAFT_KINDS[c.kind].stops_chains):
                 sampling = "sample" if rule.reads_draft else c.spec.draft_sampling
                 spec = dataclasses.replace(c.spec, draft_sampling=sampling, verify=name)
                 out.append(dataclasses.replace(c, spec=spec, e2e=False))

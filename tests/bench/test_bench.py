@@ -478,3 +478,25 @@ def test_a_kind_and_a_rule_registered_from_outside_run_through_the_bench(tmp_pat
     assert rows["Plugin LM chain S2"]["worker"] == "plugin_lm"
     assert rows["Plugin LM chain S2 typical"]["verify"] == "typical"
     assert all(float(r["mean_accept_len"]) >= 1 for r in rows.values())
+
+
+def test_dspark_rows_with_and_without_the_confidence_cap(tmp_path):
+    """`specdec bench --workers dspark`: the capped block and the whole block (`DSPARK_OPTION_CASES`, the drafter's
+    threshold set to 0 on a copy) are two rows of one drafter, both token-identical to target-only, and no rule
+    inexact on a stopped chain (block verification) is run with the capped one."""
+    from specdec.bench.cases import DSPARK_OPTION_CASES, with_verify_rules
+    from specdec.models import random_llama
+    from specdec.models.dspark import random_dspark
+    target = random_llama(vocab_size=12, hidden_size=32, num_hidden_layers=4, seed=11)
+    draft = random_dspark(target, 2, 7, target_layer_ids=[-1, 2], mask_token_id=11, seed=5, std=0.5, markov_rank=8,
+                          confidence_threshold=0.5)
+    capped, whole = WorkerCase("dspark", SpecConfig(7), e2e=False), DSPARK_OPTION_CASES[0]
+    assert whole.draft_for(draft).confidence_threshold == 0.0 and draft.confidence_threshold == 0.5
+    assert [c.spec and c.spec.verify for c in with_verify_rules([capped], ["target_only", "block", "rejection"])] == [
+        "target_only", "rejection"]
+    path = run_benchmark(target, {"dspark": draft}, [WorkerCase("target-only", None), capped, whole],
+                         [[1, 2, 3, 4]], [1], [0.0], 8, "tiny", out_dir=tmp_path,
+                         progress=lambda s: None, repeats=1)
+    rows = list(csv.DictReader(path.open()))
+    assert [r["label"] for r in rows[1:]] == ["DSpark block 7", "DSpark confidence_threshold=0.0 block 7"]
+    assert all(r["same_tokens_as_target_only"] == "True" for r in rows[1:])

@@ -67,14 +67,15 @@ def draft_of(bundle, kind: str):
     return made[kind]
 
 
-def random_rule(rng: random.Random, kind: str, topk: int, stopped: bool = False) -> dict:
+def random_rule(rng: random.Random, kind: str, topk: int) -> dict:
     """A verify rule and a drafting for `kind` at `topk`, drawn from the rules' records (`VERIFY_RULES`, plugins
     included): a rule that runs on the shape, one reading the draft's distribution only for a kind that has one (it
-    then drafts by sampling), the others with either drafting the kind can do; `stopped`: only rules exact on a chain
-    the drafted tokens stop (DSpark's capped block)."""
-    samples = DRAFT_KINDS[kind].samples_drafts
-    rule = rng.choice([r for r in VERIFY_RULES.values() if r.runs_on(topk) and (samples or not r.reads_draft)
-                       and (r.stopped_chains or not stopped)])
+    then drafts by sampling), none inexact on the chains the kind's drafted tokens stop (`DraftKind.stops_chains`),
+    the others with either drafting the kind can do."""
+    record = DRAFT_KINDS[kind]
+    rule = rng.choice([r for r in VERIFY_RULES.values() if r.runs_on(topk) and (record.samples_drafts or not
+                       r.reads_draft) and (r.stopped_chains or not record.stops_chains)])
+    samples = record.samples_drafts
     drafting = "sample" if rule.reads_draft else rng.choice(["topk", "sample"] if samples else ["topk"])
     return dict(verify=rule.name, draft_sampling=drafting)
 
@@ -89,7 +90,7 @@ def random_spec(rng: random.Random, kind: str, draft) -> SpecConfig | None:
     if kind.startswith("mtp"):
         return SpecConfig(draft.num_layers, **extra, **random_rule(rng, kind, 1))
     if kind == "dspark":  # a chain of at most its block
-        return SpecConfig(rng.randint(1, draft.block_size), **extra, **random_rule(rng, kind, 1, stopped=True))
+        return SpecConfig(rng.randint(1, draft.block_size), **extra, **random_rule(rng, kind, 1))
     S, K = rng.randint(1, 5), rng.randint(1, 4)
     if K == 1:
         return SpecConfig(S, 1, **extra, **random_rule(rng, kind, 1))
@@ -300,7 +301,7 @@ def test_a_row_with_no_allowed_token_ends_the_request_in_error(small, differ, ki
         SamplingParams(max_new_tokens=12, regex=regex),
     ]
     d = differ
-    spec = random_spec(random.Random(1), kind, None if kind == "target-only" else getattr(small, kind))
+    spec = random_spec(random.Random(1), kind, draft_of(small, kind))
     outs = d.engine(kind, spec, "reference").generate([tok.encode(ISSUE_PROMPT)] * len(reqs), reqs)
     texts = [tok.decode(o.token_ids) for o in outs]
     assert [o.finish_reason for o in outs] == ["error", "error", "error", "error", "length"]
@@ -324,7 +325,7 @@ def test_a_row_with_no_allowed_token_ends_the_request_in_error_fast(small, diffe
     reqs = [SamplingParams(max_new_tokens=12, regex=r"(def|class) [A-Za-z_]+", logit_bias={32: NEG_INF}),
             SamplingParams(max_new_tokens=12, regex=r"(def|class) [A-Za-z_]+")]
     d = differ
-    spec = random_spec(random.Random(1), kind, None if kind == "target-only" else getattr(small, kind))
+    spec = random_spec(random.Random(1), kind, draft_of(small, kind))
     outs = d.engine(kind, spec, "fast").generate([tok.encode(ISSUE_PROMPT)] * 2, reqs)
     for sp, out in zip(reqs, outs):
         assert_same(out, d.baseline(tok.encode(ISSUE_PROMPT), sp), kind)
@@ -384,11 +385,12 @@ def test_the_cases_draw_every_rule_and_drafting_a_kind_can_run():
     rng, seen = random.Random(5), set()
     for _ in range(400):
         for kind in KINDS[1:]:
-            spec = random_spec(rng, kind, type("Draft", (), {"num_layers": 3})())
+            spec = random_spec(rng, kind, type("Draft", (), {"num_layers": 3, "block_size": 7})())
             seen.add((kind, spec.topk > 1, spec.verify, spec.draft_sampling))
     for kind in KINDS[1:]:
         for rule in VERIFY_RULES.values():
-            for tree in ([False] if kind.startswith("mtp") else [False, True]):
-                if rule.runs_on(2 if tree else 1):
+            chains_only = all(s.topk == 1 for s in DRAFT_KINDS[kind].demo_specs)  # MTP's layers, DSpark's block
+            for tree in ([False] if chains_only else [False, True]):
+                if rule.runs_on(2 if tree else 1) and (rule.stopped_chains or not DRAFT_KINDS[kind].stops_chains):
                     assert (kind, tree, rule.name, "sample") in seen, (kind, tree, rule.name)
         assert (kind, False, "target_only", "topk") in seen

@@ -38,13 +38,14 @@ def test_the_shipped_kinds_and_what_reads_them():
         "target-only", "EAGLE tree S5 K4 W16", "EAGLE-3 tree S5 K4 W16", "NGRAM tree S5 K4 W16",
         "SUFFIX tree S5 K4 W16", "STANDALONE tree S5 K4 W16", "SCRIPTED tree S5 K4 W16", "EAGLE chain S3",
         "EAGLE-3 chain S3", "MTP MiMo S3", "MTP Step-3.5 S3", "NGRAM chain S3", "SUFFIX chain S3",
-        "STANDALONE chain S3", "SUFFIX chain S24", "DFlash block 8", "SCRIPTED chain S5"]
+        "STANDALONE chain S3", "SUFFIX chain S24", "DFlash block 8", "DSpark block 7", "SCRIPTED chain S5"]
     assert [c.label for c in CASES if not c.e2e] == ["NGRAM tree S5 K4 W16", "SUFFIX tree S5 K4 W16",
                                                      "STANDALONE tree S5 K4 W16", "EAGLE-3 chain S3",
-                                                     "MTP Step-3.5 S3", "SUFFIX chain S3", "SUFFIX chain S24"]
+                                                     "MTP Step-3.5 S3", "SUFFIX chain S3", "SUFFIX chain S24",
+                                                     "DSpark block 7"]
     assert [c.kind for c in by_kind(CASES)] == ["target-only", "eagle", "eagle", "eagle3", "eagle3", "mtp",
                                                 "mtp_chain", "ngram", "ngram", "suffix", "suffix", "suffix",
-                                                "draft_lm", "draft_lm", "dflash", "scripted", "scripted"]
+                                                "draft_lm", "draft_lm", "dflash", "scripted", "scripted", "dspark"]
     assert [kind_of_label(c.label) for c in CASES] == [c.kind for c in CASES]
     opts = default_opts()
     # DSpark's stage is trained only when named: its weights do not ship yet

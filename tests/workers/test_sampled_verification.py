@@ -240,7 +240,7 @@ def test_every_rule_runs_exactly_through_every_kind(target, kind, rule, shape):
     draw and coin enumerated, the target completing shorter emissions: the target's own, under top-p."""
     S, K, W = shape
     draft = DRAFTS[kind](target, S)
-    if not VERIFY_RULES[rule].stopped_chains and hasattr(draft, "confidence_threshold"):
+    if not VERIFY_RULES[rule].stopped_chains and DRAFT_KINDS[kind].stops_chains:
         draft.confidence_threshold = 0.0  # such a rule verifies DSpark's whole block (a capped one is refused)
     sampling = "sample" if DRAFT_KINDS[kind].samples_drafts else "topk"
     spec = SpecConfig(S, K, W, draft_sampling=sampling, verify=rule)
