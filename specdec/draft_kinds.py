@@ -511,17 +511,6 @@ register(DraftKind(
                              "gamma": 4.0, "norm_from_target": True}),
                  "DFlash block drafter ({num_hidden_layers} layers, block {block_size}, context from target layers "
                  "{target_layer_ids})", card_cost=True, target_opts=f"{_FOR_TARGET}:dflash_target_opts")))
-# the lab's draft of set quality: the target's own greedy continuation, departed from at set rates by depth (a
-# benchmark device: what a trained draft of that agreement would gain on any target, outputs exact). Its chain is as
-# deep as its default rates; no zoo draft, and none offered unasked (`--draft scripted:RATES` gives one)
-_SCRIPTED_CHAIN = SpecConfig(5, 1)
-register(DraftKind(
-    name="scripted", label="SCRIPTED", model="specdec.lab.scripted:ScriptedDraft",
-    worker="specdec.workers.host_proposal:HostProposalWorker", kv_margin=verify_only_kv_margin,
-    shape_label=tree_shape_label, demo_specs=(_SCRIPTED_CHAIN, TREE), e2e_specs=(_SCRIPTED_CHAIN, TREE),
-    random_draft="specdec.lab.scripted:scripted_draft_for", from_text="specdec.lab.scripted:draft_from_text",
-    samples_drafts=False, forwards_per_step=no_forward, gpu_e2e_specs=(_SCRIPTED_CHAIN, TREE),
-    gpu_e2e_graphs_only=True))
 # a block drafter with a Markov head that chooses the block token after token and a confidence head that caps how
 # much of it is verified (DeepSeek's DSpark, SGLang's DSPARK); the cap is per request and per step, on the device
 register(DraftKind(
@@ -541,5 +530,16 @@ register(DraftKind(
                  "{target_layer_ids}, Markov rank {markov_rank}, a confidence head)",
                  target_opts=f"{_FOR_TARGET}:dspark_target_opts", ships=False)))
 
+# the lab's draft of set quality: the target's own greedy continuation, departed from at set rates by depth (a
+# benchmark device: what a trained draft of that agreement would gain on any target, outputs exact). Its chain is as
+# deep as its default rates; no zoo draft, and none offered unasked (`--draft scripted:RATES` gives one)
+_SCRIPTED_CHAIN = SpecConfig(5, 1)
+register(DraftKind(
+    name="scripted", label="SCRIPTED", model="specdec.lab.scripted:ScriptedDraft",
+    worker="specdec.workers.host_proposal:HostProposalWorker", kv_margin=verify_only_kv_margin,
+    shape_label=tree_shape_label, demo_specs=(_SCRIPTED_CHAIN, TREE), e2e_specs=(_SCRIPTED_CHAIN, TREE),
+    random_draft="specdec.lab.scripted:scripted_draft_for", from_text="specdec.lab.scripted:draft_from_text",
+    samples_drafts=False, forwards_per_step=no_forward, gpu_e2e_specs=(_SCRIPTED_CHAIN, TREE),
+    gpu_e2e_graphs_only=True))
 #: the kinds the package ships, registered above; `unregister` refuses them
 BUILT_IN: tuple[str, ...] = tuple(_KINDS)

@@ -15,7 +15,7 @@ from specdec.workers import EagleWorkerV2, MultiLayerEagleWorkerV2
 from specdec.zoo.train import DRAFTS, EXTRA_STAGES, STAGES, default_opts
 from tests.helpers import bigram_target, perfect_eagle
 
-SHIPPED = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "suffix", "draft_lm", "dflash", "scripted", "dspark")
+SHIPPED = ("eagle", "eagle3", "mtp", "mtp_chain", "ngram", "suffix", "draft_lm", "dflash", "dspark", "scripted")
 #: the kinds the zoo trains and ships weights of
 ZOO = ("eagle", "eagle3", "mtp", "mtp_chain", "draft_lm", "dflash")
 
@@ -45,7 +45,7 @@ def test_the_shipped_kinds_and_what_reads_them():
                                                      "DSpark block 7"]
     assert [c.kind for c in by_kind(CASES)] == ["target-only", "eagle", "eagle", "eagle3", "eagle3", "mtp",
                                                 "mtp_chain", "ngram", "ngram", "suffix", "suffix", "suffix",
-                                                "draft_lm", "draft_lm", "dflash", "scripted", "scripted", "dspark"]
+                                                "draft_lm", "draft_lm", "dflash", "dspark", "scripted", "scripted"]
     assert [kind_of_label(c.label) for c in CASES] == [c.kind for c in CASES]
     opts = default_opts()
     # DSpark's stage is trained only when named: its weights do not ship yet
@@ -86,7 +86,7 @@ def test_labels():
     assert worker_label("eagle3", SpecConfig(4, 2, 7)) == "EAGLE-3 tree S4 K2 W7"
     assert worker_label("mtp_chain", SpecConfig(2)) == "MTP Step-3.5 S2"
     with pytest.raises(ValueError, match=r"unknown draft kind 'eagle4'; registered: eagle, eagle3, mtp, mtp_chain, "
-                                         r"ngram, suffix, draft_lm, dflash, scripted"):
+                                         r"ngram, suffix, draft_lm, dflash, dspark, scripted"):
         worker_label("eagle4", SpecConfig(3))
 
 
@@ -95,7 +95,7 @@ def test_a_draft_no_kind_claims_is_a_value_error_naming_the_kinds():
     with pytest.raises(ValueError, match=r"draft must be the model of a draft kind \(EagleDraftHead: eagle; "
                                          r"Eagle3DraftHead: eagle3; MTPDraftModel: mtp, mtp_chain; NgramDraft: "
                                          r"ngram; SuffixDraft: suffix; LlamaForCausalLM: draft_lm; DFlashDraftModel: "
-                                         r"dflash; ScriptedDraft: scripted; DSparkDraftModel: dspark\), got Linear"):
+                                         r"dflash; DSparkDraftModel: dspark; ScriptedDraft: scripted\), got Linear"):
         Engine(target, torch.nn.Linear(2, 2), SpecConfig(3))
 
 
