@@ -557,6 +557,21 @@ def dflash_loss(target, model, batch: torch.Tensor, blocks: int, gamma: float, a
     return loss, {"ce": float(loss.detach()), "agree1": float(agree[0]), f"agree{bs - 1}": float(agree[-1])}
 
 
+def context_layer_ids(target, ex: dict, num_layers: int) -> list[int]:
+    """The target layers a block drafter (DFlash, DSpark) reads: `ex["target_layer_ids"]`, else z-lab's rule for
+    `num_context_layers`, clipped to the layers a shallow target has."""
+    T = target.config.num_hidden_layers
+    return ex.get("target_layer_ids") or sorted({min(max(i, 0), T - 2) for i in build_target_layer_ids(
+        T, int(ex.get("num_context_layers", num_layers)))})
+
+
+def norm_from_target(model, target, ex: dict) -> None:
+    """With `ex["norm_from_target"]`, a block drafter's output norm starts as the target's, whose LM head reads it."""
+    if ex.get("norm_from_target", False):
+        with torch.no_grad():
+            model.norm.weight.copy_(target.model.norm.weight)
+
+
 def train_dflash(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     """-> (trained DFlashDraftModel fp32, stats). opts.extra: num_layers, block_size, blocks_per_window (anchors
     per window), gamma (the loss's decay by block position), target_layer_ids (default z-lab's
@@ -572,15 +587,11 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     T = target.config.num_hidden_layers
     if T < 2:
         raise ValueError(f"a DFlash drafter reads the outputs of target layers 0..L-2: a {T}-layer target has none")
-    # z-lab's rule, clipped to the layers a shallow target has
-    layer_ids = ex.get("target_layer_ids") or sorted({min(max(i, 0), T - 2) for i in build_target_layer_ids(
-        T, int(ex.get("num_context_layers", L)))})
+    layer_ids = context_layer_ids(target, ex, L)
     mask_id = int(ex.get("mask_token_id", ByteTokenizer.bos_token_id))
     model = DFlashDraftModel(dflash_config_like(target, L, bs, layer_ids, mask_id, **shape), target)
     init_weights_(model, L, seed + 60)
-    if ex.get("norm_from_target", False):  # the output norm starts as the target's, whose LM head reads it
-        with torch.no_grad():
-            model.norm.weight.copy_(target.model.norm.weight)
+    norm_from_target(model, target, ex)
     model = on_target_device(model, target).train()
     cpu0 = time.process_time()
     teacher, windows = stage_batches(target, data, opts, opts.seq_len, seed + 61, corpus_windows)
@@ -664,16 +675,13 @@ def train_dspark(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     if T < 2:
         raise ValueError(f"a DSpark drafter reads the outputs of target layers -1..L-2: a {T}-layer target has too "
                          f"few")
-    layer_ids = ex.get("target_layer_ids") or sorted({min(max(i, 0), T - 2) for i in build_target_layer_ids(
-        T, int(ex.get("num_context_layers", L)))})
+    layer_ids = context_layer_ids(target, ex, L)
     heads = {k: ex[k] for k in ("markov_rank", "markov_head_type", "confidence_head", "confidence_head_with_markov",
                                 "intermediate_size") if k in ex}
     mask_id = int(ex.get("mask_token_id", ByteTokenizer.bos_token_id))
     model = DSparkDraftModel(dspark_config_like(target, L, bs, layer_ids, mask_id, **heads), target)
     init_weights_(model, L, seed + 70)
-    if ex.get("norm_from_target", False):  # the output norm starts as the target's, whose LM head reads it
-        with torch.no_grad():
-            model.norm.weight.copy_(target.model.norm.weight)
+    norm_from_target(model, target, ex)
     model = on_target_device(model, target).train()
     cpu0 = time.process_time()
     teacher, windows = stage_batches(target, data, opts, opts.seq_len, seed + 71, corpus_windows)
