@@ -29,6 +29,8 @@ of the target's), `fc.weight`, `hidden_norm.weight`, `norm.weight`, `layers.{i}.
 (V, r), `markov_head.markov_w2.weight` (V, r), `markov_head.gate_proj.{weight,bias}` (gated),
 `confidence_head.proj.{weight,bias}` (1, H [+ r]). The drafter runs on the target's embedding and LM head: loading
 checks that the checkpoint's copies are the target's (a drafter for another target is refused), saving writes them.
+A drafter the zoo trains for its target is written without the two copies (for SmolLM2 they would be 113 MB of a
+drafter's 15): the loader then takes the target's own.
 """
 from __future__ import annotations
 
@@ -182,6 +184,10 @@ class DSparkDraftModel(DFlashDraftModel):
         return torch.where(below.any(-1), first, S)
 
     # ---- checkpoints (DeepSpec's layout) -----------------------------------------------------------------------
+    #: the tensors DeepSpec's checkpoints carry as frozen copies of the target's; a drafter written for its target
+    #: (`save_target_draft`) leaves them out, and the loader then takes the target's own
+    TARGET_COPIES = ("embed_tokens.weight", "lm_head.weight")
+
     def checkpoint(self) -> tuple[dict, dict]:
         d, sd = super(DFlashDraftModel, self).checkpoint()
         for name in ("chain_hidden_states", "eagle_layout", "mtp_layout"):
@@ -198,17 +204,18 @@ class DSparkDraftModel(DFlashDraftModel):
     @classmethod
     def from_pretrained(cls, path, target, device=None, dtype: torch.dtype | None = None,
                         confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD):
-        """A DSpark checkpoint directory in DeepSpec's layout (`read_dspark_config`). A missing head (the Markov
-        or confidence head the config names, the embedding or LM head), a tensor of a head the config leaves out,
-        an embedding or LM head that is not `target`'s, or a shape, depth or layer id that does not fit `target`:
-        a one-line ValueError naming it."""
+        """A DSpark checkpoint directory in DeepSpec's layout (`read_dspark_config`), with or without the copies of
+        the target's embedding and LM head (`TARGET_COPIES`). A missing head (the Markov or confidence head the
+        config names, one copy without the other), a tensor of a head the config leaves out, a copy that is not
+        `target`'s matrix, or a shape, depth or layer id that does not fit `target`: a one-line ValueError naming
+        it."""
         config = read_dspark_config(path)
         model = cls(config, target, confidence_threshold)
         sd = {name.removeprefix("model."): t for name, t in read_state_dict(path).items()}
         _check_heads(path, config, sd)
-        for name, theirs in (("embed_tokens.weight", target.model.embed_tokens.weight),
-                             ("lm_head.weight", target.lm_head.weight)):
-            _check_same_matrix(path, name, sd.pop(name), theirs)
+        if any(name in sd for name in cls.TARGET_COPIES):
+            for name, theirs in zip(cls.TARGET_COPIES, (target.model.embed_tokens.weight, target.lm_head.weight)):
+                _check_same_matrix(path, name, sd.pop(name), theirs)
         load_strict(model, sd, path)
         return model.to(device=device or target.device, dtype=dtype or target.dtype).eval()
 
@@ -220,10 +227,11 @@ _HEADS = {"Markov head": ("markov_head.", "markov_rank"),
 
 
 def _check_heads(path, config: DSparkConfig, sd: dict) -> None:
-    for what, name in (("embedding", "embed_tokens.weight"), ("LM head", "lm_head.weight")):
-        if name not in sd:
-            raise ValueError(f"{path}: no {name} (the drafter's {what}, a copy of the target's that DeepSpec's "
-                             f"checkpoints carry)")
+    held = [name in sd for name in DSparkDraftModel.TARGET_COPIES]
+    if any(held) and not all(held):
+        what, name = (("embedding", "embed_tokens.weight"), ("LM head", "lm_head.weight"))[held.index(False)]
+        raise ValueError(f"{path}: no {name} (the drafter's {what}, a copy of the target's that DeepSpec's "
+                         f"checkpoints carry) beside the other copy")
     for head, (prefix, field_name) in _HEADS.items():
         asked, held = bool(getattr(config, field_name)), any(k.startswith(prefix) for k in sd)
         if asked and not held:

@@ -103,6 +103,20 @@ def test_deepspec_checkpoint_block_equals_the_raw_tensor_computation(target, tmp
     assert got[3] == want[3]
 
 
+def test_a_checkpoint_without_the_targets_copies_drafts_with_the_targets_matrices(target, tmp_path):
+    """The zoo writes a drafter without DeepSpec's copies of the embedding and LM head; loaded, its block is the
+    raw-tensor computation with the target's matrices in their place."""
+    cfg, sd = deepspec_dir(tmp_path, target, drop=("embed_tokens.weight", "lm_head.weight"))
+    model = DSparkDraftModel.from_pretrained(tmp_path, target, confidence_threshold=0.5)
+    feats = _features(target, model, TOKENS)
+    got = block_through_cache(model, feats, 11, 5)
+    want = dspark_block_from_tensors(dict(sd, **{"embed_tokens.weight": target.model.embed_tokens.weight.detach(),
+                                                 "lm_head.weight": target.lm_head.weight.detach()}),
+                                     cfg, feats[0], 11, 5, threshold=0.5)
+    assert got[0] == want[0] and got[3] == want[3]
+    assert (got[1].double() - want[1]).abs().max() < 1e-4
+
+
 def test_the_confident_length_is_the_first_position_below_the_threshold(target):
     """Worked by hand: sigmoid of [2, 0.5, -1, 3] is [0.88, 0.62, 0.27, 0.95], of 2 0.88, of -3 0.047."""
     model = random_dspark(target, 1, 4, mask_token_id=MASK)
@@ -145,7 +159,8 @@ def test_checkpoints_that_cannot_draft_are_one_line_value_errors(target, tmp_pat
     deepspec_dir(tmp_path / "half", target, drop=("confidence_head.proj.bias",))
     _one_line_value_error(r"missing=\['confidence_head.proj.bias'\]", lambda: load(tmp_path / "half", target))
     deepspec_dir(tmp_path / "no-head", target, drop=("lm_head.weight",))
-    _one_line_value_error(r"no lm_head\.weight \(the drafter's LM head", lambda: load(tmp_path / "no-head", target))
+    _one_line_value_error(r"no lm_head\.weight \(the drafter's LM head, a copy of the target's that DeepSpec's "
+                          r"checkpoints carry\) beside the other copy", lambda: load(tmp_path / "no-head", target))
 
     def no_confidence(cfg):
         cfg.update(enable_confidence_head=False)

@@ -5,6 +5,7 @@ steps on the small pair's target."""
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from specdec import zoo
 from specdec.models import random_llama
@@ -160,6 +161,8 @@ def test_a_drafter_for_a_given_target_trains_on_its_recording(tmp_path):
     saved = json.loads((tmp_path / "out" / "dspark" / "config.json").read_text())
     assert saved["architectures"] == ["Qwen3DSparkModel"] and saved["block_size"] == 7
     assert saved["specdec_target_fingerprint"] == zoo.target_fingerprint(target)
+    stored = load_file(str(tmp_path / "out" / "dspark" / "model.safetensors"))
+    assert "embed_tokens.weight" not in stored and "lm_head.weight" not in stored and "fc.weight" in stored
     draft = zoo.load_draft_for("dspark", tmp_path / "out" / "dspark", target)
     params = SamplingParams(max_new_tokens=12)
     want = Engine(target, max_seq_len=64).generate([prompts[0]], params)[0].token_ids

@@ -98,8 +98,11 @@ def unused_token_id(tokenizer, stream: np.ndarray) -> int:
 
 
 def save_target_draft(model, path: Path, fingerprint: str) -> int:
-    """Write `model` in its peers' layout in float16, config.json naming the target's fingerprint -> bytes."""
+    """Write `model` in its peers' layout in float16, config.json naming the target's fingerprint -> bytes. Copies
+    of the target's own matrices that the layout may leave out (`TARGET_COPIES`) are left out: the loader takes the
+    target's."""
     cfg, sd = model.checkpoint()
+    sd = {k: v for k, v in sd.items() if k not in getattr(model, "TARGET_COPIES", ())}
     cfg["torch_dtype"] = "float16"
     cfg["specdec_target_fingerprint"] = fingerprint
     save_dir(path, cfg, {k: (v.detach().to(TARGET_DRAFT_DTYPE) if v.is_floating_point() else v.detach()).cpu()
