@@ -124,6 +124,18 @@ def device_choice(text: str) -> str:
     return text
 
 
+def confidence_threshold_list(text: str) -> list[float]:
+    """'0.5,0.3,0' -> [0.5, 0.3, 0.0] (DSpark confidence thresholds: each in [0, 1], 0 the whole block)."""
+    try:
+        values = [float(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as '0.5,0.3,0', got {text!r}") \
+            from None
+    if not all(0 <= v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"confidence thresholds must be in [0, 1], got {text!r}")
+    return list(dict.fromkeys(values))
+
+
 def top_p_list(text: str) -> list[float]:
     """'1,0.9' -> [1.0, 0.9] (each in (0, 1])."""
     try:

@@ -119,9 +119,15 @@ ASSISTED_CASE = WorkerCase("hf-assisted", None)
 NGRAM_OPTION_CASES = [WorkerCase("ngram", spec, e2e=False, draft_options=(option,))
                       for option in (("shared", False), ("indexing", "sequence"), ("child_order", "frequency"))
                       for spec in DRAFT_KINDS["ngram"].demo_specs]
+def dspark_threshold_cases(thresholds) -> list[WorkerCase]:
+    """DSpark at its demo shapes with each confidence threshold of `thresholds` in place of its drafter's own (0:
+    the block verified whole), labelled by it ("DSpark confidence_threshold=0.3 block 7")."""
+    return [WorkerCase("dspark", spec, e2e=False, draft_options=(("confidence_threshold", float(t)),))
+            for t in thresholds for spec in DRAFT_KINDS["dspark"].demo_specs]
+
+
 #: DSpark's block verified whole (no confidence cap) beside the capped one, at its demo shapes: what the cap gains
-DSPARK_OPTION_CASES = [WorkerCase("dspark", spec, e2e=False, draft_options=(("confidence_threshold", 0.0),))
-                       for spec in DRAFT_KINDS["dspark"].demo_specs]
+DSPARK_OPTION_CASES = dspark_threshold_cases((0.0,))
 
 
 def with_verify_rules(cases: list[WorkerCase], rules: list[str]) -> list[WorkerCase]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 
 from ..cli_args import (DEVICE_HELP, DRAFT_DIR_HELP, IMPL_HELP, MODEL_HELP, THREADS_HELP, HelpFormatter,
-                        add_prompt_arguments, device_choice, draft_kinds_arg, float_list, positive_int,
-                        positive_int_list, top_p_list, verify_rules_arg)
+                        add_prompt_arguments, confidence_threshold_list, device_choice, draft_kinds_arg, float_list,
+                        positive_int, positive_int_list, top_p_list, verify_rules_arg)
 from ..draft_kinds import DRAFT_KINDS
 from ..bench.common import DTYPES
 from ..bench.suites.acceptance import main_bench
@@ -97,6 +97,9 @@ def add_parser(subparsers):
                    help=MODEL_HELP + " (acceptance suite; a model with a chat template answers chat prompts)")
     p.add_argument("--draft", action="append", default=None, metavar="DIR",
                    help=DRAFT_DIR_HELP + " (acceptance suite)")
+    p.add_argument("--confidence-thresholds", type=confidence_threshold_list, default=None, metavar="LIST",
+                   help="DSpark at each of these confidence thresholds, e.g. 0.5,0.3,0 (0: the whole block "
+                        "verified), in place of its drafter's own and the whole block (acceptance suite)")
     add_prompt_arguments(p)
     return p
 
@@ -106,6 +109,7 @@ def check(args) -> str | None:
     asked of another suite."""
     if args.suite != "acceptance":
         given = [flag for flag, value in (("--draft", args.draft), ("--prompts", args.prompts),
+                                          ("--confidence-thresholds", args.confidence_thresholds),
                                           ("--categories", args.categories), ("--turns", args.turns != "first"))
                  if value]
         if given:
