@@ -416,6 +416,7 @@ def worker_label(kind: str, spec: SpecConfig | None) -> str:
 
 
 _TRAIN = "specdec.zoo.train.stages"
+_BLOCK_TRAIN = "specdec.zoo.train.block_stages"
 _EVALUATE = "specdec.zoo.train.evaluate"
 _FOR_TARGET = "specdec.zoo.train.for_target"
 
@@ -505,7 +506,7 @@ register(DraftKind(
     forwards_per_step=one_forward, gpu_e2e_specs=(SpecConfig(7),),
     # random: two layers at the target's width, block 8 (its cost, not its acceptance)
     random_draft="specdec.models.dflash:random_dflash", random_draft_config={"num_layers": 2, "block_size": 8},
-    zoo=ZooStage(f"{_TRAIN}:train_dflash", f"{_EVALUATE}:evaluate_dflash",
+    zoo=ZooStage(f"{_BLOCK_TRAIN}:train_dflash", f"{_EVALUATE}:evaluate_dflash",
                  dict(steps=450, batch_size=8, seq_len=256, warmup=40, lr=3e-3,
                       extra={"num_layers": 2, "num_context_layers": 3, "block_size": 8, "blocks_per_window": 128,
                              "gamma": 4.0, "norm_from_target": True}),
@@ -522,7 +523,7 @@ register(DraftKind(
     random_draft="specdec.models.dspark:random_dspark", random_draft_config={"num_layers": 2, "block_size": 7},
     # DFlash's stage settings with DeepSpec's block of 7, a vanilla Markov head and a confidence head reading its
     # embedding, DeepSpec's loss; trained only when named until the pairs ship its weights
-    zoo=ZooStage(f"{_TRAIN}:train_dspark", f"{_EVALUATE}:evaluate_dspark",
+    zoo=ZooStage(f"{_BLOCK_TRAIN}:train_dspark", f"{_EVALUATE}:evaluate_dspark",
                  dict(steps=450, batch_size=8, seq_len=256, warmup=40, lr=3e-3,
                       extra={"num_layers": 2, "num_context_layers": 3, "block_size": 7, "blocks_per_window": 128,
                              "gamma": 4.0, "markov_rank": 32, "markov_head_type": "vanilla", "norm_from_target": True}),

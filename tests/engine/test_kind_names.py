@@ -27,7 +27,8 @@ OTHER_MEANING = {
 }
 #: a kind's own code naming its own kind: its trainer stage reports under the stage's name
 OWN_KIND = {
-    "specdec/zoo/train/stages.py": {"eagle", "eagle3", "mtp", "mtp_chain", "draft_lm", "dflash", "dspark"},
+    "specdec/zoo/train/stages.py": {"eagle", "eagle3", "mtp", "mtp_chain", "draft_lm"},
+    "specdec/zoo/train/block_stages.py": {"dflash", "dspark"},
 }
 #: per-kind facts still outside the record (to move into it: the card's per-kind prose, the benches' special cases)
 NOT_YET_IN_RECORD = {

@@ -17,7 +17,7 @@ from specdec.kv_cache import KVCache
 from specdec.models import random_llama
 from specdec.models.dflash import DFlashDraftModel, build_target_layer_ids, random_dflash, read_dflash_config
 from specdec.models.layers import AttentionMetadata
-from specdec.zoo.train.stages import dflash_blocks
+from specdec.zoo.train.block_stages import dflash_blocks
 from tests.helpers.oracles import dflash_logits_from_tensors
 
 H, V, L = 32, 64, 4

@@ -11,7 +11,7 @@ from specdec import zoo
 from specdec.models import random_llama
 from specdec.models.dspark import random_dspark
 from specdec.zoo.train import StageOpts
-from specdec.zoo.train.stages import DSPARK_LOSS_WEIGHTS, dflash_blocks, dspark_loss, train_dspark
+from specdec.zoo.train.block_stages import DSPARK_LOSS_WEIGHTS, dflash_blocks, dspark_loss, train_dspark
 from tests.helpers.oracles import dspark_block_from_tensors
 
 MASK = 63

@@ -26,7 +26,7 @@ from ...draft_kinds import DRAFT_KINDS
 from ...zoo.corpus import heldout_prompts
 from ...zoo.train.evaluate import heldout_tensor, evaluate_dflash
 from ...zoo.train.hparams import StageOpts
-from ...zoo.train.stages import train_dflash
+from ...zoo.train.block_stages import train_dflash
 from ..common import RowWriter, Run, RunRow
 from .draft_cost import step_cost
 

@@ -57,10 +57,10 @@ from .hparams import DRAFTS, EXTRA_STAGES, STAGES, StageOpts, TargetShape, Windo
 from .loop import init_weights_, lr_at, make_optimizer, num_params
 from .pipeline import train_all
 from .regenerate import SegmentWindows, load_segments, regenerate_segments
-from .stages import (DRAFT_LM_SHAPE, DSPARK_LOSS_WEIGHTS, dflash_blocks, dflash_loss, draft_lm_loss, draft_vocabulary,
-                     dspark_loss, eagle3_loss, eagle_loss, eagle_unrolled, mtp_forward, mtp_loss, new_draft_lm,
-                     new_eagle3_head, pass_weights, soft_ce, target_loss, train_dflash, train_draft_lm, train_dspark,
-                     train_eagle, train_eagle3, train_mtp, train_mtp_chain, train_target, ttt_mask,
+from .block_stages import DSPARK_LOSS_WEIGHTS, dflash_blocks, dflash_loss, dspark_loss, train_dflash, train_dspark
+from .stages import (DRAFT_LM_SHAPE, draft_lm_loss, draft_vocabulary, eagle3_loss, eagle_loss, eagle_unrolled,
+                     mtp_forward, mtp_loss, new_draft_lm, new_eagle3_head, pass_weights, soft_ce, target_loss,
+                     train_draft_lm, train_eagle, train_eagle3, train_mtp, train_mtp_chain, train_target, ttt_mask,
                      zoo_feature_layers)
 from .storage import DRAFT_STORAGE, STORE_DTYPE, save_stored
 

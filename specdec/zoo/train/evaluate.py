@@ -14,7 +14,8 @@ from ...models.eagle3 import Eagle3DraftHead
 from ...models.layers import AttentionMetadata
 from .. import corpus
 from .loop import position_grid
-from .stages import draft_vocab_targets, dflash_blocks, eagle_unrolled, mtp_forward, ttt_mask
+from .block_stages import dflash_blocks
+from .stages import draft_vocab_targets, eagle_unrolled, mtp_forward, ttt_mask
 
 def heldout_tensor(n: int, length: int, seed: int = 4321) -> torch.Tensor:
     """(n, length) int64: the held-out windows the model card measures on (`corpus.heldout_windows`, seed 4321)."""
