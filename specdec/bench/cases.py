@@ -130,6 +130,16 @@ def dspark_threshold_cases(thresholds) -> list[WorkerCase]:
 DSPARK_OPTION_CASES = dspark_threshold_cases((0.0,))
 
 
+def with_dspark_thresholds(cases: list[WorkerCase], thresholds) -> list[WorkerCase]:
+    """`cases` with DSpark's cases replaced, where the first of them stood, by one per threshold of `thresholds`
+    (`dspark_threshold_cases`); `cases` as they are when `thresholds` is empty or none is DSpark's."""
+    first = next((i for i, c in enumerate(cases) if c.kind == "dspark"), None)
+    if not thresholds or first is None:
+        return cases
+    rest = [c for c in cases if c.kind != "dspark"]
+    return rest[:first] + dspark_threshold_cases(thresholds) + rest[first:]
+
+
 def with_verify_rules(cases: list[WorkerCase], rules: list[str]) -> list[WorkerCase]:
     """`cases` with each static drafting case of a kind that has a distribution once per verify rule of `rules`
     (`SpecConfig.verify`, registered rules of `specdec.verify_rules`) that runs on its shape

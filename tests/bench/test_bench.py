@@ -484,7 +484,7 @@ def test_dspark_rows_with_and_without_the_confidence_cap(tmp_path):
     """`specdec bench --workers dspark`: the capped block and the whole block (`DSPARK_OPTION_CASES`, the drafter's
     threshold set to 0 on a copy) are two rows of one drafter, both token-identical to target-only, and no rule
     inexact on a stopped chain (block verification) is run with the capped one."""
-    from specdec.bench.cases import DSPARK_OPTION_CASES, dspark_threshold_cases, with_verify_rules
+    from specdec.bench.cases import DSPARK_OPTION_CASES, with_dspark_thresholds, with_verify_rules
     from specdec.models import random_llama
     from specdec.models.dspark import random_dspark
     target = random_llama(vocab_size=12, hidden_size=32, num_hidden_layers=4, seed=11)
@@ -499,8 +499,12 @@ def test_dspark_rows_with_and_without_the_confidence_cap(tmp_path):
                          progress=lambda s: None, repeats=1)
     rows = list(csv.DictReader(path.open()))
     assert [r["label"] for r in rows[1:]] == ["DSpark block 7", "DSpark confidence_threshold=0.0 block 7"]
-    # `--confidence-thresholds 0.3,0`: a row per threshold, each on a copy of the same drafter
-    swept = dspark_threshold_cases([0.3, 0.0])
-    assert [c.label for c in swept] == ["DSpark confidence_threshold=0.3 block 7", whole.label]
+    # `--confidence-thresholds 0.3,0`: a row per threshold in place of DSpark's, each on a copy of the same drafter
+    ngram = WorkerCase("ngram", SpecConfig(3))
+    swept = with_dspark_thresholds([WorkerCase("target-only", None), capped, whole, ngram], [0.3, 0.0])
+    assert [c.label for c in swept] == ["target-only", "DSpark confidence_threshold=0.3 block 7", whole.label,
+                                        ngram.label]
+    assert with_dspark_thresholds([ngram], [0.3]) == [ngram] and with_dspark_thresholds([capped], []) == [capped]
+    swept = swept[1:3]
     assert [c.draft_for(draft).confidence_threshold for c in swept] == [0.3, 0.0] and draft.confidence_threshold == 0.5
     assert all(r["same_tokens_as_target_only"] == "True" for r in rows[1:])

@@ -19,7 +19,7 @@ import torch
 from ... import Engine, SamplingParams, SpecConfig
 from ...draft_kinds import DRAFT_KINDS
 from ..cases import (ASSISTED_CASE, CASES, DSPARK_OPTION_CASES, NGRAM_OPTION_CASES, PEER_CASES, WorkerCase, by_kind,
-                     dspark_threshold_cases, offered_kinds, tuned_cases, with_verify_rules)
+                     offered_kinds, tuned_cases, with_dspark_thresholds, with_verify_rules)
 from ...cli_args import about
 from ..common import (ALL_CATEGORIES, DTYPES, Run, RunRow, above_bar, cpu_model, dtype_name, median_of,
                      progress_bar, quantile, target_only_batch_seconds)
@@ -467,15 +467,14 @@ def main_bench(args) -> int:
           + (f" ({len(shown)} categories: {', '.join(shown)})" if len(shown) > 1 else "")
           + (", through its chat template" if bundle.chat else "")
           + (f", stopping at EOS ids {stop_token_ids}" if stop_token_ids else ""))
-    # --confidence-thresholds: DSpark at each threshold asked, in place of its drafter's own and the whole block
-    asked = dspark_threshold_cases(args.confidence_thresholds) if args.confidence_thresholds else []
-    cases = [c for c in by_kind(CASES + NGRAM_OPTION_CASES + (asked or DSPARK_OPTION_CASES))
-             if (c.spec is None or c.kind in drafts) and not (asked and c.kind == "dspark" and c not in asked)]
+    cases = [c for c in by_kind(CASES + NGRAM_OPTION_CASES + DSPARK_OPTION_CASES)
+             if c.spec is None or c.kind in drafts]
     # a model other than the byte pairs takes longer a step: its kinds' demo shapes only, unless asked
     shapes = args.shapes if args.shapes != "auto" else "all" if bundle.name in zoo.names() else "demo"
     if shapes != "all":  # none of NGRAM's option variants; "first": each kind at its default shape only
-        cases = [c for c in cases if c.spec is None or c in asked or (not c.draft_options and (
+        cases = [c for c in cases if c.spec is None or (not c.draft_options and (
             shapes == "demo" or c.spec == DRAFT_KINDS[c.kind].default_spec(drafts[c.kind])))]
+    cases = with_dspark_thresholds(cases, args.confidence_thresholds)
     cases = with_verify_rules(cases, args.verify)
     for path in tuned_paths(args.tuned or [], bundle.name):
         tuned = TunedSpec.load(path)
