@@ -149,7 +149,7 @@ class ZooStage:
     trains none of this kind for a given target;
     ships: whether the zoo's pairs ship this kind's draft (its stage is part of a whole run, `specdec zoo train`, and
     a pair is complete only with it); False for a stage trained only when named (`--stage NAME`, `train-draft --kind
-    NAME`) until its weights are trained and shipped."""
+    NAME`), whose draft a pair may still ship and load."""
 
     trainer: str
     evaluator: str
@@ -522,7 +522,8 @@ register(DraftKind(
     # random: DFlash's speed draft (two layers at the target's width) with DeepSpec's block of 7
     random_draft="specdec.models.dspark:random_dspark", random_draft_config={"num_layers": 2, "block_size": 7},
     # DFlash's stage settings with DeepSpec's block of 7, a vanilla Markov head and a confidence head reading its
-    # embedding, DeepSpec's loss; trained only when named until the pairs ship its weights
+    # embedding, DeepSpec's loss; trained only when named (an hour of CPU on the deep pair): the deep pair ships one
+    # trained with `--stage dspark --dspark-steps 1800`, the small pair none
     zoo=ZooStage(f"{_BLOCK_TRAIN}:train_dspark", f"{_EVALUATE}:evaluate_dspark",
                  dict(steps=450, batch_size=8, seq_len=256, warmup=40, lr=3e-3,
                       extra={"num_layers": 2, "num_context_layers": 3, "block_size": 7, "blocks_per_window": 128,

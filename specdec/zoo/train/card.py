@@ -36,7 +36,8 @@ def shape_summary(cfg) -> dict:
     d = {k: getattr(cfg, k) for k in keys}
     if hasattr(cfg, "chain_hidden_states"):
         d["chain_hidden_states"] = cfg.chain_hidden_states
-    for extra in ("draft_vocab_size", "feature_layers", "block_size", "target_layer_ids"):  # EAGLE-3, DFlash
+    for extra in ("draft_vocab_size", "feature_layers", "block_size", "target_layer_ids",  # EAGLE-3, DFlash
+                  "markov_rank"):  # DSpark
         if hasattr(cfg, extra):
             d[extra] = getattr(cfg, extra)
     return d
@@ -124,17 +125,24 @@ def render_model_card(card: dict) -> str:
         lines.append(f"- target: {t['heldout_nats_per_byte']:.3f} nats/byte ({t['heldout_bits_per_byte']:.3f} "
                      f"bits/byte), top-1 accuracy {t['heldout_top1_accuracy']:.3f}.")
     lines += ["", "| draft | step | CE vs true byte (nats) | CE vs target distribution (nats) | "
-              "top-1 agreement with target |", "|---|---|---|---|---|"]
+              "top-1 agreement with target | accepted prefix |", "|---|---|---|---|---|---|"]
     for k in DRAFTS + EXTRA_STAGES:
         for step, r in ho.get(k, {}).items():
+            prefix = f"{r['accept_prefix']:.3f}" if r.get("accept_prefix") is not None else ""
             lines.append(f"| `{k}` | {step} | {r['ce_true_nats']:.3f} | {r['ce_target_nats']:.3f} | "
-                         f"{r['top1_agreement']:.3f} |")
+                         f"{r['top1_agreement']:.3f} | {prefix} |")
     lines += ["", "At position t the target predicts byte t+1; EAGLE depth d and MTP layer k (1-based) predict "
               "byte t+1+d (t+1+k), reading the true bytes before it. EAGLE depth 1 reads the target's hidden "
               "state, depth d >= 2 the head's own output hidden state of depth d-1, attending to exactly what "
               "draft step d-1 sees at inference (the head was trained with %s unrolled passes). Agreement is "
               "the fraction of positions where the draft's argmax equals the target's; the speculative "
               "workers' acceptance is measured separately (`specdec bench`)." % tr.get("eagle", {}).get("unroll", "?"),
+              "",
+              "A block drafter's position j is the j-th token of a block drafted after an anchor; its accepted prefix "
+              "is the fraction of blocks whose positions 1..j all agree with the target, what greedy verification "
+              "of the whole block would accept. DSpark's Markov head reads the block's tokens before j, here the "
+              "held-out text's in place of its own proposals, so its agreement at j > 1 compares with DFlash's "
+              "through the accepted prefix.",
               "",
               _eagle3_scoring_note(card), ""]
     lines += _draft_lm_heldout_note(card)
