@@ -12,7 +12,8 @@ CASES = {"EAGLE tree S5 K4 W16": ("eagle", SpecConfig(5, 4, 16)),
          "EAGLE-3 tree S5 K4 W16": ("eagle3", SpecConfig(5, 4, 16)),
          "EAGLE chain S3": ("eagle", SpecConfig(3, 1)), "EAGLE-3 chain S3": ("eagle3", SpecConfig(3, 1)),
          "MTP MiMo S3": ("mtp", SpecConfig(3)), "MTP Step-3.5 S3": ("mtp_chain", SpecConfig(3)),
-         "STANDALONE chain S3": ("draft_lm", SpecConfig(3, 1))}
+         "STANDALONE chain S3": ("draft_lm", SpecConfig(3, 1)), "DFlash block 8": ("dflash", SpecConfig(7)),
+         "DSpark block 7": ("dspark", SpecConfig(7))}
 
 
 @pytest.fixture(scope="module")
