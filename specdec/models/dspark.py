@@ -15,18 +15,29 @@ On top of the block's logits `lm_head(h_j)`:
 
 - the Markov head adds a bias that depends on the token proposed just before position j (the last verified token
   for j = 0): "vanilla" `markov_w2(markov_w1[prev])` (a rank-`markov_rank` bigram), "gated" the same with
-  `markov_w1[prev]` scaled by `sigmoid(gate_proj([h_j; markov_w1[prev]]))`. So the block's tokens are chosen one
-  after another, each from its refined logits;
+  `markov_w1[prev]` scaled by `sigmoid(gate_proj([h_j; markov_w1[prev]]))`, "rnn" `markov_w2(tanh(o_j))` where a
+  state s of size `markov_rank`, zero before position 0 of every block, runs through the block:
+  [g; c; o_j] = `joint_proj([s_{j-1}; markov_w1[prev]; h_j])`, s_j = sigmoid(g) s_{j-1} + (1 - sigmoid(g)) tanh(c),
+  so position j's bias reads every token of the block before it. So the block's tokens are chosen one after another,
+  each from its refined logits;
 - the confidence head, one linear unit, estimates from `[h_j; markov_w1[prev]]` (or `h_j` alone) the probability
-  that proposal j is accepted given the ones before it were. A block is sent to verification up to its first
-  position whose estimate falls below the confidence threshold (DeepSpec's rule; 0 sends the whole block).
+  that proposal j is accepted given the ones before it were (with an "rnn" head too it reads the embedding, not the
+  state, as DeepSpec's). A block is sent to verification up to its first position whose estimate falls below the
+  confidence threshold (DeepSpec's rule; 0 sends the whole block).
+
+The Markov head is one step, `MarkovHead.step(prev_ids, hidden, state) -> (bias, state)`, for every type: the state
+is None before a block's position 0 and stays None for the memoryless heads. The worker, choosing the tokens one
+after another, carries it through `refine_step`; a teacher-forced block (training, evaluation) goes through
+`refine_logits`, which unrolls the steps over the block positions (the memoryless heads' steps are independent, so
+they run as one).
 
 Checkpoints in DeepSpec's layout (what its trainer writes and SGLang reads): config.json is the target's Qwen3 config
 with `architectures` ["Qwen3DSparkModel"], the draft's `num_hidden_layers`, and top-level `block_size`,
 `mask_token_id`, `target_layer_ids`, `num_target_layers`, `num_anchors`, `markov_rank`, `markov_head_type`,
 `enable_confidence_head`, `confidence_head_with_markov`; tensors `embed_tokens.weight`, `lm_head.weight` (frozen copies
 of the target's), `fc.weight`, `hidden_norm.weight`, `norm.weight`, `layers.{i}.*`, `markov_head.markov_w1.weight`
-(V, r), `markov_head.markov_w2.weight` (V, r), `markov_head.gate_proj.{weight,bias}` (gated),
+(V, r), `markov_head.markov_w2.weight` (V, r), `markov_head.gate_proj.{weight,bias}` (gated, (r, H + r)),
+`markov_head.joint_proj.{weight,bias}` (rnn, (3r, 2r + H)),
 `confidence_head.proj.{weight,bias}` (1, H [+ r]). The drafter runs on the target's embedding and LM head: loading
 checks that the checkpoint's copies are the target's (a drafter for another target is refused), saving writes them.
 A drafter the zoo trains for its target is written without the two copies (for SmolLM2 they would be 113 MB of a
@@ -51,9 +62,8 @@ from .linear import Linear
 #: block)
 DEFAULT_CONFIDENCE_THRESHOLD = 0.5
 
-#: the Markov heads implemented, by `markov_head_type`; DeepSpec's "rnn" head (a recurrent state across the block) is
-#: not
-MARKOV_HEAD_TYPES = ("vanilla", "gated")
+#: the Markov heads implemented, by `markov_head_type` (DeepSpec's three)
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 #: the largest difference, relative to a row's largest magnitude, between the checkpoint's copy of the embedding or
 #: LM head and the target's that still counts as the same matrix: bf16 rounds to 2^-8 of a value, the zoo's int8 rows
@@ -91,27 +101,44 @@ class DSparkConfig(DFlashConfig):
 
 
 class MarkovHead(nn.Module):
-    """The block's token-to-token refinement: a bias on position j's logits from the token before it (see the
-    module docstring). Names as DeepSpec's: `markov_w1` (V, r) an embedding, `markov_w2` (V, r) a linear map back
-    to the vocabulary, `gate_proj` (r, H + r) for the gated head."""
+    """The block's token-to-token refinement: a bias on position j's logits from the token before it and, for "rnn",
+    a state carried from the positions before (see the module docstring). Names as DeepSpec's: `markov_w1` (V, r) an
+    embedding, `markov_w2` (V, r) a linear map back to the vocabulary, `gate_proj` (r, H + r) for the gated head,
+    `joint_proj` (3r, 2r + H) for the rnn head."""
 
     def __init__(self, config: DSparkConfig):
         super().__init__()
         V, H, r = config.vocab_size, config.hidden_size, config.markov_rank
         self.markov_w1 = nn.Embedding(V, r)
         self.markov_w2 = Linear(r, V, bias=False)
-        self.gate_proj = Linear(H + r, r) if config.markov_head_type == "gated" else None
+        kind = config.markov_head_type
+        self.gate_proj = Linear(H + r, r) if kind == "gated" else None
+        self.joint_proj = Linear(2 * r + H, 3 * r) if kind == "rnn" else None
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether a position's bias depends on the block positions before it (the rnn head's state)."""
+        return self.joint_proj is not None
 
     def prev_embedding(self, prev_ids):
         """prev_ids (...) int64 -> (..., r): what the bias and the confidence head read of the previous token."""
         return self.markov_w1(prev_ids)
 
-    def bias(self, prev_ids, hidden):
-        """prev_ids (...), hidden (..., H) the block's outputs at the same positions -> the bias (..., V)."""
+    def step(self, prev_ids, hidden, state=None):
+        """prev_ids (...), hidden (..., H) the block's outputs at the same positions, state (..., r) the rnn head's
+        after the position before (None at a block's position 0) -> (bias (..., V), the state after this position;
+        None for a memoryless head)."""
         e = self.prev_embedding(prev_ids).to(hidden.dtype)
         if self.gate_proj is not None:
             e = e * torch.sigmoid(self.gate_proj(torch.cat([hidden, e], dim=-1)))
-        return self.markov_w2(e)
+        if self.joint_proj is None:
+            return self.markov_w2(e), None
+        if state is None:
+            state = torch.zeros_like(e)
+        gate, candidate, output = self.joint_proj(torch.cat([state, e, hidden], dim=-1)).chunk(3, dim=-1)
+        gate = torch.sigmoid(gate)
+        state = gate * state + (1 - gate) * torch.tanh(candidate)
+        return self.markov_w2(torch.tanh(output)), state
 
 
 class ConfidenceHead(nn.Module):
@@ -154,12 +181,28 @@ class DSparkDraftModel(DFlashDraftModel):
         self._confidence_threshold = v
 
     # ---- the heads -------------------------------------------------------------------------------------
+    def refine_step(self, logits, prev_ids, hidden, state=None):
+        """One block position: logits (..., V) the LM head's at outputs hidden (..., H), prev_ids (...) the tokens
+        before them, state the Markov head's after the position before (None at position 0) -> (the Markov-refined
+        logits, the state to pass with the next position). Without a Markov head: (logits, None)."""
+        if self.markov_head is None:
+            return logits, None
+        bias, state = self.markov_head.step(prev_ids, hidden, state)
+        return logits + bias.to(logits.dtype), state
+
     def refine_logits(self, logits, prev_ids, hidden):
-        """logits (..., V) the LM head's at block positions whose outputs are hidden (..., H), prev_ids (...) the
-        tokens before them -> the Markov-refined logits (the same tensor without a Markov head)."""
+        """A teacher-forced block: logits (..., S, V) the LM head's at a block's positions 0..S-1 (in order on the
+        second-to-last axis) whose outputs are hidden (..., S, H), prev_ids (..., S) the tokens before them -> the
+        Markov-refined logits (the same tensor without a Markov head)."""
         if self.markov_head is None:
             return logits
-        return logits + self.markov_head.bias(prev_ids, hidden).to(logits.dtype)
+        if not self.markov_head.recurrent:
+            return self.refine_step(logits, prev_ids, hidden)[0]
+        state, rows = None, []
+        for j in range(logits.shape[-2]):
+            row, state = self.refine_step(logits[..., j, :], prev_ids[..., j], hidden[..., j, :], state)
+            rows.append(row)
+        return torch.stack(rows, dim=-2)
 
     def confidence_logits(self, hidden, prev_ids):
         """hidden (..., H), prev_ids (...) -> (...) fp32 logits of the estimated acceptance, or None without a

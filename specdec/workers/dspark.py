@@ -3,9 +3,10 @@ and sends the block to verification up to its confidence cap.
 
 Alignment is DFlash's (`DFlashWorker`), but every block position proposes: with committed target length n and the
 last verified token x_n, the block [x_n, mask * (S-1)] at positions n..n+S-1 attends to the context at 0..n-1 and to
-itself; its output at n+j-1 (j = 1..S), refined by the Markov bias of the token before it (x_n, then d_1, ...), gives
-d_j. The chain [x_n, d_1..d_S] goes through the base worker's verify, commit, penalties, grammar masks and logprobs;
-after it the target's features of the accepted nodes become the context at n..n+a, as DFlash's.
+itself; its output at n+j-1 (j = 1..S), refined by the Markov bias of the token before it (x_n, then d_1, ...; an rnn
+head's bias also reads the state carried from the block positions before), gives d_j. The chain [x_n, d_1..d_S] goes
+through the base worker's verify, commit, penalties, grammar masks and logprobs; after it the target's features of
+the accepted nodes become the context at n..n+a, as DFlash's.
 
 The confidence cap is a per-request length c (0..S) computed on the device: the number of leading block positions
 whose estimated acceptance is at least the drafter's `confidence_threshold`. The chain is verified with its link
@@ -66,7 +67,8 @@ class DSparkWorker(DFlashWorker):
 
     def _propose_block(self, hidden, root):
         """hidden: (B, S, H), the block's outputs -> (proposals (B, S), q (B, S, V) or None), d_j chosen from the
-        Markov-refined logits of position j - 1 given d_{j-1} (the root for j = 1): their argmax, or a draw from their
+        Markov-refined logits of position j - 1 given d_{j-1} (the root for j = 1) and, for a recurrent Markov head,
+        the state it carries from the positions before (the chosen tokens'): their argmax, or a draw from their
         q for a sampled draft, after the draft's penalties and grammar masks along [root, d_1..d_{j-1}] where the
         SpecConfig asks. Leaves the confident lengths (B,) in `_confident_lengths` for `draft`."""
         d = self.draft_model
@@ -74,9 +76,9 @@ class DSparkWorker(DFlashWorker):
         B, S, _ = base.shape
         uniforms = self.proposer.uniforms(0, S)
         shaping = self.draft_penalties or self.draft_grammar
-        chain, q_rows = [root[:, None]], []
+        chain, q_rows, markov_state = [root[:, None]], [], None
         for j in range(S):
-            logits = d.refine_logits(base[:, j], chain[-1][:, 0], hidden[:, j])
+            logits, markov_state = d.refine_step(base[:, j], chain[-1][:, 0], hidden[:, j], markov_state)
             if shaping:
                 path = torch.ones(B, 1, j + 1, dtype=torch.bool, device=self.device)
                 logits = self.shape_draft_logits(logits, torch.cat(chain, dim=1), path)

@@ -23,9 +23,9 @@ def block_through_cache(model, feats, root: int, S: int):
     block = torch.tensor([[root] + [model.mask_token_id] * (S - 1)])
     hidden = model(block, Tc + torch.arange(S)[None], cache, meta, return_logits=False).hidden[0]
     base = model.compute_logits(hidden)
-    prev, tokens, rows = torch.tensor(root), [], []
+    prev, tokens, rows, state = torch.tensor(root), [], [], None
     for j in range(S):
-        row = model.refine_logits(base[j], prev, hidden[j])
+        row, state = model.refine_step(base[j], prev, hidden[j], state)
         rows.append(row)
         prev = row.argmax()
         tokens.append(int(prev))

@@ -1,7 +1,8 @@
 """The DSpark drafter against DeepSeek's own code (deepseek-ai/DeepSpec, MIT): a checkpoint this package writes is
-loaded by DeepSpec's `Qwen3DSparkModel` (transformers), and on a random Qwen3 target every block the worker proposes
-while decoding a ragged batch, its Markov-refined logits, confidence logits and confident length equal what DeepSpec's
-evaluator (`forward_dspark_draft_block`, `build_dspark_proposal`) computes over the same committed sequence.
+loaded by DeepSpec's `Qwen3DSparkModel` (transformers), and on a random Qwen3 target (each Markov head type) every
+block the worker proposes while decoding a ragged batch, its Markov-refined logits, confidence logits and confident
+length equal what DeepSpec's evaluator (`forward_dspark_draft_block`, `build_dspark_proposal`) computes over the same
+committed sequence.
 
 DeepSpec is not a dependency: the tests import it from the checkout `SPECDEC_DEEPSPEC_DIR` names
 (`scripts/fetch_deepspec.sh` makes one) and are skipped, with the reason, without one or where it does not import
@@ -37,15 +38,15 @@ def deepspec():
     return Qwen3DSparkModel, forward_dspark_draft_block, build_dspark_proposal, DynamicCache
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory, deepspec):
+@pytest.fixture(scope="module", params=["vanilla", "gated", "rnn"])
+def pair(tmp_path_factory, deepspec, request):
     """A random Qwen3 target, a random DSpark drafter of block 5 (context from the embedding output and target
-    layer 2, a vanilla Markov head, a confidence head with the Markov embedding) saved, and DeepSpec's model of the
-    same checkpoint."""
+    layer 2, a Markov head of each type, a confidence head with the Markov embedding) saved, and DeepSpec's model of
+    the same checkpoint."""
     target = random_llama(vocab_size=40, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                           num_key_value_heads=2, seed=3, model_type="qwen3")
     draft = random_dspark(target, 2, 5, target_layer_ids=[-1, 2], mask_token_id=39, seed=4, markov_rank=8,
-                          std=0.4, confidence_threshold=0.5)
+                          markov_head_type=request.param, std=0.4, confidence_threshold=0.5)
     path = tmp_path_factory.mktemp("dspark")
     draft.save_pretrained(path)
     theirs = deepspec[0].from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
@@ -109,4 +110,5 @@ def test_every_block_of_a_ragged_greedy_batch_is_deepspecs(deepspec, pair):
             lengths.add(c)
     assert worst < 1e-4, worst
     assert len(lengths) > 1  # the cap varied: the test saw ragged verification
-    print(f"largest logit difference from DeepSpec's code: {worst:.2e} over {len(seen)} steps")
+    print(f"{draft.config.markov_head_type} head: largest logit difference from DeepSpec's code: {worst:.2e} over "
+          f"{len(seen)} steps")

@@ -1,5 +1,6 @@
 """The DSpark drafter: a checkpoint in DeepSpec's layout loads; its block forward, Markov-refined logits, confidence
-logits and confident length equal DeepSpec's computation written out in float64 from the raw tensors; a checkpoint
+logits and confident length equal DeepSpec's computation written out in float64 from the raw tensors (each of its
+Markov head types: vanilla, gated, rnn); a checkpoint
 round-trips in that layout; a checkpoint missing a head, naming a head it lacks or holding one it does not name, a
 Markov head that is not implemented, or a drafter for another target is a one-line ValueError before any compute."""
 import json
@@ -62,6 +63,9 @@ def deepspec_dir(path, target, layers=2, layer_ids=(-1, 2), block=5, rank=8, mar
         sd.update({"markov_head.markov_w1.weight": r(V, rank, s=1.0), "markov_head.markov_w2.weight": r(V, rank)})
         if markov == "gated":
             sd.update({"markov_head.gate_proj.weight": r(rank, H + rank), "markov_head.gate_proj.bias": r(rank)})
+        if markov == "rnn":
+            sd.update({"markov_head.joint_proj.weight": r(3 * rank, 2 * rank + H),
+                       "markov_head.joint_proj.bias": r(3 * rank)})
     if confidence:
         sd.update({"confidence_head.proj.weight": r(1, H + (rank if with_markov else 0)),
                    "confidence_head.proj.bias": r(1)})
@@ -84,9 +88,9 @@ def _features(target, model, tokens):
         return target(torch.tensor([tokens]), torch.arange(len(tokens))[None], features=model.feature_layers).features
 
 
-@pytest.mark.parametrize("heads", [dict(), dict(markov="gated"), dict(with_markov=False), dict(rank=0),
-                                   dict(confidence=False)], ids=["vanilla", "gated", "confidence-alone",
-                                                                 "no-markov", "no-confidence"])
+@pytest.mark.parametrize("heads", [dict(), dict(markov="gated"), dict(markov="rnn"), dict(with_markov=False),
+                                   dict(rank=0), dict(confidence=False)],
+                         ids=["vanilla", "gated", "rnn", "confidence-alone", "no-markov", "no-confidence"])
 def test_deepspec_checkpoint_block_equals_the_raw_tensor_computation(target, tmp_path, heads):
     if heads.get("rank") == 0:
         heads["with_markov"] = False
@@ -127,8 +131,9 @@ def test_the_confident_length_is_the_first_position_below_the_threshold(target):
         assert model.confident_length(logits, 4).tolist() == want, threshold
 
 
-def test_a_checkpoint_round_trips_in_deepspecs_layout(target, tmp_path):
-    cfg, sd = deepspec_dir(tmp_path / "d", target, markov="gated")
+@pytest.mark.parametrize("markov", ["gated", "rnn"])
+def test_a_checkpoint_round_trips_in_deepspecs_layout(target, tmp_path, markov):
+    cfg, sd = deepspec_dir(tmp_path / "d", target, markov=markov)
     model = DSparkDraftModel.from_pretrained(tmp_path / "d", target)
     model.save_pretrained(tmp_path / "again")
     again = json.loads((tmp_path / "again" / "config.json").read_text())
@@ -168,9 +173,15 @@ def test_checkpoints_that_cannot_draft_are_one_line_value_errors(target, tmp_pat
     deepspec_dir(tmp_path / "unnamed", target, layout=no_confidence)
     _one_line_value_error(r"holds confidence_head\.\* tensors \(a confidence head\) but config.json has "
                           r"enable_confidence_head=False", lambda: load(tmp_path / "unnamed", target))
-    deepspec_dir(tmp_path / "rnn", target, layout=lambda cfg: cfg.update(markov_head_type="rnn"))
-    _one_line_value_error(r"markov_head_type='rnn' is not implemented \(implemented: vanilla, gated\)",
-                          lambda: load(tmp_path / "rnn", target))
+    deepspec_dir(tmp_path / "made-up", target, layout=lambda cfg: cfg.update(markov_head_type="trigram"))
+    _one_line_value_error(r"markov_head_type='trigram' is not implemented \(implemented: vanilla, gated, rnn\)",
+                          lambda: load(tmp_path / "made-up", target))
+    deepspec_dir(tmp_path / "no-joint", target, markov="rnn", drop=("markov_head.joint_proj.weight",))
+    _one_line_value_error(r"missing=\['markov_head.joint_proj.weight'\]", lambda: load(tmp_path / "no-joint", target))
+    deepspec_dir(tmp_path / "vanilla-named", target, markov="rnn", layout=lambda cfg: cfg.update(
+        markov_head_type="vanilla"))
+    _one_line_value_error(r"unexpected=\['markov_head.joint_proj.bias', 'markov_head.joint_proj.weight'\]",
+                          lambda: load(tmp_path / "vanilla-named", target))
     deepspec_dir(tmp_path / "no-type", target, layout=lambda cfg: cfg.pop("markov_head_type"))
     _one_line_value_error(r"markov_rank=8 but no markov_head_type", lambda: load(tmp_path / "no-type", target))
     deepspec_dir(tmp_path / "no-block", target, layout=lambda cfg: cfg.pop("block_size"))
