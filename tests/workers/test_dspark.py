@@ -4,7 +4,8 @@ logprobs on ragged batches whose caps differ per request and per step, at every 
 on the CPU and at the fixed width the CUDA graphs replay; the exact distribution when sampling, target-only and
 rejection verify; penalties, logit bias, grammars with masked drafts; the fast path); every block and every cap equal
 DeepSpec's computation written out from the raw tensors over the committed sequence; no host sync in a fixed-shape
-step; a block longer than the drafter's is a one-line ValueError."""
+step; a block longer than the drafter's is a one-line ValueError. The greedy, oracle, fixed-shape and fast-path
+checks run with a vanilla and an rnn Markov head (the one that carries a state through the block)."""
 from collections import Counter
 
 import pytest
@@ -35,6 +36,19 @@ def tiny():
                                  markov_rank=8)
 
 
+@pytest.fixture(scope="module")
+def tiny_rnn(tiny):
+    """`tiny`'s target with a drafter of the same shape whose Markov head is DeepSpec's rnn head (a state carried
+    through the block)."""
+    target, _ = tiny
+    return target, random_dspark(target, 2, 6, target_layer_ids=[-1, 2], mask_token_id=11, seed=6, std=0.5,
+                                 markov_rank=8, markov_head_type="rnn")
+
+
+#: the Markov head types the worker's tests run, by the fixture holding a pair with one
+MARKOV_PAIRS = {"vanilla": "tiny", "rnn": "tiny_rnn"}
+
+
 def record_blocks(w) -> list:
     """Wraps the worker's draft() so that each call appends (slots, committed lengths, full candidates, verified
     chain lengths) to the list returned: the verified length read from the tree's links (nodes linked from the
@@ -59,10 +73,11 @@ def record_blocks(w) -> list:
     return seen
 
 
+@pytest.mark.parametrize("markov", list(MARKOV_PAIRS))
 @pytest.mark.parametrize("threshold", [0.0, 0.5, 0.8])
 @pytest.mark.parametrize("fixed", [False, True], ids=["narrowed", "fixed-width"])
-def test_greedy_identical_with_logprobs_on_a_ragged_batch(tiny, threshold, fixed):
-    target, draft = tiny
+def test_greedy_identical_with_logprobs_on_a_ragged_batch(request, markov, threshold, fixed):
+    target, draft = request.getfixturevalue(MARKOV_PAIRS[markov])
     draft.confidence_threshold = threshold
     base = Engine(target, max_seq_len=64).generate(PROMPTS, logprob_params(24))
     engine = Engine(target, draft=draft, spec=SpecConfig(6), max_seq_len=64)
@@ -80,12 +95,14 @@ def test_greedy_identical_with_logprobs_on_a_ragged_batch(tiny, threshold, fixed
         assert len(verified) > 1 and max(widths) < 7 or len(widths) > 1
 
 
-def test_each_block_and_cap_is_deepspecs_computation_over_the_committed_sequence(tiny):
+@pytest.mark.parametrize("markov", list(MARKOV_PAIRS))
+def test_each_block_and_cap_is_deepspecs_computation_over_the_committed_sequence(request, markov):
     """At every step, for every request of a ragged batch, the block the worker drafts is the Markov argmax chain of
     DeepSpec's forward written out from the raw tensors over the target features of the committed tokens, and the
     chain it verifies is cut where DeepSpec's confidence rule cuts it: the context's positions, features and commits
-    line up (a misaligned context only costs acceptance, which losslessness never shows)."""
-    target, draft = tiny
+    line up (a misaligned context only costs acceptance, which losslessness never shows), and an rnn head's state
+    runs through each block from zero."""
+    target, draft = request.getfixturevalue(MARKOV_PAIRS[markov])
     draft.confidence_threshold = 0.5
     engine = Engine(target, draft=draft, spec=SpecConfig(6), max_seq_len=64)
     seen = record_blocks(engine.worker)
@@ -119,8 +136,9 @@ def test_the_fixed_shape_step_through_padded_static_buffers(tiny):
     assert len(outs[2].token_ids) == 14
 
 
-def test_a_fixed_shape_decode_step_makes_no_host_sync(tiny):
-    target, draft = tiny
+@pytest.mark.parametrize("markov", list(MARKOV_PAIRS))
+def test_a_fixed_shape_decode_step_makes_no_host_sync(request, markov):
+    target, draft = request.getfixturevalue(MARKOV_PAIRS[markov])
     draft.confidence_threshold = 0.5
     w = DSparkWorker(target, draft, SpecConfig(4), reference, max_batch=2, max_seq_len=64)
     w.fixed_step_shapes = True  # as DecodeGraphs sets it; on a CPU alone the verify is narrowed with one read
@@ -131,7 +149,8 @@ def test_a_fixed_shape_decode_step_makes_no_host_sync(tiny):
             step = w.decode_step()
     assert step.accept_lens.shape == (2,)
     meta_target = near_bigram_target(seed=3, mix=0.3).to("meta")
-    meta_draft = random_dspark(near_bigram_target(seed=3, mix=0.3), 1, 4, target_layer_ids=[0], mask_token_id=1)
+    meta_draft = random_dspark(near_bigram_target(seed=3, mix=0.3), 1, 4, target_layer_ids=[0], mask_token_id=1,
+                               markov_head_type=markov)
     meta_draft._target = (meta_target,)
     w = DSparkWorker(meta_target, meta_draft.to("meta"), SpecConfig(3), reference, max_batch=2, max_seq_len=64)
     assert not w.trims_verify
@@ -141,8 +160,9 @@ def test_a_fixed_shape_decode_step_makes_no_host_sync(tiny):
     assert step.predict.device.type == "meta"
 
 
-def test_the_fast_path_is_identical(tiny):
-    target, draft = tiny
+@pytest.mark.parametrize("markov", ["vanilla", pytest.param("rnn", marks=pytest.mark.slow)])
+def test_the_fast_path_is_identical(request, markov):
+    target, draft = request.getfixturevalue(MARKOV_PAIRS[markov])
     draft.confidence_threshold = 0.5
     prompts = [[1, 2, 3], [8, 9]]
     base = Engine(target, max_seq_len=24).generate(prompts, logprob_params(5))
@@ -223,13 +243,14 @@ def test_block_verification_of_a_capped_block_is_refused(tiny):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_graph_replay_equals_eager():
+@pytest.mark.parametrize("markov", list(MARKOV_PAIRS))
+def test_cuda_graph_replay_equals_eager(markov):
     """On a GPU: the capped block captured at its full width and replayed gives eager fast decoding's tokens and
     logprobs (eager on CUDA verifies at the full width too: no narrowing off the CPU)."""
     target = random_llama(vocab_size=12, hidden_size=32, num_hidden_layers=4, seed=11, model_type="qwen3",
                           device="cuda")
     draft = random_dspark(target, 2, 6, target_layer_ids=[-1, 2], mask_token_id=11, seed=5, std=0.5, markov_rank=8,
-                          confidence_threshold=0.5)
+                          markov_head_type=markov, confidence_threshold=0.5)
     params = [logprob_params(max_new=6 + 5 * i) for i in range(3)]
     eager = Engine(target, draft, SpecConfig(6), impl="fast", max_batch=4, max_seq_len=96, cuda_graphs=False)
     graphed = Engine(target, draft, SpecConfig(6), impl="fast", max_batch=4, max_seq_len=96, cuda_graphs=True)
