@@ -1,10 +1,10 @@
 """The DSpark trainer stage: the dense training path shows each block what inference shows it (the float64 oracle,
-teacher-forced: each position's Markov bias and confidence read the data's token before it), the loss is DeepSpec's
-(its three terms recomputed here from the model's outputs), and the loss on held-out windows falls within a few dozen
-steps on the small pair's target."""
+teacher-forced: each position's Markov bias and confidence read the data's token before it, an rnn head's state runs
+through each block from zero), the loss is DeepSpec's and the held-out rows are the evaluation's (both recomputed here
+from the oracle's blocks), and the loss on held-out windows falls within a few dozen steps on the small pair's
+target."""
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specdec import zoo
@@ -12,18 +12,20 @@ from specdec.models import random_llama
 from specdec.models.dspark import random_dspark
 from specdec.zoo.train import StageOpts
 from specdec.zoo.train.block_stages import DSPARK_LOSS_WEIGHTS, dflash_blocks, dspark_loss, train_dspark
+from specdec.zoo.train.evaluate import evaluate_dspark
 from tests.helpers.oracles import dspark_block_from_tensors
 
 MASK = 63
 
 
-def test_the_training_path_is_the_oracle_teacher_forced():
+@pytest.mark.parametrize("markov", ["gated", "rnn"])
+def test_the_training_path_is_the_oracle_teacher_forced(markov):
     """Three blocks in one window: block m at anchor p sees the context x_0..x_{p-1} and itself; position j's logits
-    are refined by x_{p+j} and its confidence reads x_{p+j}, as the oracle computes with the data's tokens as the
-    proposals."""
+    are refined by x_{p+j} (an rnn head's state running from zero over x_p..x_{p+j}) and its confidence reads
+    x_{p+j}, as the oracle computes with the data's tokens as the proposals."""
     target = random_llama(vocab_size=64, hidden_size=32, num_hidden_layers=4, seed=7, model_type="qwen3")
     model = random_dspark(target, 2, 4, target_layer_ids=[-1, 1], mask_token_id=MASK, seed=2, markov_rank=8,
-                          markov_head_type="gated")
+                          markov_head_type=markov)
     cfg, sd = model.checkpoint()
     tokens = [5, 9, 2, 44, 17, 3, 30, 8, 12, 40, 1, 7, 22]
     T, bs = len(tokens), 4
@@ -36,51 +38,88 @@ def test_the_training_path_is_the_oracle_teacher_forced():
         ids = before.clone()
         ids.view(1, 3, bs)[:, :, 1:] = MASK
         hidden = model.forward_dense(feats, torch.arange(T)[None], ids, positions, mask)
-        logits = model.refine_logits(model.compute_logits(hidden), before, hidden)[0]
+        logits = model.refine_logits(model.compute_logits(hidden).view(1, 3, bs, -1), before.view(1, 3, bs),
+                                     hidden.view(1, 3, bs, -1))[0]
         confidence = model.confidence_logits(hidden, before)[0]
     for m, p in enumerate(anchors[0].tolist()):
         _, want, want_conf, _ = dspark_block_from_tensors(sd, cfg, feats[0, :p], tokens[p], bs,
                                                           proposals=tokens[p + 1:p + 1 + bs])
-        assert (logits[m * bs:(m + 1) * bs].double() - want).abs().max() < 1e-4
+        assert (logits[m].double() - want).abs().max() < 1e-4
         assert (confidence[m * bs:(m + 1) * bs].double() - want_conf).abs().max() < 1e-4
 
 
-def test_the_loss_is_deepspecs_three_terms():
-    """One block per window at a known anchor (the generator's draw, replayed): the cross-entropy on the data's next
-    tokens, the total variation against the target's distribution and the confidence head's binary cross-entropy
-    against 1 - TV / 2, each a decay-weighted mean over block positions."""
-    target = random_llama(vocab_size=64, hidden_size=32, num_hidden_layers=4, seed=7)
-    model = random_dspark(target, 1, 3, target_layer_ids=[0], mask_token_id=MASK, seed=3, markov_rank=4)
+@pytest.mark.parametrize("markov", ["vanilla", "rnn"])
+def test_the_loss_is_deepspecs_three_terms(markov):
+    """Two blocks per window at known anchors (the generator's draws, replayed), each block's logits and confidence
+    from the float64 oracle over its own prefix: the cross-entropy on the data's next tokens, the total variation
+    against the target's distribution and the confidence head's binary cross-entropy against 1 - TV / 2, each a
+    decay-weighted mean over block positions."""
+    target = random_llama(vocab_size=64, hidden_size=32, num_hidden_layers=4, seed=7, model_type="qwen3")
+    model = random_dspark(target, 1, 3, target_layer_ids=[0], mask_token_id=MASK, seed=3, markov_rank=4,
+                          markov_head_type=markov)
+    cfg, sd = model.checkpoint()
     batch = torch.randint(0, 60, (2, 12), generator=torch.Generator().manual_seed(1))
-    gamma = 2.0
+    gamma, blocks = 2.0, 2
     with torch.no_grad():
-        loss, parts = dspark_loss(target, model, batch, 1, gamma, DSPARK_LOSS_WEIGHTS, False,
+        loss, parts = dspark_loss(target, model, batch, blocks, gamma, DSPARK_LOSS_WEIGHTS, False,
                                   torch.Generator().manual_seed(9))
         g = torch.Generator().manual_seed(9)
-        anchors = [int(torch.randperm(12 - 3 - 1, generator=g)[0]) + 1 for _ in range(2)]
-        z = target(batch, torch.arange(12)[None].expand(2, 12)).logits
+        anchors = [(torch.randperm(12 - 3 - 1, generator=g)[:blocks] + 1).tolist() for _ in range(2)]
+        z = target(batch, torch.arange(12)[None].expand(2, 12)).logits.double()
         feats = target(batch, torch.arange(12)[None].expand(2, 12), features=model.feature_layers).features
-        w = torch.exp(-torch.arange(3.0) / gamma)
-        terms = torch.zeros(3, 3)  # (term, position)
-        for b, p in enumerate(anchors):
-            pos = torch.arange(p, p + 3)[None]
-            ctx = torch.arange(12)[None, None] < p
-            mask = torch.cat([ctx.expand(1, 3, 12), torch.ones(1, 3, 3, dtype=torch.bool)], 2)
-            ids = torch.tensor([[int(batch[b, p]), MASK, MASK]])
-            h = model.forward_dense(feats[b:b + 1], torch.arange(12)[None], ids, pos, mask)
-            prev = batch[b:b + 1, p:p + 3]
-            q = torch.softmax(model.refine_logits(model.compute_logits(h), prev, h)[0], -1)
+    w = torch.exp(-torch.arange(3.0, dtype=torch.float64) / gamma)
+    terms = torch.zeros(3, 3, dtype=torch.float64)  # (term, position)
+    count = 2 * blocks
+    for b, row in enumerate(anchors):
+        for p in row:
+            tokens = batch[b].tolist()
+            _, logits, confidence, _ = dspark_block_from_tensors(sd, cfg, feats[b, :p], tokens[p], 3,
+                                                                 proposals=tokens[p + 1:p + 4])
+            q = torch.softmax(logits, -1)
             pt = torch.softmax(z[b, p:p + 3], -1)
             tv = (q - pt).abs().sum(-1)
-            terms[0] += -torch.log(q[torch.arange(3), batch[b, p + 1:p + 4]]) / 2
-            terms[1] += tv / 2
-            terms[2] += F.binary_cross_entropy_with_logits(model.confidence_logits(h, prev)[0], 1 - tv / 2,
-                                                           reduction="none") / 2
+            terms[0] += -torch.log(q[torch.arange(3), batch[b, p + 1:p + 4]]) / count
+            terms[1] += tv / count
+            accept = 1 - tv / 2
+            terms[2] += (torch.logaddexp(torch.zeros(3, dtype=torch.float64), -confidence)
+                         + (1 - accept) * confidence) / count  # BCE with logits, written out
     want = (terms * w).sum(1) / w.sum()
     for k, name in enumerate(("ce", "l1", "confidence")):
         assert abs(parts[name] - float(want[k])) < 1e-5, name
     assert abs(float(loss) - sum(DSPARK_LOSS_WEIGHTS[n] * float(want[k])
                                  for k, n in enumerate(("ce", "l1", "confidence")))) < 1e-5
+
+
+@pytest.mark.parametrize("markov", ["vanilla", "rnn"])
+def test_the_held_out_rows_are_the_oracles_per_block_position(markov):
+    """`evaluate_dspark` on two windows, blocks anchored every 4 tokens: each position's cross-entropies, agreement,
+    accepted prefix and mean confidence are the float64 oracle's, block by block over its own prefix."""
+    target = random_llama(vocab_size=64, hidden_size=32, num_hidden_layers=4, seed=7, model_type="qwen3")
+    model = random_dspark(target, 1, 3, target_layer_ids=[0], mask_token_id=MASK, seed=3, markov_rank=4,
+                          markov_head_type=markov, std=0.5)
+    cfg, sd = model.checkpoint()
+    windows = torch.randint(0, 60, (2, 12), generator=torch.Generator().manual_seed(2))
+    rows = evaluate_dspark(target, model, windows, stride=4)
+    sums, count = torch.zeros(5, 3, dtype=torch.float64), 0
+    with torch.no_grad():
+        z = target(windows, torch.arange(12)[None].expand(2, 12)).logits.double()
+        feats = target(windows, torch.arange(12)[None].expand(2, 12), features=model.feature_layers).features
+    for b in range(2):
+        tokens = windows[b].tolist()
+        for p in range(1, 12 - 3, 4):
+            _, logits, confidence, _ = dspark_block_from_tensors(sd, cfg, feats[b, :p], tokens[p], 3,
+                                                                 proposals=tokens[p + 1:p + 4])
+            lq = torch.log_softmax(logits, -1)
+            agree = (logits.argmax(-1) == z[b, p:p + 3].argmax(-1)).double()
+            sums += torch.stack([-lq[torch.arange(3), windows[b, p + 1:p + 4]],
+                                 -(torch.softmax(z[b, p:p + 3], -1) * lq).sum(-1), agree, agree.cumprod(0),
+                                 torch.sigmoid(confidence)])
+            count += 1
+    want = sums / count
+    for j in range(3):
+        got = rows[f"pos{j + 1}"]
+        for k, name in enumerate(("ce_true_nats", "ce_target_nats", "top1_agreement", "accept_prefix", "confidence")):
+            assert abs(got[name] - float(want[k, j])) < 1e-4, (name, j)
 
 
 @pytest.mark.slow

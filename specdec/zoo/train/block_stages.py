@@ -122,7 +122,8 @@ def dspark_loss(target, model, batch: torch.Tensor, blocks: int, gamma: float, w
                 gen: torch.Generator):
     """batch: (B, T) -> (loss, parts), DeepSpec's loss. `blocks` random anchors p per window; the block is x_p then
     mask tokens at p..p+bs-1 over the context features of x_0..x_{p-1}; block position j proposes x_{p+j+1}, its
-    logits Markov-refined by the token before it (teacher-forced: x_{p+j}). Per position, weighted
+    logits Markov-refined by the token before it (teacher-forced: x_{p+j}; an rnn head's state runs over x_p..x_{p+j}
+    from zero at each block's position 0). Per position, weighted
     exp(-j/gamma): the cross-entropy on x_{p+j+1}, the total variation |q - p|_1 against the target's distribution
     at p+j, and the confidence head's binary cross-entropy against the acceptance rate 1 - |q - p|_1 / 2 (a
     constant target); `weights` scales the three. parts: each term and the top-1 agreement with the target at the
@@ -138,7 +139,9 @@ def dspark_loss(target, model, batch: torch.Tensor, blocks: int, gamma: float, w
     ids.view(B, blocks, bs)[:, :, 1:] = model.mask_token_id
     with train_autocast(amp):
         hidden = model.forward_dense(feats, position_grid(B, T, batch.device), ids, positions, mask)
-        logits = model.refine_logits(model.compute_logits(hidden), before, hidden)
+        by_block = (B, blocks, bs)  # refine_logits unrolls a recurrent Markov head over each block's positions
+        logits = model.refine_logits(model.compute_logits(hidden).view(*by_block, -1), before.view(by_block),
+                                     hidden.view(*by_block, -1)).flatten(1, 2)
         confidence = model.confidence_logits(hidden, before)
     lq = torch.log_softmax(logits.float(), -1)
     pt = torch.softmax(z.gather(1, positions[:, :, None].expand(-1, -1, z.shape[-1])), -1)

@@ -228,8 +228,9 @@ def evaluate_dspark(target, model, windows: torch.Tensor, *, seq_len: int | None
         ids = before.clone()
         ids.view(B, n, bs)[:, :, 1:] = model.mask_token_id
         hidden = model.forward_dense(out.features, grid, ids, positions, mask)
-        lp = torch.log_softmax(model.refine_logits(model.compute_logits(hidden), before, hidden).float(), -1)
-        lp = lp.view(B, n, bs, -1)
+        by_block = (B, n, bs)  # refine_logits unrolls a recurrent Markov head over each block's positions
+        lp = torch.log_softmax(model.refine_logits(model.compute_logits(hidden).view(*by_block, -1),
+                                                   before.view(by_block), hidden.view(*by_block, -1)).float(), -1)
         z = out.logits.gather(1, positions[:, :, None].expand(-1, -1, out.logits.shape[-1])).view(B, n, bs, -1)
         true = w.gather(1, positions + 1).view(B, n, bs)
         agree = (lp.argmax(-1) == z.argmax(-1)).double()
