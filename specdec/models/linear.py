@@ -7,8 +7,8 @@ at M = 1, even at M = 2, 1.6x faster at M = 4 and 2.0-2.3x from M = 16 up; on an
 slower at M = 2 and only 1.2x faster at M = 16.
 So on first use of each (weight shape, row bucket) a CPU fp32 forward without autograd times both
 backends on that weight (a few milliseconds, cached per process) and keeps the faster one; the row bucket
-is M rounded up to a power of two. Everything else (autograd, other dtypes and devices, torch.compile,
-which packs weights itself) takes F.linear. The packed copy is made on first use of oneDNN for a weight,
+is M rounded up to a power of two, at most `MEASURED_ROWS_MAX`. Everything else (autograd, other dtypes and
+devices, torch.compile, which packs weights itself) takes F.linear. The packed copy is made on first use of oneDNN for a weight,
 remade when the weight changes, and costs one more copy of it in memory.
 
 `set_cpu_linear_backend("auto" | "mkl" | "onednn")` forces either (`"mkl"` means F.linear, whatever BLAS
@@ -79,8 +79,14 @@ def _onednn_available() -> bool:
     return _state["onednn"]
 
 
+#: products of more rows share the backend measured at this many: by then both backends are compute-bound and
+#: their ratio has settled, while timing them at a prefill's or a batch-of-thousands' full row count costs as
+#: much as several of its forwards
+MEASURED_ROWS_MAX = 1024
+
+
 def _row_bucket(rows: int) -> int:
-    return 1 << max(0, rows - 1).bit_length()
+    return min(1 << max(0, rows - 1).bit_length(), MEASURED_ROWS_MAX)
 
 
 class Linear(nn.Linear):

@@ -137,12 +137,13 @@ def test_auto_cpu_linear_measures_once_per_shape_and_row_bucket(monkeypatch):
     monkeypatch.setattr(linear.Linear, "_measure", lambda self, rows: measured.append(rows) or original(self, rows))
     lin = linear.Linear(40, 24)
     with torch.inference_mode():
-        for rows in (3, 4, 3, 1, 9, 16, 2):
+        for rows in (3, 4, 3, 1, 9, 16, 2, 1500, 5000):
             x = torch.randn(rows, 40)
             torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5,
                                        atol=1e-5)
-    assert measured == [4, 1, 16, 2]  # buckets 4 (3, 4, 3), 1, 16 (9, 16), 2
-    assert set(linear.cpu_linear_choices()) == {(24, 40, True, b) for b in (1, 2, 4, 16)}
+    # buckets 4 (3, 4, 3), 1, 16 (9, 16), 2, and the largest measured for every longer product (1500, 5000)
+    assert measured == [4, 1, 16, 2, linear.MEASURED_ROWS_MAX]
+    assert set(linear.cpu_linear_choices()) == {(24, 40, True, b) for b in (1, 2, 4, 16, linear.MEASURED_ROWS_MAX)}
     assert set(linear.cpu_linear_choices().values()) <= {"mkl", "onednn"}
     assert linear.cpu_linear_summary().startswith("auto (onednn ")
     fresh = linear.Linear(40, 24)
