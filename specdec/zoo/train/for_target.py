@@ -173,18 +173,23 @@ def render_target_card(card: dict, name: str) -> str:
              f"target it was trained for (fingerprint `{card.get('target_fingerprint')}`). Generated from "
              "card.json.", "",
              "| draft | parameters | MB | data (recorded tokens) | steps x batch x tokens | CPU minutes | "
-             "held-out top-1 agreement by depth |", "|---|---|---|---|---|---|---|"]
+             "held-out top-1 agreement by depth | held-out accepted prefix by block position |",
+             "|---|---|---|---|---|---|---|---|"]
     for kind, row in card.get("drafts", {}).items():
-        t = row["training"]
-        agree = " / ".join(f"{v['top1_agreement']:.2f}" for v in row.get("heldout", {}).values()) or "-"
+        t, heldout = row["training"], row.get("heldout", {}).values()
+        agree = " / ".join(f"{v['top1_agreement']:.2f}" for v in heldout) or "-"
+        prefix = " / ".join(f"{v['accept_prefix']:.2f}" for v in heldout if "accept_prefix" in v)
         size = row.get("reslice", {}).get("bytes_on_disk", t["bytes_on_disk"])
         lines.append(f"| {kind} | {row['parameters'] / 1e6:.1f} M | {size / 1e6:.1f} | "
                      f"{t['data']['tokens']:,} ({t['data']['conversations']:,} answers) | {t['steps']} x "
-                     f"{t['batch_size']} x {t['seq_len']} | {t['train_cpu_seconds'] / 60:.0f} | {agree} |")
+                     f"{t['batch_size']} x {t['seq_len']} | {t['train_cpu_seconds'] / 60:.0f} | {agree} | {prefix} |")
     if card.get("record_commands"):
         lines += ["", "Recorded with " + " and ".join(f"`{c}`" for c in card["record_commands"]) + "."]
-    lines += ["", "Agreement: how often the draft's most likely token at draft depth d (DFlash: block position d) is "
-              "the target's, on windows of held-out answers (modules no training prompt quoted). Commands:", ""]
+    lines += ["", "Agreement: how often the draft's most likely token at draft depth d (DFlash, DSpark: block "
+              "position d) is the target's, on windows of held-out answers (modules no training prompt quoted). A "
+              "block drafter's accepted prefix at d: how often positions 1..d all agree, what greedy verification of "
+              "its whole block accepts; it compares DFlash with DSpark, whose agreement at d > 1 reads the held-out "
+              "tokens before d. Commands:", ""]
     for kind, row in card.get("drafts", {}).items():
         lines.append(f"- {kind}: `{row['command']}`")
         if "reslice" in row:
