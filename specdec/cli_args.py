@@ -124,6 +124,17 @@ def device_choice(text: str) -> str:
     return text
 
 
+def confidence_threshold(text: str) -> float:
+    """'0.3' -> 0.3 (a DSpark confidence threshold: in [0, 1], 0 the whole block)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"a confidence threshold must be in [0, 1], got {text!r}")
+    return value
+
+
 def confidence_threshold_list(text: str) -> list[float]:
     """'0.5,0.3,0' -> [0.5, 0.3, 0.0] (DSpark confidence thresholds: each in [0, 1], 0 the whole block)."""
     try:

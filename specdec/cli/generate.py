@@ -12,7 +12,7 @@ from ..engine import Engine
 from ..tokenizer import eos_ids_of, load_tokenizer
 from .. import tuning
 from ..tuning import shape_name, shape_spec, shipped_files, TunedSpec
-from ..cli_args import IMPL_HELP, MODEL_PATH_HELP, THREADS_HELP, HelpFormatter, positive_int
+from ..cli_args import IMPL_HELP, MODEL_PATH_HELP, THREADS_HELP, HelpFormatter, confidence_threshold, positive_int
 from ..models.mtp import mtp_from_target_dir
 from ..models import LlamaForCausalLM
 
@@ -197,6 +197,13 @@ def summary(what: str, engine, out, cpu_s: float, wall_s: float) -> str:
 
 def run(args) -> int:
     name, target, tokenizer, draft, spec, instruct = load_models(args)
+    if args.confidence_threshold is not None:
+        if draft is None or not kind_of(draft).stops_chains:
+            capped = " or ".join(k.label for k in DRAFT_KINDS.values() if k.stops_chains)
+            what = "target-only decoding" if draft is None else f"the {kind_of(draft).label} draft"
+            raise ValueError(f"--confidence-threshold {args.confidence_threshold:g}: a {capped} draft's option, not "
+                             f"{what}'s")
+        draft.confidence_threshold = args.confidence_threshold
     if draft is not None and (args.num_steps or args.topk or args.num_draft_tokens):
         spec = SpecConfig(args.num_steps or spec.num_steps, args.topk or spec.topk, args.num_draft_tokens)
     if draft is not None and (args.penalty_mode != spec.penalty_mode or args.draft_grammar):
@@ -289,6 +296,9 @@ def add_parser(subparsers):
     p.add_argument("--num-draft-tokens", type=positive_int, default=None,
                    help="tree size W, root included (default: the tuned shape's, else 16 for EAGLE, S+1 for "
                         "chains)")
+    p.add_argument("--confidence-threshold", type=confidence_threshold, default=None,
+                   help="a DSpark draft's confidence threshold in [0, 1] (0: its whole block verified; default: the "
+                        "drafter's own)")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the target-only run that follows the speculative one")
     p.add_argument("--chat-template", default="auto", choices=["auto", "yes", "no"],

@@ -8,8 +8,8 @@ slower at M = 2 and only 1.2x faster at M = 16.
 So on first use of each (weight shape, row bucket) a CPU fp32 forward without autograd times both
 backends on that weight (a few milliseconds, cached per process) and keeps the faster one; the row bucket
 is M rounded up to a power of two, at most `MEASURED_ROWS_MAX`. Everything else (autograd, other dtypes and
-devices, torch.compile, which packs weights itself) takes F.linear. The packed copy is made on first use of oneDNN for a weight,
-remade when the weight changes, and costs one more copy of it in memory.
+devices, torch.compile, which packs weights itself) takes F.linear. The packed copy is made on first use of
+oneDNN for a weight, remade when the weight changes, and costs one more copy of it in memory.
 
 `set_cpu_linear_backend("auto" | "mkl" | "onednn")` forces either (`"mkl"` means F.linear, whatever BLAS
 torch was built with; a single row without a bias goes to torch.mv, the same gemv without F.linear's reshapes);

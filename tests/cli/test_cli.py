@@ -16,6 +16,7 @@ from specdec.cli import main
     (["bench", "--temperatures", "0,hot"], "comma-separated numbers"),
     (["bench", "--temperatures", "-1"], "finite and >= 0"),
     (["bench", "--workers", "eagle,eagle4"], "unknown draft(s) ['eagle4']"),
+    (["generate", "--confidence-threshold", "-0.1", "x"], "a confidence threshold must be in [0, 1], got '-0.1'"),
     (["bench", "--confidence-thresholds", "0.5,1.5"], "confidence thresholds must be in [0, 1], got '0.5,1.5'"),
     (["bench", "--confidence-thresholds", "half"], "expected comma-separated numbers such as '0.5,0.3,0'"),
     (["bench", "--suite", "e2e", "--confidence-thresholds", "0.3"],
@@ -193,6 +194,11 @@ def test_generate_with_a_zoo_pair_prints_the_target_only_run_beside_it(capsys):
                  "import os"]) == 0
     out = capsys.readouterr().out
     assert "[mtp: " in out and "target-only" not in out
+    # the deep pair's DSpark drafter with its whole block verified: greedy, so the tokens are target-only's
+    assert main(["generate", "--model", "stdlib-byte-24l", "--draft", "dspark", "--confidence-threshold", "0",
+                 "--max-new-tokens", "16", "def parse_args("]) == 0
+    out = capsys.readouterr().out
+    assert "[dspark: DSparkDraftModel" in out and out.rstrip().endswith("identical tokens: yes")
 
 
 def test_generate_sends_an_instruct_model_its_chat_template(capsys):
@@ -230,6 +236,8 @@ def test_generate_model_and_target_are_one_usage_error(argv, message, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--draft", "eagle7"], "--draft 'eagle7': with --model, a draft kind"),
     (["--draft-layout", "eagle"], "--draft-layout reads --draft DIR with --target"),
+    (["--draft", "eagle", "--confidence-threshold", "0.3"],
+     "--confidence-threshold 0.3: a DSpark draft's option, not the EAGLE draft's"),
     (["--model", "no-such-pair"], "model 'no-such-pair' is neither a zoo name (stdlib-byte-24l, stdlib-byte-6l, "
                                   "smollm2-135m-instruct), a .gguf file nor a model directory (no such file or "
                                   "directory)"),
