@@ -169,7 +169,9 @@ def render_target_card(card: dict, name: str) -> str:
              "Trained by `specdec zoo train-draft` on the target's own answers to training-split chat prompts "
              "(`specdec.zoo.chat_prompts`: instructions about the Python standard library's docstrings, split by "
              "module), recorded with the hidden states it computed while writing them (`python -m "
-             "specdec.zoo.train.record`). Each directory is in the layout its peers read, in float16, and names the "
+             "specdec.zoo.train.record`); a row naming a prompt file was recorded from that file instead (`python -m "
+             "specdec.zoo.prompts.build`'s training split). Each directory is in the layout its peers read, in "
+             "float16, and names the "
              f"target it was trained for (fingerprint `{card.get('target_fingerprint')}`). Generated from "
              "card.json.", "",
              "| draft | parameters | MB | data (recorded tokens) | steps x batch x tokens | CPU minutes | "
@@ -180,8 +182,9 @@ def render_target_card(card: dict, name: str) -> str:
         agree = " / ".join(f"{v['top1_agreement']:.2f}" for v in heldout) or "-"
         prefix = " / ".join(f"{v['accept_prefix']:.2f}" for v in heldout if "accept_prefix" in v)
         size = row.get("reslice", {}).get("bytes_on_disk", t["bytes_on_disk"])
+        files = "".join(f", {name}" for name in t["data"].get("prompt_files", ()))
         lines.append(f"| {kind} | {row['parameters'] / 1e6:.1f} M | {size / 1e6:.1f} | "
-                     f"{t['data']['tokens']:,} ({t['data']['conversations']:,} answers) | {t['steps']} x "
+                     f"{t['data']['tokens']:,} ({t['data']['conversations']:,} answers{files}) | {t['steps']} x "
                      f"{t['batch_size']} x {t['seq_len']} | {t['train_cpu_seconds'] / 60:.0f} | {agree} | {prefix} |")
     if card.get("record_commands"):
         lines += ["", "Recorded with " + " and ".join(f"`{c}`" for c in card["record_commands"]) + "."]
