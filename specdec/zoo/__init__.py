@@ -199,7 +199,7 @@ def real_target_gguf(name: str) -> Path:
 def load_gguf_bundle(name: str, gguf_path, drafts_root, device="cpu", dtype: torch.dtype = torch.float32,
                      cache_dir=None) -> Bundle:
     """A GGUF target (`specdec.models.gguf.load_gguf`, converted once into the GGUF cache) with its tokenizer, and
-    every draft trained for it in drafts_root/<kind>/ (`zoo_kinds()`; none when drafts_root is None);
+    every draft trained for it in drafts_root/<kind>/ (`trainable_kinds()`; none when drafts_root is None);
     drafts_root/card.json is its card when there is one. A draft that does not fit the target (another vocabulary or
     width, or trained for another target) is a ValueError."""
     target = load_gguf(gguf_path, device=device, dtype=dtype, cache_dir=cache_dir)
@@ -332,5 +332,5 @@ def entries() -> list[dict]:
         root = WEIGHTS_DIR / t.name
         out.append({"kind": "real target", "name": t.name, "description": t.description, "source": source,
                     "install": t.install_command, "license": t.license,
-                    "drafts": [k for k in zoo_kinds() if (root / k / "config.json").is_file()]})
+                    "drafts": [k for k in trainable_kinds() if (root / k / "config.json").is_file()]})
     return out
