@@ -22,6 +22,7 @@ from .runner import setup_failed
 GPU_TEST_SUBSET = ["tests/ops/test_fast_logprobs.py", "tests/ops/test_fast_parity.py",
                    "tests/workers/test_decode_graphs.py",
                    "tests/workers/test_worker_contracts.py::test_cuda_graph_replay_equals_eager",
+                   "tests/workers/test_dspark.py::test_cuda_graph_replay_equals_eager",
                    "tests/workers/test_fast_workers.py", "tests/ops/test_fast_attention.py",
                    "tests/ops/test_fast_tree_ops.py", "tests/ops/test_sampling_ops.py", "tests/ops/test_fast_kv.py",
                    "tests/ops/test_cuda_shim.py", "tests/workers/test_ngram.py", "tests/workers/test_standalone.py",
