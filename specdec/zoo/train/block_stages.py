@@ -73,6 +73,20 @@ def norm_from_target(model, target, ex: dict) -> None:
             model.norm.weight.copy_(target.model.norm.weight)
 
 
+def start_block_drafter(model, target, data, opts: StageOpts, seed: int):
+    """What a new block drafter's stage does before its loop: the weights initialised (`seed`), the output norm the
+    target's where `norm_from_target` asks, the model on the target's device in training mode; the teacher and
+    training windows (`seed + 1`), the anchors' generator (`seed + 3`), the anchors per window and the loss's decay
+    by block position -> (model, teacher, windows, generator, blocks, gamma). The loop takes `seed + 2`."""
+    ex = opts.extra
+    init_weights_(model, model.config.num_hidden_layers, seed)
+    norm_from_target(model, target, ex)
+    model = on_target_device(model, target).train()
+    teacher, windows = stage_batches(target, data, opts, opts.seq_len, seed + 1, corpus_windows)
+    gen = torch.Generator().manual_seed(seed + 3)
+    return model, teacher, windows, gen, int(ex.get("blocks_per_window", 24)), float(ex.get("gamma", 4.0))
+
+
 def train_dflash(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     """-> (trained DFlashDraftModel fp32, stats). opts.extra: num_layers, block_size, blocks_per_window (anchors
     per window), gamma (the loss's decay by block position), target_layer_ids (default z-lab's
@@ -91,13 +105,8 @@ def train_dflash(target, opts: StageOpts, seed: int = 0, log=print, data=None):
     layer_ids = context_layer_ids(target, ex, L)
     mask_id = int(ex.get("mask_token_id", ByteTokenizer.bos_token_id))
     model = DFlashDraftModel(dflash_config_like(target, L, bs, layer_ids, mask_id, **shape), target)
-    init_weights_(model, L, seed + 60)
-    norm_from_target(model, target, ex)
-    model = on_target_device(model, target).train()
     cpu0 = time.process_time()
-    teacher, windows = stage_batches(target, data, opts, opts.seq_len, seed + 61, corpus_windows)
-    gen = torch.Generator().manual_seed(seed + 63)
-    blocks, gamma = int(ex.get("blocks_per_window", 24)), float(ex.get("gamma", 4.0))
+    model, teacher, windows, gen, blocks, gamma = start_block_drafter(model, target, data, opts, seed + 60)
     stats = run_stage_loop("dflash", opts, model.named_parameters(),
                       lambda b: dflash_loss(teacher, model, b, blocks, gamma, opts.amp, gen), windows, seed + 62,
                       None, log)
@@ -184,13 +193,8 @@ def train_dspark(target, opts: StageOpts, seed: int = 0, log=print, data=None):
                                 "intermediate_size") if k in ex}
     mask_id = int(ex.get("mask_token_id", ByteTokenizer.bos_token_id))
     model = DSparkDraftModel(dspark_config_like(target, L, bs, layer_ids, mask_id, **heads), target)
-    init_weights_(model, L, seed + 70)
-    norm_from_target(model, target, ex)
-    model = on_target_device(model, target).train()
     cpu0 = time.process_time()
-    teacher, windows = stage_batches(target, data, opts, opts.seq_len, seed + 71, corpus_windows)
-    gen = torch.Generator().manual_seed(seed + 73)
-    blocks, gamma = int(ex.get("blocks_per_window", 24)), float(ex.get("gamma", 4.0))
+    model, teacher, windows, gen, blocks, gamma = start_block_drafter(model, target, data, opts, seed + 70)
     weights = dict(DSPARK_LOSS_WEIGHTS, **ex.get("loss_weights", {}))
     stats = run_stage_loop("dspark", opts, model.named_parameters(),
                            lambda b: dspark_loss(teacher, model, b, blocks, gamma, weights, opts.amp, gen), windows,
